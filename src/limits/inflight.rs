@@ -1,0 +1,197 @@
+//! The inflight limiter: how many events of one key are under way right now.
+//!
+//! A count-min sketch ([`Estimator`]) of `h` hashes × `w` slots holds one counter per
+//! (row, slot). Admission increments the key's `h` counters and reads their minimum; the
+//! [`InflightGuard`] decrements them when the event ends, whatever the end was, because
+//! the decrement lives in `Drop` (an early return, an error or a panic all drop it).
+//!
+//! The estimate never undercounts. It overcounts a key only when, in every row, some
+//! other live key shares its slot: with `n` live keys the odds are about
+//! `(1 - e^(-n/w))^h ≈ (n/w)^h`, so 4 × 8192 slots with 1 000 keys in flight wrongly
+//! reject a key with odds ≈ 2e-4, and 4 × 1024 with 100 keys ≈ 1e-4. Memory is fixed at
+//! `h × w × 8` bytes, however many keys appear.
+//!
+//! The rows are updated one after another with relaxed atomics, so acquires of one key
+//! racing on several threads may each read a smaller minimum than the final count: the
+//! limit can be overshot by fewer than the number of acquires racing at that instant (one
+//! per busy thread at most). An undo racing with an acquire can likewise reject one request
+//! spuriously. Once every guard is dropped the counters are exactly back to zero.
+
+use std::sync::Arc;
+
+use pingora_limits::estimator::Estimator;
+
+use crate::limits::sketch::SketchSize;
+
+/// Count-min estimate of events in flight per key.
+///
+/// The sketch is shared with every live guard through an `Arc`, so a guard outlives a
+/// config reload that replaces the limiter and still gives its unit back to the sketch it
+/// took it from.
+pub struct InflightLimiter {
+    estimator: Arc<Estimator>,
+}
+
+/// Holds one unit of a key's inflight count; dropping it gives the unit back exactly once.
+pub struct InflightGuard {
+    estimator: Arc<Estimator>,
+    key: u64,
+}
+
+impl InflightLimiter {
+    /// A limiter with a sketch of `size`.
+    ///
+    /// A zero dimension is raised to 1, so a bad size degrades accuracy instead of
+    /// panicking on the hot path.
+    pub fn new(size: SketchSize) -> Self {
+        Self {
+            estimator: Arc::new(Estimator::new(size.hashes.max(1), size.slots.max(1))),
+        }
+    }
+
+    /// Increments `key`; if the estimate after the increment exceeds `max`, undoes it and
+    /// returns `Err(estimate)`. Otherwise returns the guard and the estimate.
+    ///
+    /// Incrementing first and undoing on rejection costs one extra pass over the rows on a
+    /// rejection, but keeps the admitted path to a single pass. `max == 0` always rejects.
+    pub fn acquire(&self, key: u64, max: u64) -> Result<(InflightGuard, u64), u64> {
+        let estimate = clamp(self.estimator.incr(key, 1));
+        if estimate > max {
+            self.estimator.decr(key, 1);
+            return Err(estimate);
+        }
+        let guard = InflightGuard {
+            estimator: Arc::clone(&self.estimator),
+            key,
+        };
+        Ok((guard, estimate))
+    }
+
+    /// The current estimate for `key`.
+    ///
+    /// Counters are signed; a transiently negative minimum (a decrement racing an
+    /// increment of a colliding key) reads as 0.
+    pub fn get(&self, key: u64) -> u64 {
+        clamp(self.estimator.get(key))
+    }
+}
+
+impl InflightGuard {
+    /// The key whose unit this guard holds, so that callers can log what they hold.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.estimator.decr(self.key, 1);
+    }
+}
+
+/// A sketch estimate as a count: negative values read as 0.
+fn clamp(estimate: isize) -> u64 {
+    u64::try_from(estimate).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Barrier;
+
+    fn limiter() -> InflightLimiter {
+        InflightLimiter::new(SketchSize {
+            hashes: 4,
+            slots: 1024,
+        })
+    }
+
+    #[test]
+    fn admits_up_to_max_then_rejects_without_counting() {
+        let l = limiter();
+        let mut guards = Vec::new();
+        for i in 1..=3 {
+            let (g, est) = l.acquire(7, 3).expect("admitted");
+            assert_eq!(est, i);
+            guards.push(g);
+        }
+        assert_eq!(l.acquire(7, 3).err(), Some(4));
+        assert_eq!(l.acquire(7, 3).err(), Some(4));
+        assert_eq!(l.get(7), 3, "a rejection undoes its increment");
+        drop(guards.pop());
+        assert_eq!(l.get(7), 2);
+        let (_g, est) = l.acquire(7, 3).expect("room again");
+        assert_eq!(est, 3);
+    }
+
+    #[test]
+    fn guard_drop_returns_to_zero() {
+        let l = limiter();
+        let guards: Vec<_> = (0..5).map(|_| l.acquire(1, 10).expect("ok").0).collect();
+        assert_eq!(guards[0].key(), 1);
+        assert_eq!(l.get(1), 5);
+        drop(guards);
+        assert_eq!(l.get(1), 0);
+    }
+
+    #[test]
+    fn max_zero_always_rejects() {
+        let l = limiter();
+        assert_eq!(l.acquire(9, 0).err(), Some(1));
+        assert_eq!(l.get(9), 0);
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let l = limiter();
+        let _a = l.acquire(1, 1).expect("a");
+        assert_eq!(l.acquire(1, 1).err(), Some(2));
+        let (_b, est) = l.acquire(2, 1).expect("b is its own key");
+        assert_eq!(est, 1);
+        assert_eq!((l.get(1), l.get(2), l.get(3)), (1, 1, 0));
+    }
+
+    #[test]
+    fn zero_sized_sketch_does_not_panic() {
+        let l = InflightLimiter::new(SketchSize {
+            hashes: 0,
+            slots: 0,
+        });
+        let (g, est) = l.acquire(5, 1).expect("ok");
+        assert_eq!(est, 1);
+        drop(g);
+        assert_eq!(l.get(5), 0);
+    }
+
+    #[test]
+    fn threads_account_exactly_and_return_to_zero() {
+        const THREADS: usize = 8;
+        let l = limiter();
+        let barrier = Barrier::new(THREADS + 1);
+        let held = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        if let Ok((g, est)) = l.acquire(42, 4) {
+                            assert!((1..=4).contains(&est));
+                            drop(g);
+                        }
+                    }
+                    let mine: Vec<_> = (0..50).filter_map(|_| l.acquire(42, 100).ok()).collect();
+                    held.fetch_add(mine.len(), Ordering::SeqCst);
+                    barrier.wait();
+                    barrier.wait();
+                });
+            }
+            barrier.wait();
+            // Every thread holds its guards here, and every rejection was undone.
+            let held = held.load(Ordering::SeqCst);
+            assert!((1..=100 + THREADS).contains(&held), "held {held}");
+            assert_eq!(l.get(42), held as u64);
+            barrier.wait();
+        });
+        assert_eq!(l.get(42), 0, "every guard gave its unit back");
+    }
+}

@@ -1,0 +1,31 @@
+//! The limiters: pure Rust, no Pingora types, time passed in by the caller.
+//!
+//! Every limiter answers one question for one key at one instant: may this event happen?
+//! Keys arrive already hashed to a `u64` (see [`key`]), time arrives as [`clock::Nanos`]
+//! from a [`clock::Clock`], so every algorithm is tested against a manual clock with no
+//! sleeping. Each kind lives in its own file:
+//!
+//! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
+//! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
+//! - [`token_bucket`]: exact per-key token bucket with discrete refills, sharded and bounded.
+//!
+//! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
+//! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
+//! returned as a [`verdict::Verdict`], a small `Copy` type that a remote (Redis) backend can
+//! produce as well, so the proxy does not change shape when state moves off-box.
+
+pub mod clock;
+pub mod inflight;
+pub mod key;
+pub mod rate;
+pub mod sketch;
+pub mod token_bucket;
+pub mod verdict;
+
+pub use clock::{Clock, ManualClock, MonotonicClock, Nanos};
+pub use inflight::{InflightGuard, InflightLimiter};
+pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
+pub use rate::{RateLimiter, RateParams};
+pub use sketch::SketchSize;
+pub use token_bucket::{TokenBucket, TokenBucketParams};
+pub use verdict::Verdict;

@@ -1,0 +1,43 @@
+//! The outcome of one request-time limit decision.
+
+use crate::limits::clock::Nanos;
+
+/// What a limiter decided for one event, with what the RateLimit headers need.
+///
+/// It is `Copy` and holds no references, so a remote backend can build one from a reply
+/// as easily as a local limiter builds one from memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the event may happen.
+    pub allowed: bool,
+    /// Quota units left after this decision (`r` in the `RateLimit` header).
+    pub remaining: u64,
+    /// Nanoseconds until the quota is fully restored if nothing else happens (`t` when
+    /// admitted).
+    pub reset_after: Nanos,
+    /// Nanoseconds until a retry of the same cost could be admitted; 0 when admitted.
+    /// `Retry-After` is this, rounded up to whole seconds, at least 1.
+    pub retry_after: Nanos,
+}
+
+impl Verdict {
+    /// An admission.
+    pub fn allow(remaining: u64, reset_after: Nanos) -> Self {
+        Self {
+            allowed: true,
+            remaining,
+            reset_after,
+            retry_after: 0,
+        }
+    }
+
+    /// A rejection that can be retried after `retry_after`.
+    pub fn reject(remaining: u64, reset_after: Nanos, retry_after: Nanos) -> Self {
+        Self {
+            allowed: false,
+            remaining,
+            reset_after,
+            retry_after,
+        }
+    }
+}
