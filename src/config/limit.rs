@@ -1,0 +1,162 @@
+//! One `limits.NAME` mapping, in `defaults` or in an origin, read into a [`LimitSpec`].
+//!
+//! Only types and ranges are checked here. Which fields the kind accepts, which are
+//! required, and what the defaults are is decided after merging, in [`super::resolve`],
+//! because an origin's limit may take its kind from a default of the same name.
+
+use crate::config::model::{HeadersMode, Mode};
+use crate::config::overrides;
+use crate::config::params;
+use crate::config::report::{child, item, located, At, Pos, Report};
+use crate::config::scalar;
+use crate::config::spec::{kind_at, Kind, LimitSpec, Setting, LIMIT_KEYS};
+use crate::config::suggest;
+use crate::config::yaml::{Entry, Node};
+use crate::limits::key::KeyPartError;
+use crate::limits::KeyPart;
+
+/// Whether `name` can be a metrics label and a policy name: `[A-Za-z0-9_-]+`.
+pub(crate) fn is_label(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The message for a name that is not a label; `what` is `origin` or `limit`.
+pub(crate) fn label_message(what: &str, name: &str) -> String {
+    format!(
+        "{what} name `{name}` may only contain letters, digits, `_` and `-` (it is a metrics label)"
+    )
+}
+
+/// Reads every entry of a `limits:` mapping at `path`.
+pub(crate) fn parse_limits(r: &mut Report, node: &Node, path: &str) -> Vec<LimitSpec> {
+    let Some(entries) = scalar::map(r, node, path) else {
+        return Vec::new();
+    };
+    entries.iter().map(|e| parse_limit(r, e, path)).collect()
+}
+
+/// Reads the limit `entry` of the `limits:` mapping at `parent`.
+fn parse_limit(r: &mut Report, entry: &Entry, parent: &str) -> LimitSpec {
+    let path = child(parent, &entry.key);
+    let mut spec = LimitSpec::new(&entry.key, entry.key_pos, &path);
+    if !is_label(&entry.key) {
+        r.error(entry.key_pos, &path, label_message("limit", &entry.key));
+    }
+    let Some(fields) = scalar::map(r, &entry.value, &path) else {
+        return spec;
+    };
+    for e in fields {
+        let sub = child(&path, &e.key);
+        let Some(&known) = LIMIT_KEYS.iter().find(|k| **k == e.key) else {
+            if let Some(meant) = suggest::closest(&e.key, &LIMIT_KEYS) {
+                // A misspelt required field is reported as such, not also as missing.
+                spec.params.written.push(meant);
+                if meant == "kind" {
+                    spec.fields.push(At::new("kind", e.key_pos, &sub));
+                }
+            }
+            r.error(
+                e.key_pos,
+                &sub,
+                suggest::unknown("key", &e.key, &LIMIT_KEYS),
+            );
+            continue;
+        };
+        spec.fields.push(At::new(known, e.key_pos, &sub));
+        field(r, &mut spec, e, &sub);
+    }
+    spec
+}
+
+fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
+    let v = &e.value;
+    match e.key.as_str() {
+        "kind" => {
+            let kind = scalar::choice(r, v, path, "kind", &Kind::NAMES).and_then(kind_at);
+            spec.kind = kind.map(located(v.pos, path));
+        }
+        "key" => spec.key = key(r, v, path),
+        "mode" => {
+            let options = ["enforce", "shadow", "off"];
+            spec.mode = scalar::choice(r, v, path, "mode", &options)
+                .map(|i| match i {
+                    0 => Setting::On(Mode::Enforce),
+                    1 => Setting::On(Mode::Shadow),
+                    _ => Setting::Off,
+                })
+                .map(located(v.pos, path));
+        }
+        "headers" => {
+            let options = ["on_reject", "always"];
+            spec.headers = scalar::choice(r, v, path, "`headers` value", &options)
+                .map(|i| {
+                    if i == 0 {
+                        HeadersMode::OnReject
+                    } else {
+                        HeadersMode::Always
+                    }
+                })
+                .map(located(v.pos, path));
+        }
+        "sketch" => (spec.hashes, spec.slots) = params::sketch(r, v, path),
+        "max_keys" => {
+            spec.max_keys = scalar::int(r, v, path, 1, u64::MAX)
+                .and_then(|n| usize::try_from(n).ok())
+                .map(located(v.pos, path));
+        }
+        "overrides" => spec.overrides = overrides::parse_list(r, v, path),
+        other => {
+            params::param(r, other, e.key_pos, v, path, false, &mut spec.params);
+        }
+    }
+}
+
+/// `key: [PART, ...]`: at least one part, each a valid [`KeyPart`].
+fn key(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<At<KeyPart>>>> {
+    let items = scalar::seq(r, node, path)?;
+    if items.is_empty() {
+        r.error(
+            node.pos,
+            path,
+            "a key needs at least one part, e.g. `[client_ip]`",
+        );
+        return None;
+    }
+    let mut parts = Vec::with_capacity(items.len());
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        if let Some(part) = scalar::text(r, n, &p).and_then(|t| key_part(r, t, n.pos, &p)) {
+            parts.push(At::new(part, n.pos, &p));
+        }
+    }
+    Some(At::new(parts, node.pos, path))
+}
+
+/// Parses a key part written at `pos`, with a suggestion for a misspelt one.
+pub(crate) fn key_part(r: &mut Report, text: &str, pos: Pos, path: &str) -> Option<KeyPart> {
+    match KeyPart::parse(text) {
+        Ok(part) => Some(part),
+        Err(err) => {
+            r.error(pos, path, key_part_message(text, &err));
+            None
+        }
+    }
+}
+
+fn key_part_message(text: &str, err: &KeyPartError) -> String {
+    if let KeyPartError::Unknown(_) = err {
+        let suggestion = match text.split_once(':') {
+            Some((prefix, rest)) => {
+                suggest::closest(prefix, &["header", "const"]).map(|p| format!("{p}:{rest}"))
+            }
+            None => suggest::closest(text, &KeyPart::NAMES[..8]).map(str::to_string),
+        };
+        if let Some(s) = suggestion {
+            return format!("unknown key part `{text}`; did you mean `{s}`?");
+        }
+    }
+    err.to_string()
+}

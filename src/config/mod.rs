@@ -1,0 +1,28 @@
+//! Configuration: the YAML schema, its validation, and the normalized model.
+//!
+//! [`load`] reads a file; [`parse_str`] parses text. Both return a [`Loaded`] (the
+//! [`Config`] and any warnings) or a [`ConfigError`] listing every problem found, each with
+//! file, line, column and field path.
+
+pub mod model;
+pub mod parse;
+
+mod limit;
+mod merge;
+mod origin;
+mod overrides;
+mod params;
+mod report;
+mod resolve;
+mod scalar;
+mod server;
+mod spec;
+mod suggest;
+mod validate;
+mod yaml;
+
+#[cfg(test)]
+mod tests;
+
+pub use model::*;
+pub use parse::{load, parse_str, ConfigError, Loaded};

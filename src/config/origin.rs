@@ -1,0 +1,259 @@
+//! The `origins:` section: names, hosts, upstreams, TLS, customer, and each origin's own
+//! limits as written (merging with defaults happens in [`super::merge`]).
+//!
+//! Upstreams given as `host:port` are resolved here, once, at load: the proxy then holds
+//! plain addresses and never does DNS on the request path.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use crate::config::limit::{is_label, label_message, parse_limits};
+use crate::config::report::{child, item, At, Pos, Report};
+use crate::config::scalar;
+use crate::config::spec::LimitSpec;
+use crate::config::suggest;
+use crate::config::yaml::{Entry, Node};
+
+/// The keys an origin takes.
+const ORIGIN_KEYS: [&str; 8] = [
+    "hosts",
+    "upstreams",
+    "tls",
+    "sni",
+    "customer",
+    "connect_timeout",
+    "read_timeout",
+    "limits",
+];
+
+/// The range both upstream timeouts accept.
+const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(3600));
+
+/// One origin as written, with located hosts for the cross-origin check.
+#[derive(Debug)]
+pub(crate) struct OriginDraft {
+    /// The origin's name.
+    pub name: String,
+    /// Host patterns, lower-cased and located.
+    pub hosts: Vec<At<String>>,
+    /// Upstream addresses.
+    pub upstreams: Vec<SocketAddr>,
+    /// `tls`.
+    pub tls: bool,
+    /// `sni`, or the first exact host when `tls` is on.
+    pub sni: Option<String>,
+    /// `customer`.
+    pub customer: Option<String>,
+    /// `connect_timeout`.
+    pub connect_timeout: Duration,
+    /// `read_timeout`.
+    pub read_timeout: Duration,
+    /// The origin's own `limits:`, unmerged.
+    pub limits: Vec<LimitSpec>,
+}
+
+/// Reads every origin; at least one is required.
+pub(crate) fn parse_origins(r: &mut Report, node: &Node) -> Vec<OriginDraft> {
+    let Some(entries) = scalar::map(r, node, "origins") else {
+        return Vec::new();
+    };
+    if entries.is_empty() {
+        r.error(node.pos, "origins", "at least one origin is needed");
+    }
+    entries.iter().map(|e| parse_origin(r, e)).collect()
+}
+
+fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
+    let path = child("origins", &entry.key);
+    let mut o = OriginDraft {
+        name: entry.key.clone(),
+        hosts: Vec::new(),
+        upstreams: Vec::new(),
+        tls: false,
+        sni: None,
+        customer: None,
+        connect_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_secs(60),
+        limits: Vec::new(),
+    };
+    if !is_label(&entry.key) {
+        r.error(entry.key_pos, &path, label_message("origin", &entry.key));
+    }
+    let Some(fields) = scalar::map(r, &entry.value, &path) else {
+        return o;
+    };
+    let (mut sni, mut tls_pos) = (None, None);
+    for e in fields {
+        let sub = child(&path, &e.key);
+        let v = &e.value;
+        match e.key.as_str() {
+            "hosts" => o.hosts = list(r, v, &sub, "`hosts` needs at least one host name", host),
+            "upstreams" => {
+                o.upstreams = list(
+                    r,
+                    v,
+                    &sub,
+                    "`upstreams` needs at least one address",
+                    upstream,
+                )
+                .into_iter()
+                .map(|a| a.v)
+                .collect();
+            }
+            "tls" => {
+                o.tls = scalar::boolean(r, v, &sub).unwrap_or(false);
+                tls_pos = Some((v.pos, sub));
+            }
+            "sni" => sni = scalar::text(r, v, &sub).map(|s| At::new(s.to_string(), v.pos, &sub)),
+            "customer" => o.customer = scalar::text(r, v, &sub).map(str::to_string),
+            "connect_timeout" => {
+                if let Some(d) = scalar::duration(r, v, &sub, TIMEOUT_RANGE, ("1ms", "1h")) {
+                    o.connect_timeout = d;
+                }
+            }
+            "read_timeout" => {
+                if let Some(d) = scalar::duration(r, v, &sub, TIMEOUT_RANGE, ("1ms", "1h")) {
+                    o.read_timeout = d;
+                }
+            }
+            "limits" => o.limits = parse_limits(r, v, &sub),
+            other => r.error(
+                e.key_pos,
+                &sub,
+                suggest::unknown("key", other, &ORIGIN_KEYS),
+            ),
+        }
+    }
+    for required in ["hosts", "upstreams"] {
+        if fields.iter().all(|e| e.key != required) {
+            r.error(
+                entry.key_pos,
+                &path,
+                format!("missing required field `{required}`"),
+            );
+        }
+    }
+    tls_and_sni(r, &mut o, sni, tls_pos);
+    o
+}
+
+/// `sni` without `tls` is a warning; `tls` without `sni` uses the first exact host.
+fn tls_and_sni(
+    r: &mut Report,
+    o: &mut OriginDraft,
+    sni: Option<At<String>>,
+    tls_pos: Option<(Pos, String)>,
+) {
+    match (sni, o.tls) {
+        (Some(s), true) => o.sni = Some(s.v),
+        (Some(s), false) => {
+            r.warn(s.pos, &s.path, "`sni` has no effect without `tls: true`");
+            o.sni = Some(s.v);
+        }
+        (None, true) => {
+            o.sni = o
+                .hosts
+                .iter()
+                .find(|h| !h.v.starts_with("*."))
+                .map(|h| h.v.clone());
+            if let (None, Some((pos, path)), false) = (&o.sni, tls_pos, o.hosts.is_empty()) {
+                r.error(
+                    pos,
+                    &path,
+                    "every host is a wildcard, so `tls: true` needs an explicit `sni`",
+                );
+            }
+        }
+        (None, false) => {}
+    }
+}
+
+/// A non-empty list whose items `parse` checks, each error located at its item.
+fn list<T>(
+    r: &mut Report,
+    node: &Node,
+    path: &str,
+    empty: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Vec<At<T>> {
+    let Some(items) = scalar::seq(r, node, path) else {
+        return Vec::new();
+    };
+    if items.is_empty() {
+        r.error(node.pos, path, empty);
+    }
+    let mut out = Vec::new();
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        match scalar::text(r, n, &p).map(parse) {
+            Some(Ok(v)) => out.push(At::new(v, n.pos, &p)),
+            Some(Err(message)) => r.error(n.pos, &p, message),
+            None => {}
+        }
+    }
+    out
+}
+
+/// A DNS name: dot-separated labels of letters, digits, `-` and `_`.
+fn is_hostname(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// A host pattern: `shop.example.com` or `*.shop.example.com`, lower-cased.
+fn host(text: &str) -> Result<String, String> {
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("://") {
+        return Err(format!(
+            "host `{text}` takes no scheme; write just the name, e.g. `shop.example.com`"
+        ));
+    }
+    if lower.contains(':') {
+        return Err(format!(
+            "host `{text}` takes no port; hosts are matched by name only"
+        ));
+    }
+    if is_hostname(lower.strip_prefix("*.").unwrap_or(&lower)) {
+        Ok(lower)
+    } else {
+        Err(format!(
+            "`{text}` is not a valid host name; expected e.g. `shop.example.com` or `*.shop.example.com`"
+        ))
+    }
+}
+
+/// An upstream: an `ip:port` literal, or `host:port` resolved now (first address).
+fn upstream(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if text.contains("://") {
+        return Err(format!(
+            "upstream `{text}` takes no scheme; write host:port, e.g. `10.0.0.5:80`"
+        ));
+    }
+    let Some((name, port)) = text.rsplit_once(':') else {
+        return Err(format!("upstream `{text}` needs a port, e.g. `{text}:80`"));
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return Err(format!("upstream `{text}` has an invalid port `{port}`"));
+    };
+    if !is_hostname(name) {
+        return Err(format!(
+            "upstream `{text}` is not an address of the form ip:port or host:port"
+        ));
+    }
+    match (name, port).to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("upstream `{text}` resolves to no address")),
+        Err(err) => Err(format!("upstream `{text}` does not resolve: {err}")),
+    }
+}

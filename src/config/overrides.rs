@@ -1,0 +1,127 @@
+//! A limit's `overrides:` list: per-match special cases, read into [`OverrideSpec`]s.
+//!
+//! Each item is `{match: {PART: VALUE, ...}, FIELD: VALUE, ...}`. Match values are typed by
+//! their part here (`client_ip`/`server_ip` take networks, `server_addr` an address, the
+//! rest exact text); whether a field or part suits the limit's kind is checked in
+//! [`super::resolve`].
+
+use std::net::SocketAddr;
+
+use crate::config::limit::key_part;
+use crate::config::model::Mode;
+use crate::config::params;
+use crate::config::report::{child, item, At, Report};
+use crate::config::scalar;
+use crate::config::spec::{OverrideSpec, ParamSpec, NOT_OVERRIDABLE, OVERRIDE_KEYS};
+use crate::config::suggest;
+use crate::config::yaml::{Entry, Node};
+use crate::limits::{KeyPart, MatchValue, Matcher};
+
+/// Reads the `overrides:` list at `path`.
+pub(crate) fn parse_list(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<OverrideSpec>>> {
+    let items = scalar::seq(r, node, path)?;
+    let list = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| parse_one(r, n, &item(path, i)))
+        .collect();
+    Some(At::new(list, node.pos, path))
+}
+
+fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
+    let entries = scalar::map(r, node, path)?;
+    let mut spec = OverrideSpec {
+        pos: node.pos,
+        path: path.to_string(),
+        matchers: Vec::new(),
+        mode: None,
+        params: ParamSpec::default(),
+        fields: Vec::new(),
+    };
+    let mut has_match = false;
+    for e in entries {
+        let sub = child(path, &e.key);
+        let v = &e.value;
+        match e.key.as_str() {
+            "match" => {
+                has_match = true;
+                spec.matchers = matchers(r, v, &sub);
+            }
+            "mode" => {
+                if scalar::text(r, v, &sub) == Some("off") {
+                    r.error(
+                        v.pos,
+                        &sub,
+                        "mode `off` cannot be used in an override; use `enforce` or `shadow`",
+                    );
+                } else if let Some(i) = scalar::choice(r, v, &sub, "mode", &["enforce", "shadow"]) {
+                    let mode = if i == 0 { Mode::Enforce } else { Mode::Shadow };
+                    spec.mode = Some(At::new(mode, v.pos, &sub));
+                }
+            }
+            key => {
+                if let Some(name) =
+                    params::param(r, key, e.key_pos, v, &sub, true, &mut spec.params)
+                {
+                    spec.fields.push(At::new(name, e.key_pos, &sub));
+                } else if NOT_OVERRIDABLE.contains(&key) {
+                    r.error(
+                        e.key_pos,
+                        &sub,
+                        format!("`{key}` cannot be overridden per match"),
+                    );
+                } else {
+                    r.error(
+                        e.key_pos,
+                        &sub,
+                        suggest::unknown("key", key, &OVERRIDE_KEYS),
+                    );
+                }
+            }
+        }
+    }
+    if !has_match {
+        r.error(node.pos, path, "missing required field `match`");
+    }
+    Some(spec)
+}
+
+/// `match: {PART: VALUE, ...}`: at least one condition.
+fn matchers(r: &mut Report, node: &Node, path: &str) -> Vec<At<Matcher>> {
+    let Some(entries) = scalar::map(r, node, path) else {
+        return Vec::new();
+    };
+    if entries.is_empty() {
+        r.error(
+            node.pos,
+            path,
+            "`match` needs at least one condition, e.g. `{customer: bigco}`",
+        );
+    }
+    entries.iter().filter_map(|e| matcher(r, e, path)).collect()
+}
+
+fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
+    let path = child(parent, &e.key);
+    let part = key_part(r, &e.key, e.key_pos, &path);
+    let text = scalar::text(r, &e.value, &path)?;
+    let part = part?;
+    let pos = e.value.pos;
+    let value = match part {
+        KeyPart::ClientIp | KeyPart::ServerIp => MatchValue::Net(scalar::net(r, &e.value, &path)?),
+        KeyPart::ServerAddr => {
+            if text.parse::<SocketAddr>().is_err() {
+                r.error(
+                    pos,
+                    &path,
+                    format!("`{text}` is not an address of the form ip:port, e.g. `10.0.0.5:80`"),
+                );
+                return None;
+            }
+            MatchValue::Exact(text.as_bytes().into())
+        }
+        KeyPart::Host => MatchValue::Exact(text.to_ascii_lowercase().into_bytes().into()),
+        _ => MatchValue::Exact(text.as_bytes().into()),
+    };
+    Some(At::new(Matcher { part, value }, e.key_pos, &path))
+}

@@ -1,0 +1,177 @@
+//! YAML text to a validated [`Config`], with every problem located.
+//!
+//! The steps: [`super::yaml`] builds a marked tree; the sections are read by
+//! [`super::server`], [`super::limit`] (defaults) and [`super::origin`]; defaults are
+//! merged into origins by [`super::merge`]; cross-section checks run in
+//! [`super::validate`]. Each step reports into one [`Report`] and carries on, so a file
+//! with several mistakes gets all of them in one run.
+
+use std::path::Path;
+
+use crate::config::limit::parse_limits;
+use crate::config::merge;
+use crate::config::model::{Config, Diagnostic, Origin};
+use crate::config::origin;
+use crate::config::report::{Pos, Report};
+use crate::config::scalar;
+use crate::config::server;
+use crate::config::spec::LimitSpec;
+use crate::config::suggest;
+use crate::config::validate;
+use crate::config::yaml::{self, Node, Value};
+
+/// The top-level keys.
+const TOP_KEYS: [&str; 3] = ["server", "defaults", "origins"];
+
+/// A valid config and the warnings its normalizations produced.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The config.
+    pub config: Config,
+    /// Suspicious but valid settings, each located: an override raising its limit, a
+    /// bucket that cannot refill within a day, `sni` without `tls`.
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// A config that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read config: {source}")]
+    Read {
+        /// The path as given.
+        file: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file was read but has problems: every one found, in file order.
+    #[error("{}", .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Diagnostic>),
+}
+
+/// Reads and parses the file at `path`.
+pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse_str(&text, &file)
+}
+
+/// Parses `text`, naming `file` in diagnostics.
+pub fn parse_str(text: &str, file: &str) -> Result<Loaded, ConfigError> {
+    let mut r = Report::new(file);
+    let doc = yaml::parse(text);
+    let syntax_failed = !doc.errors.is_empty() && doc.root.is_none();
+    for (pos, path, message) in doc.errors {
+        r.error(pos, &path, message);
+    }
+    let config = if syntax_failed {
+        None
+    } else {
+        build(&mut r, doc.root.as_ref())
+    };
+    let (errors, warnings) = r.finish();
+    match config {
+        Some(config) if errors.is_empty() => Ok(Loaded { config, warnings }),
+        _ if !errors.is_empty() => Err(ConfigError::Invalid(errors)),
+        _ => Err(ConfigError::Invalid(vec![Diagnostic {
+            file: file.to_string(),
+            line: 1,
+            column: 1,
+            path: "(root)".to_string(),
+            message: "the config could not be read".to_string(),
+        }])),
+    }
+}
+
+/// Reads the sections of the root mapping into a config.
+fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
+    let start = Pos { line: 1, col: 1 };
+    let entries = match root.map(|n| (&n.value, n)) {
+        Some((Value::Map(entries), _)) => entries,
+        Some((Value::Bad, _)) => return None,
+        Some((_, node)) if !scalar::is_null(node) => {
+            let found = scalar::describe(node);
+            let message = format!(
+                "the config must be a mapping with `server`, `defaults` and `origins`, found {found}"
+            );
+            r.error(node.pos, "", message);
+            return None;
+        }
+        _ => {
+            r.error(
+                start,
+                "",
+                "the file is empty; a config needs at least `origins`",
+            );
+            return None;
+        }
+    };
+    let section = |name: &str| entries.iter().find(|e| e.key == name).map(|e| &e.value);
+    for e in entries
+        .iter()
+        .filter(|e| !TOP_KEYS.contains(&e.key.as_str()))
+    {
+        r.error(
+            e.key_pos,
+            &e.key,
+            suggest::unknown("key", &e.key, &TOP_KEYS),
+        );
+    }
+    let server = server::parse(r, section("server"));
+    let default_specs = section("defaults")
+        .map(|n| defaults(r, n))
+        .unwrap_or_default();
+    let defaults = merge::resolve_defaults(r, default_specs);
+    let drafts = match section("origins") {
+        Some(node) => origin::parse_origins(r, node),
+        None => {
+            let pos = root.map_or(start, |n| n.pos);
+            r.error(pos, "origins", "missing required field `origins`");
+            Vec::new()
+        }
+    };
+    validate::hosts(r, &drafts);
+    validate::listeners(r, &server.binds);
+    let origins = drafts
+        .into_iter()
+        .map(|d| Origin {
+            limits: merge::origin_limits(r, &defaults, &d.limits),
+            name: d.name,
+            hosts: d.hosts.into_iter().map(|h| h.v).collect(),
+            upstreams: d.upstreams,
+            tls: d.tls,
+            sni: d.sni,
+            customer: d.customer,
+            connect_timeout: d.connect_timeout,
+            read_timeout: d.read_timeout,
+        })
+        .collect();
+    Some(Config {
+        server: server.server,
+        origins,
+    })
+}
+
+/// `defaults: {limits: {...}}`.
+fn defaults(r: &mut Report, node: &Node) -> Vec<LimitSpec> {
+    let Some(entries) = scalar::map(r, node, "defaults") else {
+        return Vec::new();
+    };
+    let mut specs = Vec::new();
+    for e in entries {
+        if e.key == "limits" {
+            specs = parse_limits(r, &e.value, "defaults.limits");
+        } else {
+            let path = format!("defaults.{}", e.key);
+            r.error(
+                e.key_pos,
+                &path,
+                suggest::unknown("key", &e.key, &["limits"]),
+            );
+        }
+    }
+    specs
+}

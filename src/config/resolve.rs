@@ -1,0 +1,271 @@
+//! From a (merged) [`LimitSpec`] to a model [`Limit`]: kind checks, required fields,
+//! per-kind defaults, override resolution, and the warnings about suspicious values.
+//!
+//! Every error points at the line that wrote the offending value; when a default's
+//! value is at fault, the same error comes up for each origin using it and
+//! [`super::report::Report::finish`] shows it once.
+
+use std::time::Duration;
+
+use crate::config::model::{Cost, Limit, LimitParams, Mode, Override};
+use crate::config::report::{At, Pos, Report};
+use crate::config::spec::{Kind, LimitSpec, OverrideSpec, ParamSpec, Setting};
+use crate::limits::{KeyPart, KeySpec, RateParams, SketchSize, TokenBucketParams};
+
+/// `max_keys` when not given.
+pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
+
+const DAY_NANOS: u128 = 86_400 * 1_000_000_000;
+
+/// A resolved limit, or `mode: off` (the origin does not get it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Resolved {
+    /// The limit runs.
+    On(Limit),
+    /// `mode: off`.
+    Off,
+}
+
+/// Resolves `spec`. `inherited` is set for an origin's limit laid over a default: then a
+/// missing kind was already reported at the default. `None` when anything was wrong.
+pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Option<Resolved> {
+    let before = r.error_count();
+    let Some(kind) = spec.kind.as_ref().map(|k| k.v) else {
+        let written = spec.fields.iter().any(|f| f.v == "kind");
+        if !inherited && !written {
+            let message = "missing required field `kind` (one of inflight, rate, token_bucket)";
+            r.error(spec.pos, &spec.path, message);
+        }
+        return None;
+    };
+    for f in &spec.fields {
+        if !kind.takes(f.v) {
+            r.error(f.pos, &f.path, wrong_kind(f.v, kind));
+        }
+    }
+    let key = match &spec.key {
+        Some(parts) => {
+            for p in &parts.v {
+                check_part(r, kind, &p.v, p.pos, &p.path);
+            }
+            parts.v.iter().map(|p| p.v.clone()).collect()
+        }
+        None => default_key(kind),
+    };
+    let params = base_params(r, kind, spec, inherited);
+    let mode = match spec.mode.as_ref().map(|m| m.v) {
+        Some(Setting::On(mode)) => mode,
+        Some(Setting::Off) | None => Mode::Enforce,
+    };
+    let mut overrides = Vec::new();
+    for o in spec.overrides.iter().flat_map(|list| list.v.iter()) {
+        if let Some(o) = resolve_override(r, kind, spec, o, mode) {
+            overrides.push(o);
+        }
+    }
+    if let Some(LimitParams::TokenBucket { bucket, .. }) = &params {
+        let (pos, path) = fill_anchor(spec);
+        fill_warning(r, bucket, pos, path);
+    }
+    if r.error_count() > before {
+        return None;
+    }
+    if spec.mode.as_ref().map(|m| m.v) == Some(Setting::Off) {
+        return Some(Resolved::Off);
+    }
+    Some(Resolved::On(Limit {
+        name: spec.name.clone(),
+        key: KeySpec::new(key),
+        mode,
+        headers: spec.headers.as_ref().map(|h| h.v).unwrap_or_default(),
+        params: params?,
+        overrides,
+    }))
+}
+
+fn wrong_kind(field: &str, kind: Kind) -> String {
+    format!(
+        "`{field}` is not a field of kind `{}`; fields of `{}` are: {}",
+        kind.name(),
+        kind.name(),
+        kind.field_list()
+    )
+}
+
+fn check_part(r: &mut Report, kind: Kind, part: &KeyPart, pos: Pos, path: &str) {
+    if part.needs_server() && kind != Kind::Inflight {
+        r.error(
+            pos,
+            path,
+            format!(
+                "`{part}` is only known to inflight limits (it is chosen after request-time limits run)"
+            ),
+        );
+    }
+}
+
+/// The key a kind gets when `key` is not given.
+fn default_key(kind: Kind) -> Vec<KeyPart> {
+    match kind {
+        Kind::Inflight => vec![KeyPart::Customer, KeyPart::ServerIp, KeyPart::Host],
+        Kind::Rate | Kind::TokenBucket => vec![KeyPart::ClientIp],
+    }
+}
+
+/// The limit's own parameters, reporting the required fields it lacks. A limit laid over
+/// a default lacks one only when the default does, which is reported there.
+fn base_params(
+    r: &mut Report,
+    kind: Kind,
+    spec: &LimitSpec,
+    inherited: bool,
+) -> Option<LimitParams> {
+    let p = &spec.params;
+    let missing = |name: &str, present: bool| !inherited && !present && !p.wrote(name);
+    let required: &[(&str, bool)] = match kind {
+        Kind::Inflight => &[("max", p.max.is_some())],
+        Kind::Rate => &[("max", p.max.is_some()), ("per", p.per.is_some())],
+        Kind::TokenBucket => &[
+            ("capacity", p.capacity.is_some()),
+            ("refill", p.refill.is_some()),
+        ],
+    };
+    for &(name, present) in required {
+        if missing(name, present) {
+            let message = format!("missing required field `{name}` for kind `{}`", kind.name());
+            r.error(spec.pos, &spec.path, message);
+        }
+    }
+    if let (Kind::TokenBucket, Some(refill)) = (kind, &p.refill) {
+        for (name, present) in [("amount", p.amount.is_some()), ("every", p.every.is_some())] {
+            if missing(&format!("refill.{name}"), present) {
+                let message = format!("missing required field `{name}`");
+                r.error(refill.pos, &refill.path, message);
+            }
+        }
+    }
+    params_of(kind, spec, p)
+}
+
+/// Builds a kind's parameters from `p`, or `None` when a required one is absent.
+fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams> {
+    let sketch = SketchSize {
+        hashes: spec
+            .hashes
+            .as_ref()
+            .map_or(SketchSize::DEFAULT.hashes, |h| h.v),
+        slots: spec
+            .slots
+            .as_ref()
+            .map_or(SketchSize::DEFAULT.slots, |s| s.v),
+    };
+    let strict = p.strict.as_ref().is_some_and(|s| s.v);
+    Some(match kind {
+        Kind::Inflight => LimitParams::Inflight {
+            max: p.max.as_ref()?.v,
+            sketch,
+        },
+        Kind::Rate => LimitParams::Rate {
+            rate: RateParams {
+                max: p.max.as_ref()?.v,
+                per: p.per.as_ref()?.v,
+                strict,
+            },
+            sketch,
+        },
+        Kind::TokenBucket => LimitParams::TokenBucket {
+            bucket: TokenBucketParams {
+                capacity: p.capacity.as_ref()?.v,
+                amount: p.amount.as_ref()?.v,
+                every: p.every.as_ref()?.v,
+                strict,
+            },
+            cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
+            max_keys: spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v),
+        },
+    })
+}
+
+fn resolve_override(
+    r: &mut Report,
+    kind: Kind,
+    spec: &LimitSpec,
+    o: &OverrideSpec,
+    mode: Mode,
+) -> Option<Override> {
+    for f in &o.fields {
+        if !kind.takes(f.v) {
+            r.error(f.pos, &f.path, wrong_kind(f.v, kind));
+        }
+    }
+    for m in &o.matchers {
+        check_part(r, kind, &m.v.part, m.pos, &m.path);
+    }
+    let mut p = spec.params.clone();
+    p.apply(&o.params);
+    let params = params_of(kind, spec, &p)?;
+    let (own, raised) = match kind {
+        Kind::Inflight | Kind::Rate => ("max", (&spec.params.max, &o.params.max)),
+        Kind::TokenBucket => ("capacity", (&spec.params.capacity, &o.params.capacity)),
+    };
+    if let (Some(base), Some(new)) = raised {
+        raise_warning(r, own, base, new);
+    }
+    let changes_bucket =
+        o.params.capacity.is_some() || o.params.amount.is_some() || o.params.every.is_some();
+    if let (LimitParams::TokenBucket { bucket, .. }, true) = (&params, changes_bucket) {
+        fill_warning(r, bucket, o.pos, &o.path);
+    }
+    Some(Override {
+        matchers: o.matchers.iter().map(|m| m.v.clone()).collect(),
+        params,
+        mode: o.mode.as_ref().map_or(mode, |m| m.v),
+    })
+}
+
+fn raise_warning(r: &mut Report, field: &str, base: &At<u64>, new: &At<u64>) {
+    if new.v > base.v {
+        r.warn(
+            new.pos,
+            &new.path,
+            format!(
+                "override {field} {} is above the limit's {field} {}; it raises the limit for matching requests",
+                new.v, base.v
+            ),
+        );
+    }
+}
+
+/// Where a bucket's fill warning points: at what this entry itself wrote (`refill`, else
+/// `capacity`), so an origin changing only a default's `capacity` is warned at its line.
+fn fill_anchor(spec: &LimitSpec) -> (Pos, &str) {
+    let p = &spec.params;
+    let own = |path: &str| path.starts_with(&spec.path);
+    match (&p.refill, &p.capacity) {
+        (Some(refill), _) if own(&refill.path) => (refill.pos, &refill.path),
+        (_, Some(capacity)) if own(&capacity.path) => (capacity.pos, &capacity.path),
+        (Some(refill), _) => (refill.pos, &refill.path),
+        _ => (spec.pos, &spec.path),
+    }
+}
+
+/// Warns when an emptied bucket cannot fill up again within a day.
+fn fill_warning(r: &mut Report, b: &TokenBucketParams, pos: Pos, path: &str) {
+    let amount = u128::from(b.amount.max(1));
+    let fill = u128::from(b.capacity) * u128::from(b.every);
+    if fill > DAY_NANOS * amount {
+        let takes = Duration::from_nanos(u64::try_from(fill / amount).unwrap_or(u64::MAX));
+        let every = Duration::from_nanos(b.every);
+        r.warn(
+            pos,
+            path,
+            format!(
+                "refilling {} every {} takes {} to fill capacity {}; an emptied bucket will not recover within a day",
+                b.amount,
+                humantime::format_duration(every),
+                humantime::format_duration(takes),
+                b.capacity
+            ),
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Limits as written, before merging: every field optional and located.
+//!
+//! A default limit and an origin's limit of the same name are both parsed into a
+//! [`LimitSpec`]; [`LimitSpec::merged`] lays the origin's fields over the default's, field
+//! by field, and [`super::resolve`] turns the result into a model [`Limit`]. Keeping the
+//! location of every field lets a merged limit's errors point at the line that set the
+//! offending value, whichever of the two it was.
+//!
+//! [`Limit`]: crate::config::model::Limit
+
+use crate::config::model::{Cost, HeadersMode, Mode};
+use crate::config::report::{At, Pos};
+use crate::limits::{KeyPart, Matcher};
+
+/// A limit's kind, as written in `kind:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `inflight`.
+    Inflight,
+    /// `rate`.
+    Rate,
+    /// `token_bucket`.
+    TokenBucket,
+}
+
+/// Fields every kind takes.
+const COMMON: [&str; 5] = ["kind", "key", "mode", "headers", "overrides"];
+
+impl Kind {
+    /// The kinds' names, in the order of [`Kind::ALL`].
+    pub const NAMES: [&'static str; 3] = ["inflight", "rate", "token_bucket"];
+    /// Every kind.
+    pub const ALL: [Kind; 3] = [Kind::Inflight, Kind::Rate, Kind::TokenBucket];
+
+    /// The name written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Inflight => "inflight",
+            Kind::Rate => "rate",
+            Kind::TokenBucket => "token_bucket",
+        }
+    }
+
+    /// The parameter fields only this kind (and maybe others) takes.
+    pub fn own_fields(self) -> &'static [&'static str] {
+        match self {
+            Kind::Inflight => &["max", "sketch"],
+            Kind::Rate => &["max", "per", "strict", "sketch"],
+            Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
+        }
+    }
+
+    /// Whether a limit of this kind takes `field`.
+    pub fn takes(self, field: &str) -> bool {
+        COMMON.contains(&field) || self.own_fields().contains(&field)
+    }
+
+    /// Every field of this kind, for messages.
+    pub fn field_list(self) -> String {
+        let mut all: Vec<&str> = COMMON.to_vec();
+        all.extend_from_slice(self.own_fields());
+        all.join(", ")
+    }
+}
+
+/// Every key a limit mapping may hold, whatever its kind.
+pub(crate) const LIMIT_KEYS: [&str; 13] = [
+    "kind",
+    "key",
+    "mode",
+    "headers",
+    "overrides",
+    "max",
+    "per",
+    "strict",
+    "sketch",
+    "capacity",
+    "refill",
+    "cost",
+    "max_keys",
+];
+
+/// Keys an override item may hold.
+pub(crate) const OVERRIDE_KEYS: [&str; 8] = [
+    "match", "mode", "max", "per", "strict", "capacity", "refill", "cost",
+];
+
+/// Limit keys that an override may not change.
+pub(crate) const NOT_OVERRIDABLE: [&str; 6] =
+    ["kind", "key", "headers", "overrides", "sketch", "max_keys"];
+
+/// `mode:` as written: `off` removes the limit from the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Setting {
+    /// `enforce` or `shadow`.
+    On(Mode),
+    /// `off`.
+    Off,
+}
+
+/// The parameter fields a limit and its overrides share.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ParamSpec {
+    /// `max` (inflight, rate).
+    pub max: Option<At<u64>>,
+    /// `per` in nanoseconds (rate).
+    pub per: Option<At<u64>>,
+    /// `strict` (rate, token_bucket).
+    pub strict: Option<At<bool>>,
+    /// `capacity` (token_bucket).
+    pub capacity: Option<At<u64>>,
+    /// Where `refill:` itself is written (its key).
+    pub refill: Option<At<()>>,
+    /// `refill.amount`.
+    pub amount: Option<At<u64>>,
+    /// `refill.every` in nanoseconds.
+    pub every: Option<At<u64>>,
+    /// `cost` (token_bucket).
+    pub cost: Option<At<Cost>>,
+    /// Every parameter key written, valid or not (`refill.every` for sub-keys), so that an
+    /// invalid value is not reported a second time as missing.
+    pub written: Vec<&'static str>,
+}
+
+fn lay<T: Clone>(base: &mut Option<T>, over: &Option<T>) {
+    if over.is_some() {
+        base.clone_from(over);
+    }
+}
+
+impl ParamSpec {
+    /// Replaces every field that `over` sets; `refill`'s sub-fields one by one.
+    pub fn apply(&mut self, over: &ParamSpec) {
+        lay(&mut self.max, &over.max);
+        lay(&mut self.per, &over.per);
+        lay(&mut self.strict, &over.strict);
+        lay(&mut self.capacity, &over.capacity);
+        lay(&mut self.refill, &over.refill);
+        lay(&mut self.amount, &over.amount);
+        lay(&mut self.every, &over.every);
+        lay(&mut self.cost, &over.cost);
+        self.written.extend_from_slice(&over.written);
+    }
+
+    /// Whether `name` (`max`, `refill.every`, ...) was written at all.
+    pub fn wrote(&self, name: &str) -> bool {
+        self.written.contains(&name)
+    }
+}
+
+/// One `overrides:` item as written.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OverrideSpec {
+    /// Where the item starts.
+    pub pos: Pos,
+    /// `...overrides[i]`.
+    pub path: String,
+    /// The parsed `match:` conditions, each at its part's key.
+    pub matchers: Vec<At<Matcher>>,
+    /// `mode:` (enforce or shadow).
+    pub mode: Option<At<Mode>>,
+    /// The parameter fields it changes.
+    pub params: ParamSpec,
+    /// The parameter fields written, at their keys, for the kind check.
+    pub fields: Vec<At<&'static str>>,
+}
+
+/// One `limits.NAME` entry as written, in `defaults` or in an origin.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LimitSpec {
+    /// The limit's name.
+    pub name: String,
+    /// Where the name is written.
+    pub pos: Pos,
+    /// `...limits.NAME`.
+    pub path: String,
+    /// `kind`.
+    pub kind: Option<At<Kind>>,
+    /// The key parts, each located, and where the list is.
+    pub key: Option<At<Vec<At<KeyPart>>>>,
+    /// `mode`.
+    pub mode: Option<At<Setting>>,
+    /// `headers`.
+    pub headers: Option<At<HeadersMode>>,
+    /// The kind's parameters.
+    pub params: ParamSpec,
+    /// `sketch.hashes`.
+    pub hashes: Option<At<usize>>,
+    /// `sketch.slots`.
+    pub slots: Option<At<usize>>,
+    /// `max_keys`.
+    pub max_keys: Option<At<usize>>,
+    /// `overrides`, replaced as a whole when an origin sets it.
+    pub overrides: Option<At<Vec<OverrideSpec>>>,
+    /// Every known field written, at its key, for the kind check.
+    pub fields: Vec<At<&'static str>>,
+}
+
+impl LimitSpec {
+    /// An empty spec named `name`, written at `pos`.
+    pub fn new(name: &str, pos: Pos, path: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            pos,
+            path: path.to_string(),
+            kind: None,
+            key: None,
+            mode: None,
+            headers: None,
+            params: ParamSpec::default(),
+            hashes: None,
+            slots: None,
+            max_keys: None,
+            overrides: None,
+            fields: Vec::new(),
+        }
+    }
+
+    /// This default with `origin`'s fields laid over it. The result is located at the
+    /// origin's entry; the kind stays the default's (a change is reported elsewhere).
+    pub fn merged(&self, origin: &LimitSpec) -> LimitSpec {
+        let mut out = self.clone();
+        out.name.clone_from(&origin.name);
+        out.pos = origin.pos;
+        out.path.clone_from(&origin.path);
+        lay(&mut out.kind, &origin.kind);
+        if self.kind.is_some() {
+            out.kind.clone_from(&self.kind);
+        }
+        lay(&mut out.key, &origin.key);
+        lay(&mut out.mode, &origin.mode);
+        lay(&mut out.headers, &origin.headers);
+        out.params.apply(&origin.params);
+        lay(&mut out.hashes, &origin.hashes);
+        lay(&mut out.slots, &origin.slots);
+        lay(&mut out.max_keys, &origin.max_keys);
+        lay(&mut out.overrides, &origin.overrides);
+        out.fields.extend(origin.fields.iter().cloned());
+        out
+    }
+}
+
+/// Which kind a name in `kind:` stands for.
+pub(crate) fn kind_at(index: usize) -> Option<Kind> {
+    Kind::ALL.get(index).copied()
+}

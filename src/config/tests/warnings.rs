@@ -1,0 +1,96 @@
+//! Suspicious but valid configs: accepted, with a located warning each.
+
+use crate::config::parse_str;
+
+macro_rules! base {
+    () => {
+        "origins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n"
+    };
+}
+
+/// Every warning for `text`, rendered; panics when the config is refused.
+fn warnings(text: &str) -> Vec<String> {
+    match parse_str(text, "w.yaml") {
+        Ok(loaded) => loaded.warnings.iter().map(|d| d.to_string()).collect(),
+        Err(e) => panic!("refused: {e}"),
+    }
+}
+
+const CASES: &[(&str, &str, &[&str])] = &[
+    (
+        "override raises a rate max",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: rate\n        max: 100\n        per: 1s\n",
+            "        overrides:\n          - match: {customer: big}\n            max: 600\n"
+        ),
+        &["w.yaml:12:18: origins.a.limits.l.overrides[0].max: override max 600 is above the limit's max 100; it raises the limit for matching requests"],
+    ),
+    (
+        "override raises an inflight max, lowering is fine",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: inflight\n        max: 10\n        overrides:\n",
+            "          - {match: {customer: small}, max: 0}\n          - {match: {customer: big}, max: 11}\n"
+        ),
+        &["w.yaml:11:43: origins.a.limits.l.overrides[1].max: override max 11 is above the limit's max 10; it raises the limit for matching requests"],
+    ),
+    (
+        "bucket never fills within a day",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: token_bucket\n        capacity: 100000\n",
+            "        refill: {amount: 1, every: 1s}\n"
+        ),
+        &["w.yaml:9:9: origins.a.limits.l.refill: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"],
+    ),
+    (
+        "override bucket never fills, and raises capacity",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: token_bucket\n        capacity: 10\n",
+            "        refill: {amount: 1, every: 1s}\n        overrides:\n",
+            "          - match: {customer: big}\n            capacity: 200000\n"
+        ),
+        &[
+            "w.yaml:11:13: origins.a.limits.l.overrides[0]: refilling 1 every 1s takes 2days 7h 33m 20s to fill capacity 200000; an emptied bucket will not recover within a day",
+            "w.yaml:12:23: origins.a.limits.l.overrides[0].capacity: override capacity 200000 is above the limit's capacity 10; it raises the limit for matching requests",
+        ],
+    ),
+    (
+        "sni without tls",
+        concat!(base!(), "    sni: a.test\n"),
+        &["w.yaml:5:10: origins.a.sni: `sni` has no effect without `tls: true`"],
+    ),
+    (
+        "a default's warning is shown once for two origins",
+        concat!(
+            "defaults:\n  limits:\n    d:\n      kind: inflight\n      max: 1\n",
+            "      overrides: [{match: {customer: x}, max: 2}]\n",
+            base!(),
+            "  b:\n    hosts: [b.test]\n    upstreams: [\"127.0.0.1:2\"]\n"
+        ),
+        &["w.yaml:6:47: defaults.limits.d.overrides[0].max: override max 2 is above the limit's max 1; it raises the limit for matching requests"],
+    ),
+    ("no warnings", base!(), &[]),
+];
+
+#[test]
+fn warnings_are_located() {
+    for (name, text, expected) in CASES {
+        assert_eq!(warnings(text), *expected, "{name}");
+    }
+}
+
+#[test]
+fn an_origin_raising_a_default_capacity_is_warned_at_its_own_line() {
+    let text = concat!(
+        "defaults:\n  limits:\n    d: {kind: token_bucket, capacity: 10, refill: {amount: 1, every: 1s}}\n",
+        base!(),
+        "    limits:\n      d: {capacity: 100000}\n"
+    );
+    assert_eq!(
+        warnings(text),
+        ["w.yaml:9:21: origins.a.limits.d.capacity: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"]
+    );
+}
