@@ -1,0 +1,124 @@
+//! The `tollgate` command line: `run` the proxy or `check` a config.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use tollgate::config::{self, ConfigError};
+use tollgate::proxy::server::{self, RunOptions};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// An edge reverse proxy that keeps origins and customers from being overwhelmed.
+#[derive(Parser, Debug)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start the proxy.
+    Run {
+        /// The config file.
+        #[arg(short, long, default_value = "conf/tollgate.yaml")]
+        config: PathBuf,
+        /// Run in the background (Pingora's daemon mode).
+        #[arg(short, long)]
+        daemon: bool,
+        /// Take over the listeners of a running tollgate: start the new binary with
+        /// --upgrade, then send SIGQUIT to the old process.
+        #[arg(short, long)]
+        upgrade: bool,
+        /// The Unix socket on which listeners are handed over during an upgrade.
+        #[arg(long, default_value = "/tmp/tollgate_upgrade.sock")]
+        upgrade_sock: String,
+        /// Where daemon mode writes the PID.
+        #[arg(long, default_value = "/tmp/tollgate.pid")]
+        pid_file: String,
+    },
+    /// Validate a config file without starting anything. Exit code 0: clean; 1: errors;
+    /// 2: warnings only, with --strict.
+    Check {
+        /// The config file.
+        #[arg(short, long, default_value = "conf/tollgate.yaml")]
+        config: PathBuf,
+        /// Treat warnings as failures (exit 2).
+        #[arg(long)]
+        strict: bool,
+    },
+}
+
+fn check(path: &std::path::Path, strict: bool) -> ExitCode {
+    match config::load(path) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                eprintln!(
+                    "{}:{}:{}: {}: warning: {}",
+                    w.file, w.line, w.column, w.path, w.message
+                );
+            }
+            let origins = loaded.config.origins.len();
+            let limits: usize = loaded.config.origins.iter().map(|o| o.limits.len()).sum();
+            if strict && !loaded.warnings.is_empty() {
+                eprintln!(
+                    "{}: {} warning(s), failing because of --strict",
+                    path.display(),
+                    loaded.warnings.len()
+                );
+                return ExitCode::from(2);
+            }
+            println!(
+                "{}: ok ({origins} origins, {limits} limits, {} warnings)",
+                path.display(),
+                loaded.warnings.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError::Invalid(diags)) => {
+            for d in &diags {
+                eprintln!("{d}");
+            }
+            eprintln!("{}: {} error(s)", path.display(), diags.len());
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config, strict } => check(&config, strict),
+        Command::Run {
+            config,
+            daemon,
+            upgrade,
+            upgrade_sock,
+            pid_file,
+        } => {
+            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+                .init();
+            let opts = RunOptions {
+                config,
+                daemon,
+                upgrade,
+                upgrade_sock,
+                pid_file,
+            };
+            match server::build(&opts) {
+                Ok(server) => server.run_forever(),
+                Err(e) => {
+                    eprintln!("tollgate: cannot start: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

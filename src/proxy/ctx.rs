@@ -1,0 +1,77 @@
+//! The per-request context: the config snapshot a request runs under and everything it
+//! holds. Its drop is the single point where inflight counts are given back.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::limits::Nanos;
+use crate::proxy::decide::{Guards, Notes, Tickets};
+use crate::proxy::problem::Problem;
+use crate::proxy::route::HostBuf;
+use crate::proxy::runtime::Runtime;
+
+/// Decrements the origin's exact inflight gauge when dropped.
+pub struct GaugeGuard(prometheus::IntGauge);
+
+impl GaugeGuard {
+    /// Increments `gauge` and returns the guard that will decrement it.
+    pub fn new(gauge: &prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// One request's state across Pingora's phases.
+///
+/// Field order matters only for readability: every guard decrements in its own `Drop`,
+/// whatever ended the request (success, upstream error, client abort, timeout or panic
+/// unwinding through the session task).
+pub struct Ctx {
+    /// When the request's headers were read.
+    pub start: Instant,
+    /// The config snapshot: a reload mid-request never changes what this request sees.
+    pub rt: Option<Arc<Runtime>>,
+    /// Index of the matched origin in `rt.origins`.
+    pub origin: Option<usize>,
+    /// The request's lower-cased host.
+    pub host: HostBuf,
+    /// The resolved client IP.
+    pub client_ip: Option<IpAddr>,
+    /// The decision time of the request-time limits.
+    pub now: Nanos,
+    /// Request-time admissions to refund if an inflight limit rejects.
+    pub tickets: Tickets,
+    /// Limits with `headers: always` to report on the response.
+    pub notes: Notes,
+    /// Inflight units held by this request.
+    pub guards: Guards,
+    /// The exact per-origin inflight gauge's unit.
+    pub gauge: Option<GaugeGuard>,
+    /// A rejection decided in `upstream_peer`, written by `fail_to_proxy`.
+    pub rejection: Option<Problem>,
+}
+
+impl Default for Ctx {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            rt: None,
+            origin: None,
+            host: HostBuf::default(),
+            client_ip: None,
+            now: 0,
+            tickets: Tickets::new(),
+            notes: Notes::new(),
+            guards: Guards::new(),
+            gauge: None,
+            rejection: None,
+        }
+    }
+}

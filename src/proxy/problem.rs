@@ -1,0 +1,254 @@
+//! Every response tollgate writes itself: rejections (429/503), unknown hosts (404) and
+//! bad requests (400), as RFC 9457 `application/problem+json`.
+//!
+//! Rejections carry `Retry-After` (whole seconds, rounded up, at least 1) and the
+//! draft-ietf-httpapi-ratelimit-headers-11 fields as RFC 9651 structured fields:
+//! `RateLimit-Policy: "per_client";q=100;w=1` and `RateLimit: "per_client";r=0;t=1`. The
+//! problem types are the draft's registered `quota-exceeded` (429) and
+//! `temporary-reduced-capacity` (503). Building one allocates, but only on the reject path.
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+
+/// The IANA HTTP problem types registry, where the draft registers its types.
+const PROBLEM_TYPES: &str = "https://iana.org/assignments/http-problem-types";
+
+/// A response tollgate writes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// HTTP status.
+    pub status: u16,
+    /// Extra headers besides `Content-Type` and `Content-Length`.
+    pub headers: Vec<(&'static str, String)>,
+    /// The problem+json body.
+    pub body: Bytes,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<[&'a str; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<&'a str>,
+}
+
+fn body(b: &Body<'_>) -> Bytes {
+    // Serializing plain strings and numbers cannot fail; fall back to an empty object.
+    Bytes::from(serde_json::to_vec(b).unwrap_or_else(|_| b"{}".to_vec()))
+}
+
+/// Nanoseconds as whole seconds for `Retry-After`: rounded up, at least 1, because a
+/// client that retries early is rejected again.
+pub fn retry_after_secs(nanos: Nanos) -> u64 {
+    nanos.div_ceil(NANOS_PER_SEC).max(1)
+}
+
+/// Seconds for the `t` parameter and `w`: rounded up, 0 allowed.
+pub fn ceil_secs(nanos: Nanos) -> u64 {
+    nanos.div_ceil(NANOS_PER_SEC)
+}
+
+/// An RFC 9651 sf-string: quoted, with `"` and `\` escaped. Limit names are validated to
+/// `[A-Za-z0-9_-]`, so this is defence in depth.
+fn sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// One `RateLimit-Policy` list member: quota `q` per window `w` seconds (no `w` for a
+/// concurrency limit, which has no window).
+pub fn policy_item(name: &str, quota: u64, window_secs: Option<u64>) -> String {
+    let mut s = String::with_capacity(name.len() + 24);
+    sf_string(&mut s, name);
+    s.push_str(";q=");
+    s.push_str(&quota.to_string());
+    if let Some(w) = window_secs {
+        s.push_str(";w=");
+        s.push_str(&w.max(1).to_string());
+    }
+    s
+}
+
+/// One `RateLimit` list member: `r` units remain, restored after `t` seconds.
+pub fn limit_item(name: &str, remaining: u64, reset_secs: u64) -> String {
+    let mut s = String::with_capacity(name.len() + 24);
+    sf_string(&mut s, name);
+    s.push_str(";r=");
+    s.push_str(&remaining.to_string());
+    s.push_str(";t=");
+    s.push_str(&reset_secs.to_string());
+    s
+}
+
+/// What a rejection needs to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectInfo<'a> {
+    /// 429 or 503.
+    pub status: u16,
+    /// The origin's name.
+    pub origin: &'a str,
+    /// The violated limit's name.
+    pub limit: &'a str,
+    /// Human-readable policy, e.g. "100 requests per 1s".
+    pub policy_text: &'a str,
+    /// The `RateLimit-Policy` member of the limit.
+    pub policy_item: &'a str,
+    /// Units remaining (usually 0).
+    pub remaining: u64,
+    /// Nanoseconds until a retry can pass.
+    pub retry_after: Nanos,
+}
+
+/// A 429/503 rejection naming the violated limit.
+pub fn rejection(info: &RejectInfo<'_>) -> Problem {
+    let retry = retry_after_secs(info.retry_after);
+    let (kind, title) = if info.status == 503 {
+        ("temporary-reduced-capacity", "Service Unavailable")
+    } else {
+        ("quota-exceeded", "Too Many Requests")
+    };
+    let body = body(&Body {
+        kind: format!("{PROBLEM_TYPES}#{kind}"),
+        title,
+        status: info.status,
+        detail: format!(
+            "limit `{}` of origin `{}` allows {}; retry after {retry}s",
+            info.limit, info.origin, info.policy_text
+        ),
+        violated_policies: Some([info.limit]),
+        origin: Some(info.origin),
+    });
+    Problem {
+        status: info.status,
+        headers: vec![
+            ("retry-after", retry.to_string()),
+            ("ratelimit-policy", info.policy_item.to_string()),
+            ("ratelimit", limit_item(info.limit, info.remaining, retry)),
+            ("cache-control", "no-store".to_string()),
+        ],
+        body,
+    }
+}
+
+/// 404 for a host that no origin serves.
+pub fn unknown_host(host: &str) -> Problem {
+    plain(404, "Not Found", format!("no origin serves host `{host}`"))
+}
+
+/// 400 for a request tollgate cannot attribute (bad Host, bad X-Forwarded-For, bad cost).
+pub fn bad_request(detail: String) -> Problem {
+    plain(400, "Bad Request", detail)
+}
+
+fn plain(status: u16, title: &str, detail: String) -> Problem {
+    Problem {
+        status,
+        headers: vec![("cache-control", "no-store".to_string())],
+        body: body(&Body {
+            kind: "about:blank".to_string(),
+            title,
+            status,
+            detail,
+            violated_policies: None,
+            origin: None,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_one_second() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(NANOS_PER_SEC), 1);
+        assert_eq!(retry_after_secs(NANOS_PER_SEC + 1), 2);
+        assert_eq!(ceil_secs(0), 0);
+    }
+
+    #[test]
+    fn structured_fields_are_quoted_and_parameterised() {
+        assert_eq!(
+            policy_item("per_client", 100, Some(1)),
+            "\"per_client\";q=100;w=1"
+        );
+        assert_eq!(policy_item("conc", 5, None), "\"conc\";q=5");
+        assert_eq!(policy_item("sub", 5, Some(0)), "\"sub\";q=5;w=1");
+        assert_eq!(limit_item("per_client", 0, 1), "\"per_client\";r=0;t=1");
+        assert_eq!(limit_item("a\"b", 1, 2), "\"a\\\"b\";r=1;t=2");
+    }
+
+    #[test]
+    fn rejection_names_the_limit_everywhere() {
+        let p = rejection(&RejectInfo {
+            status: 429,
+            origin: "shop",
+            limit: "per_client",
+            policy_text: "100 requests per 1s",
+            policy_item: "\"per_client\";q=100;w=1",
+            remaining: 0,
+            retry_after: 1_500_000_000,
+        });
+        assert_eq!(p.status, 429);
+        let h = |n: &str| {
+            p.headers
+                .iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(h("retry-after"), Some("2"));
+        assert_eq!(h("ratelimit"), Some("\"per_client\";r=0;t=2"));
+        assert_eq!(h("ratelimit-policy"), Some("\"per_client\";q=100;w=1"));
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+        assert_eq!(
+            v["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(v["violated-policies"][0], "per_client");
+        assert_eq!(v["status"], 429);
+        let p = rejection(&RejectInfo {
+            status: 503,
+            ..rejection_info()
+        });
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+        assert!(v["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#temporary-reduced-capacity"));
+    }
+
+    fn rejection_info() -> RejectInfo<'static> {
+        RejectInfo {
+            status: 429,
+            origin: "o",
+            limit: "l",
+            policy_text: "1 in flight",
+            policy_item: "\"l\";q=1",
+            remaining: 0,
+            retry_after: 0,
+        }
+    }
+
+    #[test]
+    fn unknown_host_is_escaped_json() {
+        let p = unknown_host("a\"b");
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+        assert_eq!(v["status"], 404);
+        assert!(v["detail"].as_str().unwrap().contains("a\"b"));
+    }
+}

@@ -1,0 +1,367 @@
+//! The `ProxyHttp` implementation: the request flow of DESIGN.md, phase by phase.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::http::ResponseHeader;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use crate::config::HeadersMode;
+use crate::limits::{Clock, MonotonicClock, Verdict};
+use crate::metrics::{Metrics, UNMATCHED_ORIGIN};
+use crate::proxy::ctx::{Ctx, GaugeGuard};
+use crate::proxy::decide::{self, Rejected};
+use crate::proxy::identity::{client_ip, RequestFacts};
+use crate::proxy::problem::{self, ceil_secs, limit_item, Problem, RejectInfo};
+use crate::proxy::route::HostBuf;
+use crate::proxy::runtime::{OriginRt, Runtime};
+
+/// The proxy: a swappable runtime, a clock and the metrics.
+pub struct Tollgate {
+    runtime: Arc<ArcSwap<Runtime>>,
+    clock: MonotonicClock,
+    metrics: Arc<Metrics>,
+}
+
+impl Tollgate {
+    /// A proxy reading its config from `runtime`, which the reloader swaps.
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            runtime,
+            clock: MonotonicClock::new(),
+            metrics,
+        }
+    }
+}
+
+/// Builds the facts of the current request; `server` once an upstream is picked.
+fn facts<'a>(
+    session: &'a Session,
+    ctx: &'a Ctx,
+    rt: &'a Runtime,
+    origin: &'a OriginRt,
+    server: Option<std::net::SocketAddr>,
+) -> RequestFacts<'a> {
+    let req = session.req_header();
+    let customer = rt
+        .config
+        .server
+        .customer_header
+        .as_deref()
+        .and_then(|name| req.headers.get(name))
+        .map(|v| v.as_bytes())
+        .or(origin.customer.as_deref());
+    RequestFacts {
+        client_ip: ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        customer,
+        host: ctx.host.as_bytes(),
+        server,
+        origin: &origin.name,
+        method: req.method.as_str().as_bytes(),
+        path: req.uri.path().as_bytes(),
+        headers: &req.headers,
+    }
+}
+
+fn reject_problem(origin: &OriginRt, rejected: &Rejected) -> Problem {
+    let limits = if rejected.inflight {
+        &origin.inflight_limits
+    } else {
+        &origin.request_limits
+    };
+    let limit = &limits[rejected.limit as usize];
+    let variant = &limit.variants[rejected.variant as usize];
+    problem::rejection(&RejectInfo {
+        status: if rejected.inflight { 503 } else { 429 },
+        origin: &origin.name,
+        limit: &limit.name,
+        policy_text: &variant.policy_text,
+        policy_item: &variant.policy_item,
+        remaining: rejected.verdict.remaining,
+        retry_after: rejected.verdict.retry_after,
+    })
+}
+
+/// Writes a response tollgate built itself. When the request has an unread body the
+/// connection is closed afterwards, so a keep-alive client never waits on a body nobody
+/// reads (Pingora issues 766 and 540).
+async fn send(session: &mut Session, problem: &Problem) -> Result<()> {
+    let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 2))?;
+    resp.insert_header("content-type", "application/problem+json")?;
+    resp.insert_header("content-length", problem.body.len().to_string())?;
+    for (name, value) in &problem.headers {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    if !session.is_body_empty() {
+        session.set_keepalive(None);
+        resp.insert_header("connection", "close")?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(problem.body.clone()), true)
+        .await
+}
+
+/// Formats a status code without allocating, for the `code` label.
+fn code_label(code: u16, buf: &mut [u8; 3]) -> &str {
+    if !(100..=999).contains(&code) {
+        return "000";
+    }
+    buf[0] = b'0' + (code / 100) as u8;
+    buf[1] = b'0' + (code / 10 % 10) as u8;
+    buf[2] = b'0' + (code % 10) as u8;
+    std::str::from_utf8(buf).unwrap_or("000")
+}
+
+#[async_trait]
+impl ProxyHttp for Tollgate {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let rt = self.runtime.load_full();
+        ctx.rt = Some(rt.clone());
+        let req = session.req_header();
+        let raw_host = req
+            .headers
+            .get(http::header::HOST)
+            .map(|v| v.as_bytes())
+            .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+            .unwrap_or_default();
+        let host = match HostBuf::parse(raw_host) {
+            Ok(h) => h,
+            Err(e) => {
+                send(session, &problem::bad_request(e.to_string())).await?;
+                return Ok(true);
+            }
+        };
+        ctx.host = host;
+        let Some(origin_index) = rt.router.route(host.as_str()) else {
+            send(session, &problem::unknown_host(host.as_str())).await?;
+            return Ok(true);
+        };
+        ctx.origin = Some(origin_index);
+        let origin = &rt.origins[origin_index];
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        match client_ip(peer, &req.headers, &rt.config.server.trusted_proxies) {
+            Ok(ip) => ctx.client_ip = Some(ip),
+            Err(e) => {
+                send(session, &problem::bad_request(e.to_string())).await?;
+                return Ok(true);
+            }
+        }
+        ctx.now = self.clock.now();
+        let mut tickets = std::mem::take(&mut ctx.tickets);
+        let mut notes = std::mem::take(&mut ctx.notes);
+        let outcome = {
+            let facts = facts(session, ctx, &rt, origin, None);
+            decide::request_limits(origin, &facts, ctx.now, &mut tickets, &mut notes)
+        };
+        ctx.tickets = tickets;
+        ctx.notes = notes;
+        let problem = match outcome {
+            Ok(None) => return Ok(false),
+            Ok(Some(rejected)) => {
+                log::info!(
+                    "rejected 429: origin `{}` limit `{}` client {}",
+                    origin.name,
+                    origin.request_limits[rejected.limit as usize].name,
+                    ctx.client_ip.unwrap_or(peer)
+                );
+                reject_problem(origin, &rejected)
+            }
+            Err(e) => problem::bad_request(e.to_string()),
+        };
+        send(session, &problem).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let (Some(rt), Some(origin_index)) = (ctx.rt.clone(), ctx.origin) else {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "upstream_peer without a routed request",
+            ));
+        };
+        let origin = &rt.origins[origin_index];
+        let backend = origin.upstreams.select(b"", 256).ok_or_else(|| {
+            Error::explain(
+                ErrorType::ConnectNoRoute,
+                "origin has no upstream to select",
+            )
+        })?;
+        let addr = backend.addr.as_inet().copied();
+        // A retry picks a server again: drop the previous attempt's units first, so they
+        // are replaced, never doubled.
+        ctx.guards.clear();
+        ctx.notes.retain(|n| !n.inflight);
+        let mut guards = std::mem::take(&mut ctx.guards);
+        let mut notes = std::mem::take(&mut ctx.notes);
+        let rejected = {
+            let facts = facts(session, ctx, &rt, origin, addr);
+            decide::inflight_limits(origin, &facts, &mut guards, &mut notes)
+        };
+        ctx.guards = guards;
+        ctx.notes = notes;
+        if let Some(rejected) = rejected {
+            log::info!(
+                "rejected 503: origin `{}` inflight limit `{}`",
+                origin.name,
+                origin.inflight_limits[rejected.limit as usize].name
+            );
+            // Do not burn the request-time limits' quota for a request that never ran.
+            decide::refund(origin, &mut ctx.tickets, ctx.now);
+            ctx.rejection = Some(reject_problem(origin, &rejected));
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(503),
+                "rejected by an inflight limit",
+            ));
+        }
+        if ctx.gauge.is_none() {
+            ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
+        }
+        let mut peer = HttpPeer::new(backend.addr.clone(), origin.tls, origin.sni.clone());
+        peer.options.connection_timeout = Some(origin.connect_timeout);
+        peer.options.read_timeout = Some(origin.read_timeout);
+        Ok(Box::new(peer))
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.notes.is_empty() {
+            return Ok(());
+        }
+        let (Some(rt), Some(origin_index)) = (ctx.rt.as_ref(), ctx.origin) else {
+            return Ok(());
+        };
+        let origin = &rt.origins[origin_index];
+        let mut policies = String::new();
+        let mut limits = String::new();
+        for note in &ctx.notes {
+            let list = if note.inflight {
+                &origin.inflight_limits
+            } else {
+                &origin.request_limits
+            };
+            let Some(limit) = list.get(note.limit as usize) else {
+                continue;
+            };
+            if limit.headers != HeadersMode::Always {
+                continue;
+            }
+            let Some(variant) = limit.variants.get(note.variant as usize) else {
+                continue;
+            };
+            let Verdict {
+                remaining,
+                reset_after,
+                ..
+            } = note.verdict;
+            if !policies.is_empty() {
+                policies.push_str(", ");
+                limits.push_str(", ");
+            }
+            policies.push_str(&variant.policy_item);
+            limits.push_str(&limit_item(&limit.name, remaining, ceil_secs(reset_after)));
+        }
+        if !policies.is_empty() {
+            upstream_response.insert_header("ratelimit-policy", policies)?;
+            upstream_response.insert_header("ratelimit", limits)?;
+        }
+        Ok(())
+    }
+
+    fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, _error: &Error) -> bool {
+        // A rejection is an info-level event, already logged.
+        ctx.rejection.is_some()
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        if let Some(problem) = ctx.rejection.as_ref() {
+            let status = problem.status;
+            let reuse = session.is_body_empty();
+            if let Err(err) = send(session, problem).await {
+                log::debug!("cannot send rejection downstream: {err}");
+            }
+            return FailToProxy {
+                error_code: status,
+                can_reuse_downstream: reuse,
+            };
+        }
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            _ => match e.esource() {
+                ErrorSource::Upstream => 502,
+                ErrorSource::Downstream => match e.etype() {
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                ErrorSource::Internal | ErrorSource::Unset => 500,
+            },
+        };
+        let code = match e.etype() {
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+                if code == 502 =>
+            {
+                504
+            }
+            _ => code,
+        };
+        if code > 0 {
+            if let Err(err) = session.respond_error(code).await {
+                log::debug!("cannot send error response downstream: {err}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        let code = session.response_written().map_or(0, |r| r.status.as_u16());
+        let origin = match (ctx.rt.as_ref(), ctx.origin) {
+            (Some(rt), Some(i)) => {
+                let origin = &rt.origins[i];
+                origin.duration.observe(ctx.start.elapsed().as_secs_f64());
+                origin.name.as_str()
+            }
+            _ => UNMATCHED_ORIGIN,
+        };
+        let mut buf = [0u8; 3];
+        self.metrics
+            .requests_total
+            .with_label_values(&[origin, code_label(code, &mut buf)])
+            .inc();
+        // Give the inflight units back now rather than when Pingora drops the context.
+        ctx.guards.clear();
+        ctx.gauge = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::code_label;
+
+    #[test]
+    fn code_labels_are_three_digits() {
+        let mut b = [0; 3];
+        assert_eq!(code_label(200, &mut b), "200");
+        assert_eq!(code_label(503, &mut b), "503");
+        assert_eq!(code_label(0, &mut b), "000");
+    }
+}
