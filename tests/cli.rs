@@ -1,0 +1,115 @@
+//! The command line: `tollgate check` exit codes and output, and the shipped example
+//! config serving through its demo upstream (200, then 503 above the inflight max).
+
+mod common;
+
+use std::process::Command;
+
+use common::{client, eventually, free_port, Tollgate};
+
+fn check(text: &str, strict: bool) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.yaml");
+    std::fs::write(&path, text).unwrap();
+    let mut cmd = Command::new(common::binary());
+    cmd.arg("check").arg("--config").arg(&path);
+    if strict {
+        cmd.arg("--strict");
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).replace(&path.display().to_string(), "FILE"),
+        String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE"),
+    )
+}
+
+const CLEAN: &str = r#"
+origins:
+  app:
+    hosts: ["app.test"]
+    upstreams: ["127.0.0.1:9"]
+    limits:
+      per_client: { kind: rate, max: 10, per: 1s }
+"#;
+
+#[test]
+fn check_exit_codes() {
+    let (code, out, _) = check(CLEAN, true);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok (1 origins, 1 limits, 0 warnings)"),
+        "{out}"
+    );
+
+    let broken = CLEAN
+        .replace("max: 10", "max: -1")
+        .replace("per: 1s", "pre: 1s");
+    let (code, _, err) = check(&broken, false);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() >= 3, "every error is reported:\n{err}");
+    assert!(lines[0].starts_with("FILE:7:"), "{err}");
+    assert!(err.contains("did you mean `per`"), "{err}");
+
+    // Warnings only: 0 normally, 2 with --strict.
+    let warned = CLEAN.replace(
+        "per_client: { kind: rate, max: 10, per: 1s }",
+        "tb: { kind: token_bucket, capacity: 100000, refill: { amount: 1, every: 1s } }",
+    );
+    let (code, _, err) = check(&warned, false);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning:"), "{err}");
+    let (code, _, _) = check(&warned, true);
+    assert_eq!(code, 2);
+
+    let out = Command::new(common::binary())
+        .args(["check", "--config", "/nonexistent/tollgate.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tollgate.yaml"));
+}
+
+#[test]
+fn shipped_example_config_is_clean() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let (code, out, err) = check(&text, false);
+    assert_eq!(code, 0, "{out}{err}");
+    // The only note is the deliberate one: bigco's override raises its capacity.
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("overrides[0].capacity: warning: override capacity 200"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_config_serves_200_then_503_over_inflight_max() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate.yaml"))
+        .unwrap();
+    let demo = format!("127.0.0.1:{}", free_port());
+    let text = text
+        .replace("127.0.0.1:8080", "{listen}")
+        .replace("127.0.0.1:9100", "{metrics}")
+        .replace("127.0.0.1:8081", &demo);
+    let t = Tollgate::start(&text).await;
+    let get = |path: &'static str| client().get(t.url(path)).header("host", "localhost").send();
+    let resp = get("/").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("demo upstream"));
+
+    let a = tokio::spawn(get("/?sleep=5s"));
+    let b = tokio::spawn(get("/?sleep=5s"));
+    eventually("two requests in flight", 200, || async {
+        t.metric("tollgate_inflight_requests{origin=\"demo\"}")
+            .await
+            == 2.0
+    })
+    .await;
+    let third = get("/").await.unwrap();
+    assert_eq!(third.status(), 503);
+    assert_eq!(a.await.unwrap().unwrap().status(), 200);
+    assert_eq!(b.await.unwrap().unwrap().status(), 200);
+}
