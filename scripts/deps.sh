@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what building and testing tollgate needs on Debian, only when missing:
+#   cmake      - Pingora's zlib-ng build
+#   pkg-config, libssl-dev - Pingora's OpenSSL TLS to upstreams
+#   promtool   - (Debian package `prometheus`) checks the metrics and alert rules in tests
+# Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
+set -euo pipefail
+
+declare -A pkg_of=(
+  [cmake]=cmake
+  [pkg-config]=pkg-config
+  [promtool]=prometheus
+  [wrk]=wrk
+  [nginx]=nginx-light
+)
+
+missing=()
+for cmd in cmake pkg-config promtool "$@"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_of[$cmd]:-$cmd}")
+done
+if ! dpkg -s libssl-dev >/dev/null 2>&1; then
+  missing+=(libssl-dev)
+fi
+
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
