@@ -52,6 +52,9 @@ pub struct Origin {
     pub tls: bool,
     /// The SNI (and certificate name) for TLS upstreams; defaults to the first host.
     pub sni: Option<String>,
+    /// Verify the upstream's certificate chain and name (`tls_verify`, default true).
+    /// Off only for upstreams with self-signed certificates on a trusted network.
+    pub tls_verify: bool,
     /// The customer used when the request carries no customer header.
     pub customer: Option<String>,
     /// Upstream connect timeout (`connect_timeout`, default 5 s).

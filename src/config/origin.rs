@@ -15,11 +15,12 @@ use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 
 /// The keys an origin takes.
-const ORIGIN_KEYS: [&str; 8] = [
+const ORIGIN_KEYS: [&str; 9] = [
     "hosts",
     "upstreams",
     "tls",
     "sni",
+    "tls_verify",
     "customer",
     "connect_timeout",
     "read_timeout",
@@ -44,6 +45,8 @@ pub(crate) struct OriginDraft {
     pub sni: Option<String>,
     /// `customer`.
     pub customer: Option<String>,
+    /// `tls_verify`.
+    pub tls_verify: bool,
     /// `connect_timeout`.
     pub connect_timeout: Duration,
     /// `read_timeout`.
@@ -72,6 +75,7 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
         tls: false,
         sni: None,
         customer: None,
+        tls_verify: true,
         connect_timeout: Duration::from_secs(5),
         read_timeout: Duration::from_secs(60),
         limits: Vec::new(),
@@ -104,6 +108,7 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
                 o.tls = scalar::boolean(r, v, &sub).unwrap_or(false);
                 tls_pos = Some((v.pos, sub));
             }
+            "tls_verify" => o.tls_verify = scalar::boolean(r, v, &sub).unwrap_or(true),
             "sni" => sni = scalar::text(r, v, &sub).map(|s| At::new(s.to_string(), v.pos, &sub)),
             "customer" => o.customer = scalar::text(r, v, &sub).map(str::to_string),
             "connect_timeout" => {

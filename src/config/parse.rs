@@ -145,6 +145,7 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
             tls: d.tls,
             sni: d.sni,
             customer: d.customer,
+            tls_verify: d.tls_verify,
             connect_timeout: d.connect_timeout,
             read_timeout: d.read_timeout,
         })

@@ -127,6 +127,8 @@ pub struct OriginRt {
     pub tls: bool,
     /// SNI for TLS upstreams.
     pub sni: String,
+    /// Verify upstream certificates.
+    pub tls_verify: bool,
     /// Upstream connect timeout.
     pub connect_timeout: std::time::Duration,
     /// Upstream read timeout: how long a response may stall.
@@ -260,6 +262,7 @@ impl Runtime {
                             .map(|h| h.trim_start_matches("*.").to_string())
                     })
                     .unwrap_or_default(),
+                tls_verify: origin.tls_verify,
                 connect_timeout: origin.connect_timeout,
                 read_timeout: origin.read_timeout,
                 request_limits,

@@ -233,6 +233,10 @@ impl ProxyHttp for Tollgate {
         let mut peer = HttpPeer::new(backend.addr.clone(), origin.tls, origin.sni.clone());
         peer.options.connection_timeout = Some(origin.connect_timeout);
         peer.options.read_timeout = Some(origin.read_timeout);
+        if origin.tls && !origin.tls_verify {
+            peer.options.verify_cert = false;
+            peer.options.verify_hostname = false;
+        }
         Ok(Box::new(peer))
     }
 

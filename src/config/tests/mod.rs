@@ -3,4 +3,5 @@
 mod errors;
 mod example;
 mod fuzz;
+mod origin_options;
 mod warnings;
