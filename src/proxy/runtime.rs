@@ -20,7 +20,7 @@ use crate::config::{Config, Cost, HeadersMode, LimitParams, Mode};
 use crate::limits::{
     InflightLimiter, KeySpec, Matcher, RateLimiter, SketchSize, TokenBucket, TokenBucketParams,
 };
-use crate::metrics::{DecisionCounters, Metrics};
+use crate::metrics::{CodeCounters, DecisionCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::proxy::problem::{ceil_secs, policy_item};
 use crate::proxy::route::Router;
 
@@ -141,6 +141,8 @@ pub struct OriginRt {
     pub inflight_gauge: prometheus::IntGauge,
     /// `tollgate_request_duration_seconds{origin}`.
     pub duration: prometheus::Histogram,
+    /// `tollgate_requests_total{origin,code}`.
+    pub requests: CodeCounters,
 }
 
 /// A whole live config.
@@ -151,6 +153,8 @@ pub struct Runtime {
     pub router: Router,
     /// Origins, config order.
     pub origins: Vec<OriginRt>,
+    /// `tollgate_requests_total` for hosts no origin serves.
+    pub unmatched: CodeCounters,
     states: HashMap<StateId, Arc<State>>,
 }
 
@@ -271,6 +275,7 @@ impl Runtime {
                 duration: metrics
                     .request_duration_seconds
                     .with_label_values(&[origin.name.as_str()]),
+                requests: CodeCounters::new(metrics, &origin.name),
             });
         }
         if let Some(p) = previous {
@@ -288,6 +293,7 @@ impl Runtime {
                 config,
                 router,
                 origins,
+                unmatched: CodeCounters::new(metrics, UNMATCHED_ORIGIN),
                 states,
             },
             carried,

@@ -81,7 +81,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
 
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Tollgate::new(runtime.clone(), metrics.clone()),
+        Tollgate::new(runtime.clone()),
         "tollgate proxy",
     );
     for addr in &server_cfg.listen {

@@ -12,7 +12,6 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::config::HeadersMode;
 use crate::limits::{Clock, MonotonicClock, Verdict};
-use crate::metrics::{Metrics, UNMATCHED_ORIGIN};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::decide::{self, Rejected};
 use crate::proxy::identity::{client_ip, RequestFacts};
@@ -20,20 +19,18 @@ use crate::proxy::problem::{self, ceil_secs, limit_item, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
 use crate::proxy::runtime::{OriginRt, Runtime};
 
-/// The proxy: a swappable runtime, a clock and the metrics.
+/// The proxy: a swappable runtime (which holds the metric handles) and a clock.
 pub struct Tollgate {
     runtime: Arc<ArcSwap<Runtime>>,
     clock: MonotonicClock,
-    metrics: Arc<Metrics>,
 }
 
 impl Tollgate {
     /// A proxy reading its config from `runtime`, which the reloader swaps.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Self {
         Self {
             runtime,
             clock: MonotonicClock::new(),
-            metrics,
         }
     }
 }
@@ -104,17 +101,6 @@ async fn send(session: &mut Session, problem: &Problem) -> Result<()> {
     session
         .write_response_body(Some(problem.body.clone()), true)
         .await
-}
-
-/// Formats a status code without allocating, for the `code` label.
-fn code_label(code: u16, buf: &mut [u8; 3]) -> &str {
-    if !(100..=999).contains(&code) {
-        return "000";
-    }
-    buf[0] = b'0' + (code / 100) as u8;
-    buf[1] = b'0' + (code / 10 % 10) as u8;
-    buf[2] = b'0' + (code % 10) as u8;
-    std::str::from_utf8(buf).unwrap_or("000")
 }
 
 #[async_trait]
@@ -338,34 +324,18 @@ impl ProxyHttp for Tollgate {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
         let code = session.response_written().map_or(0, |r| r.status.as_u16());
-        let origin = match (ctx.rt.as_ref(), ctx.origin) {
+        match (ctx.rt.as_ref(), ctx.origin) {
             (Some(rt), Some(i)) => {
                 let origin = &rt.origins[i];
                 origin.duration.observe(ctx.start.elapsed().as_secs_f64());
-                origin.name.as_str()
+                origin.requests.inc(code);
             }
-            _ => UNMATCHED_ORIGIN,
-        };
-        let mut buf = [0u8; 3];
-        self.metrics
-            .requests_total
-            .with_label_values(&[origin, code_label(code, &mut buf)])
-            .inc();
+            (Some(rt), None) => rt.unmatched.inc(code),
+            // No snapshot: the request failed before routing (rare). Count it anyway.
+            (None, _) => self.runtime.load().unmatched.inc(code),
+        }
         // Give the inflight units back now rather than when Pingora drops the context.
         ctx.guards.clear();
         ctx.gauge = None;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::code_label;
-
-    #[test]
-    fn code_labels_are_three_digits() {
-        let mut b = [0; 3];
-        assert_eq!(code_label(200, &mut b), "200");
-        assert_eq!(code_label(503, &mut b), "503");
-        assert_eq!(code_label(0, &mut b), "000");
     }
 }
