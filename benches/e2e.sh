@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # End-to-end load comparison on loopback (127.0.0.1 only): what a request costs through
+#   (p) bare Pingora (examples/bare_pingora: same Pingora, allocator and profile, no logic),
 #   (a) tollgate with no limits,
 #   (b) tollgate with an inflight, a rate and a token-bucket limit on every request (set high
 #       enough that nothing is rejected), and
 #   (c) nginx as a reverse proxy with limit_req and limit_conn (high limits),
 # all in front of the same nginx upstream answering `200 ok`, all with the same worker count.
 #
-# Load: wrk, 32 connections, Host: bench.local, E2E_ROUNDS rounds cycling a -> b -> c. Per
+# Load: wrk, 32 connections, Host: bench.local, E2E_ROUNDS rounds cycling p -> a -> b -> c. Per
 # run: requests/s, p50 and p99 latency (wrk --latency), and the proxy's CPU time per request
 # (utime + stime from /proc/PID/stat of the proxy process, plus its worker processes for
 # nginx, read before and after the run, divided by the requests served). It prints the
@@ -42,12 +43,16 @@ die() {
 
 if [[ -n ${TOLLGATE_BIN:-} ]]; then
   bin=$TOLLGATE_BIN
+  bare=$(dirname "$bin")/examples/bare_pingora
+  [[ -x $bare ]] || (cd "$root" && cargo build --quiet --example bare_pingora)
 else
-  log "cargo build --release"
-  (cd "$root" && cargo build --release --quiet)
+  log "cargo build --release (tollgate and examples/bare_pingora)"
+  (cd "$root" && cargo build --release --quiet --bin tollgate --example bare_pingora)
   bin=$root/target/release/tollgate
+  bare=$root/target/release/examples/bare_pingora
 fi
 [[ -x $bin ]] || die "no tollgate binary at $bin"
+[[ -x $bare ]] || die "no bare_pingora binary at $bare"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-e2e.XXXXXX")
 pids=()
@@ -241,6 +246,12 @@ start_tollgate tollgate-b "${port[b]}" "$metrics_b" "    limits:
 pid[b]=$started_pid
 
 free_port p
+port[p]=$p log_of[p]=bare-pingora
+"$bare" "127.0.0.1:${port[p]}" "127.0.0.1:$up_port" "$workers" >"$tmp/bare-pingora.log" 2>&1 &
+pid[p]=$!
+pids+=("${pid[p]}")
+
+free_port p
 port[c]=$p log_of[c]=nginx-proxy
 start_nginx nginx-proxy "limit_req_zone \$binary_remote_addr zone=per_client:10m rate=100000000r/s;
     limit_conn_zone \$binary_remote_addr zone=conc:10m;
@@ -260,11 +271,12 @@ start_nginx nginx-proxy "limit_req_zone \$binary_remote_addr zone=per_client:10m
 pid[c]=$started_pid
 
 declare -A label=(
+  [p]="bare Pingora (examples/bare_pingora)"
   [a]="tollgate, no limits"
   [b]="tollgate, inflight + rate + token bucket"
   [c]="nginx, limit_req + limit_conn"
 )
-for v in a b c; do
+for v in p a b c; do
   wait_ready "${pid[$v]}" "${port[$v]}" "${log_of[$v]}"
 done
 log "upstream :$up_port, proxies a :${port[a]} b :${port[b]} c :${port[c]}, $workers workers each"
@@ -305,11 +317,11 @@ run_wrk() {
     }' <<<"$out" >>"$results"
 }
 
-for v in a b c; do
+for v in p a b c; do
   run_wrk "$v" "$warmup" warmup
 done
 for ((r = 1; r <= rounds; r++)); do
-  for v in a b c; do
+  for v in p a b c; do
     run_wrk "$v" "$duration" record "$r"
     IFS=$'\t' read -r _ _ rps p50 p99 cpu req bad < <(tail -n 1 "$results")
     log "round $r/$rounds ${label[$v]}: $rps req/s, p50 ${p50} µs, p99 ${p99} µs, CPU ${cpu} µs/req, $req requests, $bad bad"
@@ -349,7 +361,7 @@ echo
 echo "CPU µs/req = proxy utime+stime (all threads; nginx: master + workers) / requests served."
 echo "Medians over rounds; the upstream is nginx returning 200 \"ok\"."
 echo
-awk -F'\t' -v la="${label[a]}" -v lb="${label[b]}" -v lc="${label[c]}" '
+awk -F'\t' -v lp="${label[p]}" -v la="${label[a]}" -v lb="${label[b]}" -v lc="${label[c]}" '
   function median(v, k,    a, n, i, j, t) {
     n = split(vals[v, k], a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -360,11 +372,11 @@ awk -F'\t' -v la="${label[a]}" -v lb="${label[b]}" -v lc="${label[c]}" '
     round_cpu[$1, $2] = $6; if ($2 > last) last = $2
   }
   END {
-    name["a"] = la; name["b"] = lb; name["c"] = lc
+    name["p"] = lp; name["a"] = la; name["b"] = lb; name["c"] = lc
     print "| proxy | req/s | p50 µs | p99 µs | CPU µs/req | requests | non-2xx + errors |"
     print "|---|---:|---:|---:|---:|---:|---:|"
-    split("a b c", order, " ")
-    for (i = 1; i <= 3; i++) {
+    split("p a b c", order, " ")
+    for (i = 1; i <= 4; i++) {
       v = order[i]
       cpu[v] = median(v, 6)
       printf "| %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.0f |\n", name[v], median(v, 3), median(v, 4), median(v, 5), cpu[v], median(v, 7), median(v, 8)
@@ -377,7 +389,10 @@ awk -F'\t' -v la="${label[a]}" -v lb="${label[b]}" -v lc="${label[c]}" '
       if (round_cpu["a", i] > 0) per_round = per_round sprintf(" %.3f", round_cpu["b", i] / round_cpu["a", i])
     r = cpu["a"] > 0 ? cpu["b"] / cpu["a"] : 0
     printf "- tollgate with limits / tollgate without: %.3f (%s: the budget is within 3%%, i.e. <= 1.030; per round:%s)\n", r, r <= 1.03 ? "PASS" : "MISS", per_round
+    if (cpu["p"] > 0)
+      printf "- tollgate without limits / bare Pingora: %.2f\n", cpu["a"] / cpu["p"]
     if (cpu["c"] > 0) {
+      if (cpu["p"] > 0) printf "- bare Pingora / nginx: %.2f\n", cpu["p"] / cpu["c"]
       printf "- tollgate without limits / nginx: %.2f\n", cpu["a"] / cpu["c"]
       printf "- tollgate with limits / nginx: %.2f\n", cpu["b"] / cpu["c"]
     }
