@@ -7,7 +7,8 @@
 //!
 //! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
 //! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
-//! - [`token_bucket`]: exact per-key token bucket with discrete refills, sharded and bounded.
+//! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size
+//!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
 //!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are

@@ -1,5 +1,5 @@
 //! The token bucket limiter: exact per-key buckets with discrete refills, after Smyte's
-//! rate limiter, sharded and bounded in memory.
+//! rate limiter, in a fixed-size set-associative table.
 //!
 //! A key's bucket holds `tokens ≤ capacity` and the instant `last` of its latest refill.
 //! At `now`, `n = ⌊(now - last) / every⌋` refills are due:
@@ -9,33 +9,44 @@
 //! an empty bucket stays blocked until it pauses for a whole `every`.
 //!
 //! A full bucket behaves exactly like a new key, so full buckets are not stored: only keys
-//! that spent tokens recently hold state. Keys are already hashes; their top bits pick one
-//! of up to 64 shards, each a `parking_lot::Mutex` around an `FxHashMap`, on its own cache
-//! line pair, so there is no global lock. The shards' bounds add up to `max_keys`.
+//! that spent tokens recently hold state, and an operation that leaves a bucket full frees
+//! its slot.
 //!
-//! **Memory bound.** An entry is 24 bytes (key, tokens, last) plus a control byte; the
-//! table keeps at most 7/8 of its power-of-two slots full, so the worst case is about
-//! 2 × 8/7 × 25 ≈ 57 bytes per key (1 M keys ≤ 57 MB), plus 8 KiB of shards. Tables grow
-//! on demand, are never allocated for `max_keys` up front, and keep their peak size.
+//! **Table.** `sets = ⌈max_keys / 8⌉` sets of 8 slots, each set behind its own
+//! `parking_lot::Mutex` (no global lock). Keys are already good 64-bit hashes, so Lemire's
+//! multiply-high `⌊key · sets / 2⁶⁴⌋` picks the set, with no division and no rounding of
+//! `sets` to a power of two. A slot is `(key, tokens, last)`, key 0 meaning empty, so a
+//! real key 0 is stored as 1 (a hash collision of 2⁻⁶⁴ odds, harmless). A decision locks
+//! one set, scans its 8 slots and unlocks: no allocation, no other set, no syscall.
 //!
-//! **Eviction.** When a shard is at its bound and a new key needs state, the shard first
-//! drops the buckets that are full by now (they equal absent). If less than an eighth of
-//! the bound is free after that, it evicts buckets down to 7/8 of the bound, nearest to
-//! full first (those at or under the mean time-to-full), then arbitrary ones. An evicted
-//! key starts full again: it fails open once, the price of bounded memory. Freeing an
-//! eighth at a time keeps the sweep's cost amortised to a few steps per new key, even
-//! under a flood of distinct keys.
+//! **Memory bound.** 24 bytes a slot, and a set is 8 slots plus its 1-byte lock padded to 8:
+//! 200 bytes, i.e. 25 bytes per key of `max_keys` (plus under 200 bytes of rounding to
+//! whole sets and a 256-byte header), all allocated once by [`TokenBucket::new`], never
+//! grown: 100 000 keys take 2.5 MB (2.38 MiB), 1 M keys 25 MB. Sets are not padded to
+//! cache lines, on purpose: two cores rarely want neighbouring sets, and padding would cost
+//! 28% more memory.
+//!
+//! **Eviction.** A key that needs state takes an empty slot of its set, else a slot whose
+//! bucket is full by `now` (that equals absent: nothing is lost). Failing both, it evicts
+//! the bucket holding the most tokens at `now`, the earliest refilled among equals: the
+//! nearest to full, whose key starts full again and so fails open once, by at most the
+//! tokens it lacked. That is the price of bounded memory, counted by
+//! [`TokenBucket::evictions`]. A key can only use its own set, so eviction starts before
+//! `max_keys` keys hold state: with `a` of them hashed uniformly, a set gets about
+//! Poisson(8a / max_keys), and the share of keys beyond their set's 8 ways is 0.01% at
+//! `a = max_keys / 4`, 0.8% at `max_keys / 2`, 5% at `3/4` and 14% at `max_keys`. Size
+//! `max_keys` at twice the keys expected to hold state at once.
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use rustc_hash::FxBuildHasher;
 
 use crate::limits::clock::Nanos;
 use crate::limits::verdict::Verdict;
 
-/// Most shards a limiter uses: enough to spread the cores of an edge box.
-const MAX_SHARDS: usize = 64;
+/// Slots per set: enough that a set rarely overflows at half load (see the module doc),
+/// few enough that a scan reads four cache lines.
+const WAYS: usize = 8;
 
 /// Parameters of a token bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,49 +67,51 @@ pub struct TokenBucketParams {
 /// is the limit customers are promised, so it must not overcount.
 pub struct TokenBucket {
     params: TokenBucketParams,
-    shards: Box<[Shard]>,
-    /// `key >> shift` is the key's shard; 64 (no shift possible) means a single shard.
-    shift: u32,
+    sets: Box<[Set]>,
+    evictions: Evictions,
 }
 
+/// One set: its lock and its slots, 200 bytes.
+type Set = Mutex<[Slot; WAYS]>;
+
 /// One key's state: 16 bytes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
     tokens: u64,
     last: Nanos,
 }
 
-/// A lock, its table and its share of `max_keys`, alone on a 128-byte line pair so that
-/// shards locked from different cores do not false-share.
-#[repr(align(128))]
-struct Shard {
-    buckets: Mutex<HashMap<u64, Bucket, FxBuildHasher>>,
-    bound: usize,
+/// A key and its bucket, or an empty slot (key 0): 24 bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    bucket: Bucket,
 }
 
+/// The eviction count, on its own cache-line pair: written by any core that evicts, it
+/// must not false-share with the parameters every decision reads.
+#[repr(align(128))]
+struct Evictions(AtomicU64);
+
 impl TokenBucket {
-    /// Buckets with `params`, holding state for at most `max_keys` keys.
+    /// Buckets with `params`, holding state for at most `max_keys` keys (see the module doc
+    /// for the memory this allocates up front and for how eviction starts).
     ///
     /// `amount`, `every` and `max_keys` of 0 are raised to 1, so bad parameters degrade the
     /// limit instead of panicking on the hot path (the config rejects them anyway).
     pub fn new(params: TokenBucketParams, max_keys: usize) -> Self {
-        let max_keys = max_keys.max(1);
-        // The largest power of two ≤ max_keys, so that every shard may hold a key.
-        let count = MAX_SHARDS.min(1 << max_keys.ilog2());
-        let shards = (0..count)
-            .map(|i| Shard {
-                buckets: Mutex::new(HashMap::with_hasher(FxBuildHasher)),
-                bound: max_keys / count + usize::from(i < max_keys % count),
-            })
-            .collect();
+        let sets = max_keys.max(1).div_ceil(WAYS);
         Self {
             params: TokenBucketParams {
                 amount: params.amount.max(1),
                 every: params.every.max(1),
                 ..params
             },
-            shards,
-            shift: u64::BITS - count.trailing_zeros(),
+            // An exact-size iterator: one allocation, of exactly `sets` sets.
+            sets: (0..sets)
+                .map(|_| Mutex::new([Slot::default(); WAYS]))
+                .collect(),
+            evictions: Evictions(AtomicU64::new(0)),
         }
     }
 
@@ -110,26 +123,28 @@ impl TokenBucket {
     /// time to fill an empty bucket, a hint rather than a promise.
     pub fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Verdict {
         let p = &self.params;
-        self.with_bucket(key, now, |bucket| {
+        let (admitted, bucket) = self.with_bucket(key, now, |bucket| {
             if bucket.tokens >= cost {
                 bucket.tokens -= cost;
-                return Verdict::allow(bucket.tokens, bucket.wait_for(p, p.capacity, now));
+                return true;
             }
             if p.strict {
                 bucket.last = now;
             }
-            let retry = if cost > p.capacity {
-                Bucket {
-                    tokens: 0,
-                    last: now,
-                }
-                .wait_for(p, p.capacity, now)
-            } else {
-                bucket.wait_for(p, cost, now)
-            };
-            let reset = bucket.wait_for(p, p.capacity, now);
-            Verdict::reject(bucket.tokens, reset, retry.max(1))
-        })
+            false
+        });
+        // The verdict's divisions are done after the set is unlocked.
+        let reset = bucket.wait_for(p, p.capacity, now);
+        if admitted {
+            return Verdict::allow(bucket.tokens, reset);
+        }
+        let retry = if cost > p.capacity {
+            // The time to fill an empty bucket.
+            p.capacity.div_ceil(p.amount).saturating_mul(p.every)
+        } else {
+            bucket.wait_for(p, cost, now)
+        };
+        Verdict::reject(bucket.tokens, reset, retry.max(1))
     }
 
     /// Gives back `cost` tokens taken by an admitted request (a later limit rejected it).
@@ -145,9 +160,10 @@ impl TokenBucket {
 
     /// Tokens `key` holds at `now` (capacity for an unknown key).
     pub fn tokens(&self, key: u64, now: Nanos) -> u64 {
-        let held = self.shard(key).buckets.lock().get(&key).copied();
-        held.map_or(self.params.capacity, |b| {
-            b.refilled(&self.params, now).tokens
+        let key = key.max(1);
+        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
+        held.map_or(self.params.capacity, |s| {
+            s.bucket.refilled(&self.params, now).tokens
         })
     }
 
@@ -156,11 +172,12 @@ impl TokenBucket {
         self.params
     }
 
-    /// Keys currently holding state.
+    /// Keys currently holding state (a bucket full by now still counts until touched).
     ///
-    /// Locks each shard in turn, so it is for metrics and tests, not the hot path.
+    /// Locks each set in turn, so it is for metrics and tests, not the hot path.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.buckets.lock().len()).sum()
+        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
+        self.sets.iter().map(held).sum()
     }
 
     /// Whether no key holds state.
@@ -168,41 +185,83 @@ impl TokenBucket {
         self.len() == 0
     }
 
-    /// The shard of `key`, by its top bits.
-    fn shard(&self, key: u64) -> &Shard {
-        let index = key.checked_shr(self.shift).unwrap_or(0);
-        &self.shards[index as usize]
+    /// Buckets evicted before they were full, since construction.
+    ///
+    /// Each is a key that starts full again and fails open once: a rising count means
+    /// `max_keys` is too small for the keys holding state. Reusing the slot of a bucket
+    /// that is full by now loses nothing and is not counted.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.0.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on `key`'s bucket refilled to `now`, then stores it, or drops it if full.
-    fn with_bucket<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&mut Bucket) -> R) -> R {
+    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
+    fn set(&self, key: u64) -> &Set {
+        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
+        &self.sets[index as usize]
+    }
+
+    /// Runs `f` on `key`'s bucket refilled to `now`, then stores it, or frees its slot if
+    /// full. Returns `f`'s result and the bucket after it.
+    fn with_bucket<R>(
+        &self,
+        key: u64,
+        now: Nanos,
+        f: impl FnOnce(&mut Bucket) -> R,
+    ) -> (R, Bucket) {
         let p = &self.params;
-        let shard = self.shard(key);
-        let mut buckets = shard.buckets.lock();
-        let (bucket, out) = match buckets.entry(key) {
-            Entry::Occupied(mut held) => {
-                let bucket = held.get_mut();
-                *bucket = bucket.refilled(p, now);
-                let out = f(bucket);
-                if bucket.tokens >= p.capacity {
-                    held.remove();
-                }
-                return out;
-            }
-            Entry::Vacant(_) => {
-                let mut bucket = Bucket::full(p, now);
-                let out = f(&mut bucket);
-                if bucket.tokens >= p.capacity {
-                    return out;
-                }
-                (bucket, out)
-            }
-        };
-        if buckets.len() >= shard.bound {
-            make_room(&mut buckets, shard.bound, p, now);
+        let key = key.max(1);
+        let mut slots = self.set(key).lock();
+        // A key holds at most one slot. Conditional moves, not an early exit: a hit's way
+        // is random, so a branch on it would mispredict.
+        let (mut hit, mut empty) = (WAYS, WAYS);
+        for (way, slot) in slots.iter().enumerate() {
+            hit = if slot.key == key { way } else { hit };
+            empty = if slot.key == 0 { way } else { empty };
         }
-        buckets.insert(key, bucket);
-        out
+        if let Some(slot) = slots.get_mut(hit) {
+            let mut bucket = slot.bucket.refilled(p, now);
+            let out = f(&mut bucket);
+            if bucket.tokens >= p.capacity {
+                slot.key = 0;
+            } else {
+                slot.bucket = bucket;
+            }
+            return (out, bucket);
+        }
+        let mut bucket = Bucket::full(p, now);
+        let out = f(&mut bucket);
+        if bucket.tokens < p.capacity {
+            let way = self.victim(&slots, empty, now);
+            slots[way] = Slot { key, bucket };
+        }
+        (out, bucket)
+    }
+
+    /// The way a new key takes: `empty` if it is a way, else a bucket full by `now` if
+    /// any, else (counted) the one with the most tokens at `now`, the earliest refilled
+    /// among equals.
+    ///
+    /// Each way scores (tokens, !last) with its way in the 3 lowest bits, or `u64::MAX`
+    /// tokens if full, and the highest score wins: the loop compiles to conditional moves,
+    /// where branches would mispredict on every set. `!last` ranks the earliest refill
+    /// highest, to within 8 ns, plenty for a tie-break.
+    fn victim(&self, slots: &[Slot; WAYS], empty: usize, now: Nanos) -> usize {
+        if empty < WAYS {
+            return empty;
+        }
+        let p = &self.params;
+        let mut best = 0u128;
+        for (way, slot) in slots.iter().enumerate() {
+            let bucket = slot.bucket.refilled(p, now);
+            let full = bucket.tokens >= p.capacity;
+            let tokens = if full { u64::MAX } else { bucket.tokens };
+            let low = !bucket.last & !7 | (WAYS - 1 - way) as u64;
+            best = best.max(u128::from(tokens) << 64 | u128::from(low));
+        }
+        if (best >> 64) as u64 != u64::MAX {
+            self.evictions.0.fetch_add(1, Ordering::Relaxed);
+        }
+        WAYS - 1 - (best & 7) as usize
     }
 }
 
@@ -215,8 +274,19 @@ impl Bucket {
         }
     }
 
-    /// The bucket after the refills due at `now`.
+    /// The bucket after the refills due at `now`; `self` is a stored bucket, so not full.
     fn refilled(self, p: &TokenBucketParams, now: Nanos) -> Self {
+        if now.saturating_sub(self.last) < p.every {
+            // No refill due: the common case, without a division.
+            return self;
+        }
+        self.refill(p, now)
+    }
+
+    /// [`Bucket::refilled`] once a refill is due, kept out of line so that the scan of a
+    /// set stays small.
+    #[inline(never)]
+    fn refill(self, p: &TokenBucketParams, now: Nanos) -> Self {
         let due = now.saturating_sub(self.last) / p.every;
         let tokens = self
             .tokens
@@ -241,35 +311,11 @@ impl Bucket {
     }
 }
 
-/// Frees at least one entry (an eighth of `bound`) in a shard at its bound; see the module
-/// doc. No allocation: `retain` works in place.
-fn make_room(
-    buckets: &mut HashMap<u64, Bucket, FxBuildHasher>,
-    bound: usize,
-    p: &TokenBucketParams,
-    now: Nanos,
-) {
-    let until_full = |b: &Bucket| b.refilled(p, now).wait_for(p, p.capacity, now);
-    buckets.retain(|_, b| until_full(b) > 0);
-    let keep = bound - (bound / 8).max(1);
-    let Some(mut excess) = buckets.len().checked_sub(keep).filter(|&e| e > 0) else {
-        return;
-    };
-    let total: u128 = buckets.values().map(|b| u128::from(until_full(b))).sum();
-    let mean = total / buckets.len() as u128;
-    for threshold in [mean, u128::MAX] {
-        buckets.retain(|_, b| {
-            let evict = excess > 0 && u128::from(until_full(b)) <= threshold;
-            excess -= usize::from(evict);
-            !evict
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     const SEC: Nanos = 1_000_000_000;
     const MS: Nanos = 1_000_000;
@@ -283,7 +329,7 @@ mod tests {
         }
     }
 
-    /// Spreads small test keys over the shards, as real (hashed) keys are.
+    /// Spreads small test keys over the sets, as real (hashed) keys are.
     fn spread(i: u64) -> u64 {
         i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
@@ -296,10 +342,14 @@ mod tests {
         assert_eq!(b.acquire(1, 0, 0), Verdict::allow(5, 0));
         assert!(b.is_empty(), "cost 0 leaves the bucket full");
         assert_eq!(b.acquire(1, 2, 0), Verdict::allow(3, 2 * SEC));
-        assert_eq!(b.len(), 1);
+        assert!(b.acquire(2, 5, 0).allowed);
+        assert_eq!(b.len(), 2);
         assert_eq!(b.acquire(1, 0, 2 * SEC), Verdict::allow(5, 0));
-        assert!(b.is_empty(), "refilled to full, dropped");
+        assert_eq!(b.len(), 1, "key 1 refilled to full: its slot is freed");
         assert_eq!(b.params(), params(5, 1, SEC, false));
+        // Key 0 marks empty slots, so it is stored as key 1: a harmless hash collision.
+        assert!(b.acquire(0, 1, 2 * SEC).allowed);
+        assert_eq!((b.tokens(1, 2 * SEC), b.len()), (4, 2));
     }
 
     #[test]
@@ -374,50 +424,77 @@ mod tests {
     }
 
     #[test]
-    fn memory_stays_bounded() {
+    fn the_table_never_holds_more_than_its_slots() {
+        // max_keys 1 000: 125 sets of 8 ways.
         let b = TokenBucket::new(params(10, 1, SEC, false), 1_000);
-        for i in 0..100_000 {
+        for i in 0..200_000 {
             assert!(b.acquire(spread(i), 1, 0).allowed);
             if i % 997 == 0 {
                 assert!(b.len() <= 1_000, "len {}", b.len());
             }
         }
-        let len = b.len();
-        assert!((500..=1_000).contains(&len), "len {len}");
+        // Every set filled up, then each newcomer evicted exactly one bucket.
+        assert_eq!((b.len(), b.evictions()), (1_000, 199_000));
+        // 25 bytes per key and a 256-byte header, as documented.
+        assert_eq!([size_of::<Set>(), size_of::<TokenBucket>()], [200, 256]);
+        let sets = |n| TokenBucket::new(params(10, 1, SEC, false), n).sets.len();
+        assert_eq!([sets(100_000), sets(9), sets(1)], [12_500, 2, 1]);
+        // max_keys 0 is 1: one set of 8 ways.
+        let b = TokenBucket::new(params(10, 1, SEC, false), 0);
+        for key in 1..=9 {
+            assert!(b.acquire(key, 10, 0).allowed);
+        }
+        assert_eq!((b.len(), b.evictions()), (8, 1));
     }
 
     #[test]
-    fn eviction_sweeps_full_buckets_first() {
-        // 64 shards of 16 keys; small keys all land in shard 0.
-        let b = TokenBucket::new(params(10, 1, SEC, false), 1_024);
-        for key in 1..=16 {
-            let cost = if key <= 8 { 1 } else { 10 };
+    fn buckets_full_by_now_are_reused_before_any_eviction() {
+        // max_keys 8: one set, shared by every key.
+        let b = TokenBucket::new(params(10, 1, SEC, false), 8);
+        for key in 1..=8 {
+            let cost = if key <= 4 { 10 } else { 1 };
             assert!(b.acquire(key, cost, 0).allowed);
         }
-        assert_eq!(b.len(), 16);
-        // Keys 1..=8 are full again at 1 s: swept, nothing else evicted.
-        assert!(b.acquire(17, 1, SEC).allowed);
-        assert_eq!(b.len(), 9);
-        assert!((9..=16).all(|key| b.tokens(key, SEC) == 1));
+        // Keys 5..=8 are full again at 1 s: four newcomers take their slots, exactly.
+        for key in 9..=12 {
+            assert!(b.acquire(key, 10, SEC).allowed);
+        }
+        assert_eq!((b.len(), b.evictions()), (8, 0));
+        assert!((1..=4).all(|key| b.tokens(key, SEC) == 1));
+        assert!((9..=12).all(|key| b.tokens(key, SEC) == 0));
+        // Nothing is full now: the next newcomer evicts.
+        assert!(b.acquire(13, 1, SEC).allowed);
+        assert_eq!((b.len(), b.evictions()), (8, 1));
     }
 
     #[test]
-    fn eviction_takes_the_nearest_to_full_and_fails_open() {
-        let b = TokenBucket::new(params(10, 1, SEC, false), 1_024);
-        for key in 1..=16 {
-            let cost = if key <= 2 { 1 } else { 10 };
-            assert!(b.acquire(key, cost, 0).allowed);
+    fn eviction_takes_the_nearest_to_full_which_starts_full_again() {
+        let b = TokenBucket::new(params(10, 1, SEC, false), 8);
+        // Key k keeps 10 - k tokens.
+        for key in 1..=8 {
+            assert!(b.acquire(key, key, 0).allowed);
         }
-        // Nothing is full: room for 2 (an eighth) is made from keys 1 and 2.
-        assert!(b.acquire(17, 10, 0).allowed);
-        assert_eq!(b.len(), 15);
-        assert_eq!((b.tokens(1, 0), b.tokens(2, 0)), (10, 10));
-        assert!((3..=17).all(|key| b.tokens(key, 0) == 0));
-        // One key in all: the newcomer evicts the old one, which starts full again.
-        let b = TokenBucket::new(params(10, 1, SEC, false), 1);
-        assert!(b.acquire(7, 10, 0).allowed);
-        assert!(b.acquire(8, 10, 0).allowed);
-        assert_eq!((b.tokens(7, 0), b.tokens(8, 0), b.len()), (10, 0, 1));
+        assert!(b.acquire(9, 10, 0).allowed);
+        assert_eq!(b.evictions(), 1);
+        assert_eq!(b.tokens(1, 0), 10, "key 1 (9 tokens) evicted: full again");
+        assert!((2..=8).all(|key| b.tokens(key, 0) == 10 - key));
+        assert_eq!(b.tokens(9, 0), 0);
+        // Key 1 fails open once, and its new state evicts key 2 (8 tokens).
+        assert!(b.acquire(1, 10, 0).allowed);
+        assert_eq!((b.tokens(2, 0), b.tokens(1, 0), b.evictions()), (10, 0, 2));
+
+        // Among equal tokens, the earliest refilled is the nearest to full, whatever its way.
+        let b = TokenBucket::new(params(10, 1, SEC, false), 8);
+        for key in 10..=17 {
+            assert!(b.acquire(key, if key <= 11 { 1 } else { 5 }, 0).allowed);
+        }
+        b.refund(10, 1, 500 * MS);
+        assert_eq!(b.len(), 7, "key 10 refunded to full: way 0 freed");
+        assert!(b.acquire(20, 1, 500 * MS).allowed);
+        // Key 20 (way 0) and key 11 hold 9 tokens; key 11 is full at 1 s, key 20 at 1.5 s.
+        assert!(b.acquire(21, 1, 900 * MS).allowed);
+        assert_eq!((b.tokens(11, 900 * MS), b.tokens(20, 900 * MS)), (10, 9));
+        assert_eq!(b.evictions(), 1);
     }
 
     #[test]
@@ -471,6 +548,20 @@ mod tests {
         });
         assert_eq!(admitted, 1_000);
         assert_eq!(b.tokens(9, 0), 0);
+    }
+
+    #[test]
+    fn threads_on_many_keys_keep_the_bound() {
+        let b = TokenBucket::new(params(10, 1, SEC, false), 64);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let b = &b;
+                s.spawn(move || {
+                    assert!((0..20_000).all(|i| b.acquire(spread(t << 20 | i), 1, i).allowed))
+                });
+            }
+        });
+        assert!(b.len() <= 64 && b.evictions() > 0, "len {}", b.len());
     }
 
     /// The semantics written literally, with no eviction: the oracle of the proptests.
