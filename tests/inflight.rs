@@ -84,6 +84,7 @@ async fn admits_under_max_and_answers_200() {
     let resp = get(&t, "/", "acme").await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["x-upstream"], "up1");
+    assert_eq!(resp.headers()["x-seen-forwarded-for"], "127.0.0.1");
     assert_eq!(resp.text().await.unwrap(), "hello from up1\n");
     assert_eq!(up.requests(), 1);
     assert_drained(&t).await;

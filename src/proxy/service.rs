@@ -226,6 +226,25 @@ impl ProxyHttp for Tollgate {
         Ok(Box::new(peer))
     }
 
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        _ctx: &mut Ctx,
+    ) -> Result<()> {
+        // Tell the upstream who connected, the way every proxy in a chain does: append the
+        // direct peer to X-Forwarded-For (trust is the next hop's decision, as it is ours).
+        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let ip = peer.ip().to_canonical();
+            let value = match upstream_request.headers.get("x-forwarded-for") {
+                Some(prev) => format!("{}, {ip}", String::from_utf8_lossy(prev.as_bytes())),
+                None => ip.to_string(),
+            };
+            upstream_request.insert_header("x-forwarded-for", value)?;
+        }
+        Ok(())
+    }
+
     async fn response_filter(
         &self,
         _session: &mut Session,

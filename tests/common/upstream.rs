@@ -3,7 +3,8 @@
 //!
 //! - `/hold...` waits until the test calls [`Upstream::release`].
 //! - `/status/NNN` answers NNN.
-//! - anything else answers 200 with the upstream's name, echoing `x-seen-*` facts.
+//! - anything else answers 200 with the upstream's name, echoing the `X-Forwarded-For` it
+//!   received as `x-seen-forwarded-for`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -123,9 +124,15 @@ async fn handle(
             .body(Full::new(Bytes::from_static(b"upstream error\n")))
             .expect("response"));
     }
+    let xff = req
+        .headers()
+        .get("x-forwarded-for")
+        .map(|v| v.to_str().unwrap_or("?").to_string())
+        .unwrap_or_default();
     Ok(Response::builder()
         .status(200)
         .header("x-upstream", s.name.as_str())
+        .header("x-seen-forwarded-for", xff)
         .body(Full::new(Bytes::from(format!("hello from {}\n", s.name))))
         .expect("response"))
 }
