@@ -12,6 +12,7 @@ declare -A pkg_of=(
   [promtool]=prometheus
   [wrk]=wrk
   [nginx]=nginx-light
+  [valgrind]=valgrind
 )
 
 missing=()

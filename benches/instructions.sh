@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by valgrind's callgrind: the noise-free check of the
+# "limits cost at most 3%" budget. Wall-clock CPU on a shared 2-core machine moves ±10%
+# between 10-second rounds, so benches/e2e.sh cannot resolve 3%; instruction counts are
+# repeatable for the same binary and inputs, whatever else the machine is doing.
+#
+# For tollgate (a) without limits and (b) with an inflight, a rate and a token-bucket
+# limit (out of reach), on loopback in front of an nginx upstream: start tollgate under
+# callgrind, send a warm-up, zero the counters, send N keep-alive requests from one
+# client, dump, and divide the instructions by N. Prints both and the ratio b/a.
+#
+# Run:   benches/instructions.sh            (N=2000 requests; about a minute)
+# Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+requests=${INSTR_REQUESTS:-2000}
+"$root/scripts/deps.sh" nginx valgrind
+if [[ -n ${TOLLGATE_BIN:-} ]]; then
+  bin=$TOLLGATE_BIN
+else
+  (cd "$root" && cargo build --release --quiet --bin tollgate)
+  bin=$root/target/release/tollgate
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-instr.XXXXXX")
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  sleep 1
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# N keep-alive GETs with Host: bench.local; fails unless every one is a 200.
+load() {
+  python3 - "$1" "$2" <<'PY'
+import http.client, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for _ in range(n):
+    c.request("GET", "/", headers={"Host": "bench.local"})
+    r = c.getresponse()
+    r.read()
+    if r.status != 200:
+        sys.exit(f"status {r.status}")
+PY
+}
+
+wait_port() {
+  local tries
+  for ((tries = 0; tries < 900; tries++)); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "port $1 never opened" >&2
+  exit 1
+}
+
+up=$(free_port)
+mkdir -p "$tmp/nginx/logs"
+cat >"$tmp/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/logs/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $tmp/nginx/cb; proxy_temp_path $tmp/nginx/px;
+  fastcgi_temp_path $tmp/nginx/fc; uwsgi_temp_path $tmp/nginx/uw; scgi_temp_path $tmp/nginx/sc;
+  server { listen 127.0.0.1:$up; location / { return 200 "ok\n"; } }
+}
+NGINX
+nginx -p "$tmp/nginx" -e "$tmp/nginx/logs/error.log" -c "$tmp/nginx/nginx.conf" -g 'daemon off;' &
+pids+=($!)
+wait_port "$up"
+
+# Prints the instructions tollgate ran for $requests requests with origin limits $2.
+measure() {
+  local name=$1 limits=$2 port metrics pid out
+  port=$(free_port)
+  metrics=$(free_port)
+  cat >"$tmp/$name.yaml" <<YAML
+server:
+  listen: ["127.0.0.1:$port"]
+  metrics: "127.0.0.1:$metrics"
+  threads: 1
+  grace_period: 0s
+origins:
+  bench:
+    hosts: ["bench.local"]
+    upstreams: ["127.0.0.1:$up"]
+    customer: bench
+$limits
+YAML
+  out=$tmp/$name.callgrind
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "$bin" run --config "$tmp/$name.yaml" --upgrade-sock "$tmp/$name.sock" \
+    --pid-file "$tmp/$name.pid" >"$tmp/$name.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_port "$port"
+  load "$port" 200
+  callgrind_control --zero "$pid" >/dev/null
+  load "$port" "$requests"
+  callgrind_control --dump="$name" "$pid" >/dev/null
+  sleep 2
+  # Each thread's dump holds the events since --zero; sum them.
+  cat "$out".* 2>/dev/null | awk '/^summary:/ { t += $2 } END { print t + 0 }'
+  kill -TERM "$pid" 2>/dev/null || true
+}
+
+a=$(measure nolimits "")
+b=$(measure limits "    limits:
+      conc: { kind: inflight, max: 100000 }
+      per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }
+      tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s } }")
+
+awk -v a="$a" -v b="$b" -v n="$requests" 'BEGIN {
+  if (a <= 0 || b <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+  printf "## Instructions per request (callgrind, %d keep-alive requests, 1 proxy thread)\n\n", n
+  printf "| tollgate | instructions/request |\n|---|---:|\n"
+  printf "| no limits | %.0f |\n| inflight + rate + token bucket | %.0f |\n\n", a / n, b / n
+  r = b / a
+  printf "- with limits / without: %.4f (%s: budget <= 1.03)\n", r, r <= 1.03 ? "PASS" : "MISS"
+}'
