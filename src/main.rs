@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 use tollgate::config::{self, ConfigError};
 use tollgate::proxy::server::{self, RunOptions};
 
+/// mimalloc: fewer instructions per allocation than glibc's malloc on Pingora's
+/// per-request buffers (see the README's Performance section).
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
