@@ -58,6 +58,18 @@ pub struct Ctx {
     pub rejection: Option<Problem>,
 }
 
+impl Ctx {
+    /// Gives the inflight units and the gauge's unit back: the upstream is done with this
+    /// request. Called as soon as that is known (end of the upstream body, or a failure
+    /// before the error response is written), so that a client's next request never
+    /// races the bookkeeping of its previous one; `logging` and the drop call it again,
+    /// which is a no-op.
+    pub fn release_upstream(&mut self) {
+        self.guards.clear();
+        self.gauge = None;
+    }
+}
+
 impl Default for Ctx {
     fn default() -> Self {
         Self {

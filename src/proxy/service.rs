@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -294,12 +295,26 @@ impl ProxyHttp for Tollgate {
         Ok(())
     }
 
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<std::time::Duration>> {
+        if end_of_stream {
+            ctx.release_upstream();
+        }
+        Ok(None)
+    }
+
     fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, _error: &Error) -> bool {
         // A rejection is an info-level event, already logged.
         ctx.rejection.is_some()
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        ctx.release_upstream();
         if let Some(problem) = ctx.rejection.as_ref() {
             let status = problem.status;
             let reuse = session.is_body_empty();
@@ -353,8 +368,7 @@ impl ProxyHttp for Tollgate {
             // No snapshot: the request failed before routing (rare). Count it anyway.
             (None, _) => self.runtime.load().unmatched.inc(code),
         }
-        // Give the inflight units back now rather than when Pingora drops the context.
-        ctx.guards.clear();
-        ctx.gauge = None;
+        // Normally already released at the end of the upstream body; this covers the rest.
+        ctx.release_upstream();
     }
 }
