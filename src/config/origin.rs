@@ -35,6 +35,8 @@ const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration:
 pub(crate) struct OriginDraft {
     /// The origin's name.
     pub name: String,
+    /// Where the origin's name was written.
+    pub pos: Pos,
     /// Host patterns, lower-cased and located.
     pub hosts: Vec<At<String>>,
     /// Upstream addresses.
@@ -70,6 +72,7 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
     let path = child("origins", &entry.key);
     let mut o = OriginDraft {
         name: entry.key.clone(),
+        pos: entry.key_pos,
         hosts: Vec::new(),
         upstreams: Vec::new(),
         tls: false,

@@ -33,7 +33,10 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "    limits:\n      l:\n        kind: inflight\n        max: 10\n        overrides:\n",
             "          - {match: {customer: small}, max: 0}\n          - {match: {customer: big}, max: 11}\n"
         ),
-        &["w.yaml:11:43: origins.a.limits.l.overrides[1].max: override max 11 is above the limit's max 10; it raises the limit for matching requests"],
+        &[
+            "w.yaml:2:3: origins.a: limit `l` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+            "w.yaml:11:43: origins.a.limits.l.overrides[1].max: override max 11 is above the limit's max 10; it raises the limit for matching requests",
+        ],
     ),
     (
         "bucket never fills within a day",
@@ -70,7 +73,28 @@ const CASES: &[(&str, &str, &[&str])] = &[
             base!(),
             "  b:\n    hosts: [b.test]\n    upstreams: [\"127.0.0.1:2\"]\n"
         ),
-        &["w.yaml:6:47: defaults.limits.d.overrides[0].max: override max 2 is above the limit's max 1; it raises the limit for matching requests"],
+        &[
+            "w.yaml:6:47: defaults.limits.d.overrides[0].max: override max 2 is above the limit's max 1; it raises the limit for matching requests",
+            "w.yaml:8:3: origins.a: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+            "w.yaml:11:3: origins.b: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+        ],
+    ),
+    (
+        "a customer-keyed limit with no way to learn the customer",
+        concat!(
+            base!(),
+            "    limits:\n      per_customer: {kind: rate, key: [customer, path], max: 5, per: 1s}\n"
+        ),
+        &["w.yaml:2:3: origins.a: limit `per_customer` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin"],
+    ),
+    (
+        "a customer header is enough",
+        concat!(
+            "server:\n  customer_header: x-customer-id\n",
+            base!(),
+            "    limits:\n      l: {kind: inflight, max: 5}\n"
+        ),
+        &[],
     ),
     ("no warnings", base!(), &[]),
 ];
