@@ -31,6 +31,10 @@ pub struct Metrics {
     pub request_duration_seconds: HistogramVec,
     /// `tollgate_config_reloads_total{result}`.
     pub config_reloads_total: IntCounterVec,
+    /// `tollgate_token_bucket_evictions_total{origin,limit}`: buckets dropped before they
+    /// were full because their set of the bounded table was full; each lets one key start
+    /// full again. Synced from the limiters at scrape time.
+    pub token_bucket_evictions_total: IntCounterVec,
     /// `tollgate_config_last_reload_success_timestamp_seconds`.
     pub config_last_reload_success: Gauge,
 }
@@ -84,6 +88,13 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let token_bucket_evictions_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_token_bucket_evictions_total",
+                "Token buckets evicted before they were full because the table was full (raise max_keys).",
+            ),
+            &["origin", "limit"],
+        )?;
         let config_last_reload_success = Gauge::new(
             "tollgate_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful config load or reload.",
@@ -93,6 +104,7 @@ impl Metrics {
         registry.register(Box::new(inflight_requests.clone()))?;
         registry.register(Box::new(request_duration_seconds.clone()))?;
         registry.register(Box::new(config_reloads_total.clone()))?;
+        registry.register(Box::new(token_bucket_evictions_total.clone()))?;
         registry.register(Box::new(config_last_reload_success.clone()))?;
         // Both results exist from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
@@ -104,6 +116,7 @@ impl Metrics {
             inflight_requests,
             request_duration_seconds,
             config_reloads_total,
+            token_bucket_evictions_total,
             config_last_reload_success,
         })
     }

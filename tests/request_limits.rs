@@ -305,3 +305,29 @@ async fn spoofed_forwarded_for_from_an_untrusted_peer_changes_nothing() {
         vec![400]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_bucket_table_evicts_and_says_so() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    // max_keys 8: one set of 8 slots. Ten keys that each spend a token need ten slots.
+    let limits = r#"
+      tokens:
+        kind: token_bucket
+        key: [header:x-k]
+        capacity: 2
+        refill: { amount: 1, every: 1h }
+        max_keys: 8
+"#;
+    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    for i in 0..10 {
+        let k = format!("k{i}");
+        assert_eq!(statuses(&t, 1, &[("x-k", k.as_str())]).await, vec![200]);
+    }
+    assert_eq!(
+        t.metric("tollgate_token_bucket_evictions_total{limit=\"tokens\",origin=\"app\"}")
+            .await,
+        2.0
+    );
+    // Still exact for a key that kept its slot: k9 has one token left.
+    assert_eq!(statuses(&t, 2, &[("x-k", "k9")]).await, vec![200, 429]);
+}

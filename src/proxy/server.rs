@@ -90,7 +90,10 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     server.add_service(proxy);
 
     if let Some(addr) = server_cfg.metrics {
-        let mut svc = Service::new("metrics".to_string(), MetricsApp::new(metrics.clone()));
+        let mut svc = Service::new(
+            "metrics".to_string(),
+            MetricsApp::new(metrics.clone(), runtime.clone()),
+        );
         svc.threads = Some(1);
         svc.add_tcp(&addr.to_string());
         server.add_service(svc);
