@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::config::{Cost, HeadersMode, LimitParams, Mode};
 use crate::limits::{InflightGuard, Nanos, Verdict};
 use crate::proxy::identity::RequestFacts;
-use crate::proxy::runtime::{LimitRt, OriginRt, State};
+use crate::proxy::runtime::{OriginRt, State};
 
 /// One admission to undo if a later limit rejects.
 #[derive(Debug, Clone, Copy)]
@@ -26,9 +26,11 @@ pub struct Ticket {
     cost: u64,
 }
 
-/// A limit's decision to report in `RateLimit` headers of an admitted response.
+/// One limit's decision for one request: which limit (request-time or inflight), which
+/// variant, and the verdict. It names the rejecting limit, and the limits with
+/// `headers: always` to report on an admitted response.
 #[derive(Debug, Clone, Copy)]
-pub struct HeaderNote {
+pub struct Decided {
     /// Index into the origin's request or inflight limits.
     pub limit: u16,
     /// Whether `limit` indexes inflight limits.
@@ -42,22 +44,9 @@ pub struct HeaderNote {
 /// Inline storage for tickets: four limits before spilling to the heap.
 pub type Tickets = SmallVec<[Ticket; 4]>;
 /// Inline storage for header notes.
-pub type Notes = SmallVec<[HeaderNote; 2]>;
+pub type Notes = SmallVec<[Decided; 2]>;
 /// Inline storage for inflight guards.
 pub type Guards = SmallVec<[InflightGuard; 2]>;
-
-/// Which limit rejected, and its verdict.
-#[derive(Debug, Clone, Copy)]
-pub struct Rejected {
-    /// Index into the origin's request or inflight limits.
-    pub limit: u16,
-    /// Whether it was an inflight limit.
-    pub inflight: bool,
-    /// Variant used.
-    pub variant: u16,
-    /// The decision.
-    pub verdict: Verdict,
-}
 
 /// A cost header that is not a positive integer: answered with 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,23 +56,20 @@ pub struct BadCost {
     pub header: String,
 }
 
-fn cost_of(
-    limit: &LimitRt,
-    params: &LimitParams,
-    facts: &RequestFacts<'_>,
-) -> Result<u64, BadCost> {
-    let capacity = match params {
-        LimitParams::TokenBucket { bucket, .. } => bucket.capacity,
-        _ => return Ok(1),
+/// The request's token cost under `params` (an override may set its own `cost`): a fixed
+/// number, or a header clamped to `[1, capacity]`; 1 for other kinds.
+fn cost_of(params: &LimitParams, facts: &RequestFacts<'_>) -> Result<u64, BadCost> {
+    let LimitParams::TokenBucket { bucket, cost, .. } = params else {
+        return Ok(1);
     };
-    match &limit.cost {
+    match cost {
         Cost::Fixed(c) => Ok(*c),
         Cost::Header(name) => match facts.headers.get(name.as_str()) {
             None => Ok(1),
             Some(v) => std::str::from_utf8(v.as_bytes())
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
-                .map(|c| c.clamp(1, capacity.max(1)))
+                .map(|c| c.clamp(1, bucket.capacity.max(1)))
                 .ok_or_else(|| BadCost {
                     header: name.clone(),
                 }),
@@ -99,7 +85,7 @@ pub fn request_limits(
     now: Nanos,
     tickets: &mut Tickets,
     notes: &mut Notes,
-) -> Result<Option<Rejected>, BadCost> {
+) -> Result<Option<Decided>, BadCost> {
     for (index, limit) in origin.request_limits.iter().enumerate() {
         let Some(key) = limit.key.hash(facts) else {
             limit.counters.skipped.inc();
@@ -107,7 +93,7 @@ pub fn request_limits(
         };
         let v = limit.select(facts);
         let variant = &limit.variants[v];
-        let cost = match cost_of(limit, &variant.params, facts) {
+        let cost = match cost_of(&variant.params, facts) {
             Ok(c) => c,
             Err(e) => {
                 refund(origin, tickets, now);
@@ -143,7 +129,7 @@ pub fn request_limits(
         } else {
             limit.counters.rejected.inc();
             refund(origin, tickets, now);
-            return Ok(Some(Rejected {
+            return Ok(Some(Decided {
                 limit: limit_i,
                 inflight: false,
                 variant: variant_i,
@@ -151,7 +137,7 @@ pub fn request_limits(
             }));
         }
         if limit.headers == HeadersMode::Always {
-            notes.push(HeaderNote {
+            notes.push(Decided {
                 limit: limit_i,
                 inflight: false,
                 variant: variant_i,
@@ -188,7 +174,7 @@ pub fn inflight_limits(
     facts: &RequestFacts<'_>,
     guards: &mut Guards,
     notes: &mut Notes,
-) -> Option<Rejected> {
+) -> Option<Decided> {
     for (index, limit) in origin.inflight_limits.iter().enumerate() {
         let Some(key) = limit.key.hash(facts) else {
             limit.counters.skipped.inc();
@@ -228,7 +214,7 @@ pub fn inflight_limits(
                 } else {
                     limit.counters.rejected.inc();
                     guards.clear();
-                    return Some(Rejected {
+                    return Some(Decided {
                         limit: limit_i,
                         inflight: true,
                         variant: variant_i,
@@ -238,7 +224,7 @@ pub fn inflight_limits(
             }
         };
         if limit.headers == HeadersMode::Always {
-            notes.push(HeaderNote {
+            notes.push(Decided {
                 limit: limit_i,
                 inflight: true,
                 variant: variant_i,

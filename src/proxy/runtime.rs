@@ -16,7 +16,7 @@ use std::sync::Arc;
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::LoadBalancer;
 
-use crate::config::{Config, Cost, HeadersMode, LimitParams, Mode};
+use crate::config::{Config, HeadersMode, LimitParams, Mode};
 use crate::limits::{
     InflightLimiter, KeySpec, Matcher, RateLimiter, SketchSize, TokenBucket, TokenBucketParams,
 };
@@ -89,14 +89,10 @@ pub struct Variant {
 pub struct LimitRt {
     /// Name (metrics label, policy name).
     pub name: String,
-    /// Kind name.
-    pub kind: &'static str,
     /// Key parts.
     pub key: KeySpec,
     /// When to add RateLimit headers.
     pub headers: HeadersMode,
-    /// Token-bucket cost (fixed 1 for other kinds).
-    pub cost: Cost,
     /// `[base, override 0, override 1, ...]`.
     pub variants: Vec<Variant>,
     /// Matchers of overrides, aligned with `variants[1..]`.
@@ -232,16 +228,10 @@ impl Runtime {
                         policy_text,
                     });
                 }
-                let cost = match &limit.params {
-                    LimitParams::TokenBucket { cost, .. } => cost.clone(),
-                    _ => Cost::Fixed(1),
-                };
                 let rt = LimitRt {
                     name: limit.name.clone(),
-                    kind: limit.params.kind(),
                     key: limit.key.clone(),
                     headers: limit.headers,
-                    cost,
                     variants,
                     matchers: limit.overrides.iter().map(|o| o.matchers.clone()).collect(),
                     counters: metrics.decisions(&origin.name, &limit.name, limit.params.kind()),
