@@ -114,14 +114,14 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
             "tls_verify" => o.tls_verify = scalar::boolean(r, v, &sub).unwrap_or(true),
             "sni" => sni = scalar::text(r, v, &sub).map(|s| At::new(s.to_string(), v.pos, &sub)),
             "customer" => o.customer = scalar::text(r, v, &sub).map(str::to_string),
-            "connect_timeout" => {
+            "connect_timeout" | "read_timeout" => {
+                let slot = if e.key == "connect_timeout" {
+                    &mut o.connect_timeout
+                } else {
+                    &mut o.read_timeout
+                };
                 if let Some(d) = scalar::duration(r, v, &sub, TIMEOUT_RANGE, ("1ms", "1h")) {
-                    o.connect_timeout = d;
-                }
-            }
-            "read_timeout" => {
-                if let Some(d) = scalar::duration(r, v, &sub, TIMEOUT_RANGE, ("1ms", "1h")) {
-                    o.read_timeout = d;
+                    *slot = d;
                 }
             }
             "limits" => o.limits = parse_limits(r, v, &sub),

@@ -11,10 +11,9 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use crate::config::HeadersMode;
 use crate::limits::{Clock, MonotonicClock, Verdict};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
-use crate::proxy::decide::{self, Rejected};
+use crate::proxy::decide::{self, Decided};
 use crate::proxy::identity::{client_ip, RequestFacts};
 use crate::proxy::problem::{self, ceil_secs, limit_item, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
@@ -34,12 +33,116 @@ impl Tollgate {
             clock: MonotonicClock::new(),
         }
     }
+
+    /// Routes the request, resolves who is asking and runs the request-time limits.
+    /// `Some` is the response to send instead of proxying (400, 404 or 429).
+    fn admit(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Option<Problem> {
+        let req = session.req_header();
+        let raw_host = req
+            .headers
+            .get(http::header::HOST)
+            .map(|v| v.as_bytes())
+            .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
+            .unwrap_or_default();
+        let host = match HostBuf::parse(raw_host) {
+            Ok(h) => h,
+            Err(e) => return Some(problem::bad_request(e.to_string())),
+        };
+        ctx.host = host;
+        let Some(origin_index) = rt.router.route(host.as_str()) else {
+            return Some(problem::unknown_host(host.as_str()));
+        };
+        ctx.origin = Some(origin_index);
+        let origin = &rt.origins[origin_index];
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        let client = match client_ip(peer, &req.headers, &rt.config.server.trusted_proxies) {
+            Ok(ip) => ip,
+            Err(e) => return Some(problem::bad_request(e.to_string())),
+        };
+        ctx.client_ip = Some(client);
+        ctx.now = self.clock.now();
+        let facts = facts(session, ctx.client_ip, &ctx.host, rt, origin, None);
+        match decide::request_limits(origin, &facts, ctx.now, &mut ctx.tickets, &mut ctx.notes) {
+            Ok(None) => None,
+            Ok(Some(rejected)) => {
+                log::info!(
+                    "rejected 429: origin `{}` limit `{}` client {client}",
+                    origin.name,
+                    origin.request_limits[rejected.limit as usize].name,
+                );
+                Some(reject_problem(origin, &rejected))
+            }
+            Err(e) => Some(problem::bad_request(e.to_string())),
+        }
+    }
+
+    /// Picks the upstream server round robin and runs the inflight limits against it.
+    fn pick_peer(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Result<Box<HttpPeer>> {
+        let Some(origin_index) = ctx.origin else {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "upstream_peer without a routed request",
+            ));
+        };
+        let origin = &rt.origins[origin_index];
+        let backend = origin.upstreams.select(b"", 256).ok_or_else(|| {
+            Error::explain(
+                ErrorType::ConnectNoRoute,
+                "origin has no upstream to select",
+            )
+        })?;
+        // A retry picks a server again: drop the previous attempt's units first, so they
+        // are replaced, never doubled.
+        ctx.guards.clear();
+        ctx.notes.retain(|n| !n.inflight);
+        let facts = facts(
+            session,
+            ctx.client_ip,
+            &ctx.host,
+            rt,
+            origin,
+            backend.addr.as_inet().copied(),
+        );
+        if let Some(rejected) =
+            decide::inflight_limits(origin, &facts, &mut ctx.guards, &mut ctx.notes)
+        {
+            log::info!(
+                "rejected 503: origin `{}` inflight limit `{}`",
+                origin.name,
+                origin.inflight_limits[rejected.limit as usize].name
+            );
+            // Do not burn the request-time limits' quota for a request that never ran.
+            decide::refund(origin, &mut ctx.tickets, ctx.now);
+            ctx.rejection = Some(reject_problem(origin, &rejected));
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(503),
+                "rejected by an inflight limit",
+            ));
+        }
+        if ctx.gauge.is_none() {
+            ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
+        }
+        let mut peer = HttpPeer::new(backend.addr.clone(), origin.tls, origin.sni.clone());
+        peer.options.connection_timeout = Some(origin.connect_timeout);
+        peer.options.read_timeout = Some(origin.read_timeout);
+        if origin.tls && !origin.tls_verify {
+            peer.options.verify_cert = false;
+            peer.options.verify_hostname = false;
+        }
+        Ok(Box::new(peer))
+    }
 }
 
-/// Builds the facts of the current request; `server` once an upstream is picked.
+/// Builds the facts of the current request; `server` once an upstream is picked. It takes
+/// the context's fields, not the context, so that the limits can write their tickets and
+/// notes into the context while the facts are borrowed.
 fn facts<'a>(
     session: &'a Session,
-    ctx: &'a Ctx,
+    client_ip: Option<IpAddr>,
+    host: &'a HostBuf,
     rt: &'a Runtime,
     origin: &'a OriginRt,
     server: Option<std::net::SocketAddr>,
@@ -54,9 +157,9 @@ fn facts<'a>(
         .map(|v| v.as_bytes())
         .or(origin.customer.as_deref());
     RequestFacts {
-        client_ip: ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         customer,
-        host: ctx.host.as_bytes(),
+        host: host.as_bytes(),
         server,
         origin: &origin.name,
         method: req.method.as_str().as_bytes(),
@@ -65,7 +168,7 @@ fn facts<'a>(
     }
 }
 
-fn reject_problem(origin: &OriginRt, rejected: &Rejected) -> Problem {
+fn reject_problem(origin: &OriginRt, rejected: &Decided) -> Problem {
     let limits = if rejected.inflight {
         &origin.inflight_limits
     } else {
@@ -113,118 +216,30 @@ impl ProxyHttp for Tollgate {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // One refcount increment per request: the snapshot moves into the context after
+        // the decisions, which borrow it.
         let rt = self.runtime.load_full();
-        ctx.rt = Some(rt.clone());
-        let req = session.req_header();
-        let raw_host = req
-            .headers
-            .get(http::header::HOST)
-            .map(|v| v.as_bytes())
-            .or_else(|| req.uri.authority().map(|a| a.as_str().as_bytes()))
-            .unwrap_or_default();
-        let host = match HostBuf::parse(raw_host) {
-            Ok(h) => h,
-            Err(e) => {
-                send(session, &problem::bad_request(e.to_string())).await?;
-                return Ok(true);
-            }
-        };
-        ctx.host = host;
-        let Some(origin_index) = rt.router.route(host.as_str()) else {
-            send(session, &problem::unknown_host(host.as_str())).await?;
-            return Ok(true);
-        };
-        ctx.origin = Some(origin_index);
-        let origin = &rt.origins[origin_index];
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        match client_ip(peer, &req.headers, &rt.config.server.trusted_proxies) {
-            Ok(ip) => ctx.client_ip = Some(ip),
-            Err(e) => {
-                send(session, &problem::bad_request(e.to_string())).await?;
-                return Ok(true);
+        let answer = self.admit(session, ctx, &rt);
+        ctx.rt = Some(rt);
+        match answer {
+            None => Ok(false),
+            Some(problem) => {
+                send(session, &problem).await?;
+                Ok(true)
             }
         }
-        ctx.now = self.clock.now();
-        let mut tickets = std::mem::take(&mut ctx.tickets);
-        let mut notes = std::mem::take(&mut ctx.notes);
-        let outcome = {
-            let facts = facts(session, ctx, &rt, origin, None);
-            decide::request_limits(origin, &facts, ctx.now, &mut tickets, &mut notes)
-        };
-        ctx.tickets = tickets;
-        ctx.notes = notes;
-        let problem = match outcome {
-            Ok(None) => return Ok(false),
-            Ok(Some(rejected)) => {
-                log::info!(
-                    "rejected 429: origin `{}` limit `{}` client {}",
-                    origin.name,
-                    origin.request_limits[rejected.limit as usize].name,
-                    ctx.client_ip.unwrap_or(peer)
-                );
-                reject_problem(origin, &rejected)
-            }
-            Err(e) => problem::bad_request(e.to_string()),
-        };
-        send(session, &problem).await?;
-        Ok(true)
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let (Some(rt), Some(origin_index)) = (ctx.rt.clone(), ctx.origin) else {
+        let Some(rt) = ctx.rt.take() else {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "upstream_peer without a routed request",
             ));
         };
-        let origin = &rt.origins[origin_index];
-        let backend = origin.upstreams.select(b"", 256).ok_or_else(|| {
-            Error::explain(
-                ErrorType::ConnectNoRoute,
-                "origin has no upstream to select",
-            )
-        })?;
-        let addr = backend.addr.as_inet().copied();
-        // A retry picks a server again: drop the previous attempt's units first, so they
-        // are replaced, never doubled.
-        ctx.guards.clear();
-        ctx.notes.retain(|n| !n.inflight);
-        let mut guards = std::mem::take(&mut ctx.guards);
-        let mut notes = std::mem::take(&mut ctx.notes);
-        let rejected = {
-            let facts = facts(session, ctx, &rt, origin, addr);
-            decide::inflight_limits(origin, &facts, &mut guards, &mut notes)
-        };
-        ctx.guards = guards;
-        ctx.notes = notes;
-        if let Some(rejected) = rejected {
-            log::info!(
-                "rejected 503: origin `{}` inflight limit `{}`",
-                origin.name,
-                origin.inflight_limits[rejected.limit as usize].name
-            );
-            // Do not burn the request-time limits' quota for a request that never ran.
-            decide::refund(origin, &mut ctx.tickets, ctx.now);
-            ctx.rejection = Some(reject_problem(origin, &rejected));
-            return Err(Error::explain(
-                ErrorType::HTTPStatus(503),
-                "rejected by an inflight limit",
-            ));
-        }
-        if ctx.gauge.is_none() {
-            ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
-        }
-        let mut peer = HttpPeer::new(backend.addr.clone(), origin.tls, origin.sni.clone());
-        peer.options.connection_timeout = Some(origin.connect_timeout);
-        peer.options.read_timeout = Some(origin.read_timeout);
-        if origin.tls && !origin.tls_verify {
-            peer.options.verify_cert = false;
-            peer.options.verify_hostname = false;
-        }
-        Ok(Box::new(peer))
+        let peer = self.pick_peer(session, ctx, &rt);
+        ctx.rt = Some(rt);
+        peer
     }
 
     async fn upstream_request_filter(
@@ -267,12 +282,10 @@ impl ProxyHttp for Tollgate {
             } else {
                 &origin.request_limits
             };
+            // Only limits with `headers: always` leave notes.
             let Some(limit) = list.get(note.limit as usize) else {
                 continue;
             };
-            if limit.headers != HeadersMode::Always {
-                continue;
-            }
             let Some(variant) = limit.variants.get(note.variant as usize) else {
                 continue;
             };
