@@ -4,18 +4,14 @@
 
 mod common;
 
-use common::{client, eventually, Tollgate, Upstream};
+use common::{client, eventually, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
 fn config(upstreams: &[std::net::SocketAddr], max: u64, extra_origin: &str) -> String {
     let ups: Vec<String> = upstreams.iter().map(|a| format!("\"{a}\"")).collect();
     format!(
         r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  threads: 2
-  grace_period: 0s
+{SERVER}  threads: 2
   customer_header: x-customer-id
 origins:
   app:

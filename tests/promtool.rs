@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{client, Tollgate, Upstream};
+use common::{client, Tollgate, Upstream, SERVER};
 
 fn promtool() -> Command {
     Command::new("promtool")
@@ -18,11 +18,7 @@ async fn exposition_passes_promtool_check_metrics() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let config = format!(
         r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  grace_period: 0s
-origins:
+{SERVER}origins:
   app:
     hosts: ["app.test"]
     upstreams: ["{}"]

@@ -6,16 +6,12 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{client, eventually, Tollgate, Upstream};
+use common::{client, eventually, Tollgate, Upstream, SERVER};
 
 fn config(up: std::net::SocketAddr, b_capacity: u64, extra: &str) -> String {
     format!(
         r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  grace_period: 0s
-origins:
+{SERVER}origins:
   app:
     hosts: ["app.test"]
     upstreams: ["{up}"]

@@ -3,17 +3,13 @@
 
 mod common;
 
-use common::{client, Tollgate, Upstream};
+use common::{client, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
 fn config(up: std::net::SocketAddr, trusted: &str, limits: &str) -> String {
     format!(
         r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  grace_period: 0s
-  trusted_proxies: [{trusted}]
+{SERVER}  trusted_proxies: [{trusted}]
   customer_header: x-customer-id
 origins:
   app:
@@ -330,4 +326,23 @@ async fn a_full_bucket_table_evicts_and_says_so() {
     );
     // Still exact for a key that kept its slot: k9 has one token left.
     assert_eq!(statuses(&t, 2, &[("x-k", "k9")]).await, vec![200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_can_set_its_own_cost() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = r#"
+      tokens:
+        kind: token_bucket
+        key: [customer]
+        capacity: 4
+        refill: { amount: 1, every: 1h }
+        overrides:
+          - match: { customer: heavy }
+            cost: 2
+"#;
+    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    let heavy = [("x-customer-id", "heavy")];
+    assert_eq!(statuses(&t, 3, &heavy).await, vec![200, 200, 429]);
+    assert_eq!(statuses(&t, 5, &[]).await, vec![200, 200, 200, 200, 429]);
 }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use common::{client, Tollgate};
+use common::{client, Tollgate, SERVER};
 use openssl::asn1::Asn1Time;
 use openssl::ec::{EcGroup, EcKey};
 use openssl::hash::MessageDigest;
@@ -85,31 +85,35 @@ fn tls_upstream(n: usize) -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
     (addr, seen)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_upstream_is_reached_with_the_configured_sni() {
-    let (addr, seen) = tls_upstream(4);
-    let config = format!(
+/// One origin `secure.test` reaching `addr` over TLS with SNI `secure.internal`, plus
+/// `extra` origin keys.
+fn config(addr: std::net::SocketAddr, extra: &str) -> String {
+    format!(
         r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  grace_period: 0s
-origins:
+{SERVER}origins:
   secure:
     hosts: ["secure.test"]
     upstreams: ["{addr}"]
     tls: true
     sni: secure.internal
-    tls_verify: false
-"#
-    );
-    let t = Tollgate::start(&config).await;
-    let resp = client()
+{extra}"#
+    )
+}
+
+async fn get_secure(t: &Tollgate) -> reqwest::Response {
+    client()
         .get(t.url("/"))
         .header("host", "secure.test")
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_upstream_is_reached_with_the_configured_sni() {
+    let (addr, seen) = tls_upstream(4);
+    let t = Tollgate::start(&config(addr, "    tls_verify: false\n")).await;
+    let resp = get_secure(&t).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.text().await.unwrap(), "hello over tls\n");
     assert_eq!(
@@ -121,27 +125,8 @@ origins:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unverifiable_certificate_is_refused_by_default() {
     let (addr, _seen) = tls_upstream(4);
-    let config = format!(
-        r#"
-server:
-  listen: ["{{listen}}"]
-  metrics: "{{metrics}}"
-  grace_period: 0s
-origins:
-  secure:
-    hosts: ["secure.test"]
-    upstreams: ["{addr}"]
-    tls: true
-    sni: secure.internal
-"#
-    );
-    let t = Tollgate::start(&config).await;
-    let resp = client()
-        .get(t.url("/"))
-        .header("host", "secure.test")
-        .send()
-        .await
-        .unwrap();
+    let t = Tollgate::start(&config(addr, "")).await;
+    let resp = get_secure(&t).await;
     assert_eq!(
         resp.status(),
         502,

@@ -18,6 +18,11 @@ use std::time::Duration;
 #[allow(unused_imports)]
 pub use upstream::Upstream;
 
+/// The `server:` section most tests share: the reserved listeners and no grace period.
+/// Tests add server keys by appending indented lines right after it.
+pub const SERVER: &str =
+    "server:\n  listen: [\"{listen}\"]\n  metrics: \"{metrics}\"\n  grace_period: 0s\n";
+
 /// A free loopback port: bind port 0, read the port, release it. The tiny window before
 /// tollgate binds it is the usual price of a server that binds its own sockets.
 pub fn free_port() -> u16 {
