@@ -25,6 +25,9 @@
 //! limiters`). It prints a markdown table and PASS/MISS lines for the targets; a miss is
 //! reported, not an error exit.
 
+// A benchmark or example may unwrap: a failure aborts the measurement, not a user's request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -269,7 +272,7 @@ impl Subject for TollInflight {
 struct TollRate(RateLimiter);
 impl Subject for TollRate {
     fn build() -> Self {
-        Self(RateLimiter::new(RATE, SketchSize::DEFAULT))
+        Self(RateLimiter::new(RATE.per, SketchSize::DEFAULT))
     }
     fn op(&self, key: u64, now: Nanos) -> bool {
         black_box(self.0.acquire(key, RATE.max, 1, RATE.strict, now)).allowed

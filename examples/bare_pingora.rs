@@ -4,6 +4,9 @@
 //!
 //! `bare_pingora LISTEN UPSTREAM THREADS`, e.g. `bare_pingora 127.0.0.1:8090 127.0.0.1:8081 2`.
 
+// A benchmark or example may unwrap: a failure aborts the measurement, not a user's request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use async_trait::async_trait;
 use pingora::prelude::*;
 use pingora::server::configuration::ServerConf;

@@ -1,6 +1,9 @@
 //! The command line: `tollgate check` exit codes and output, and the shipped example
 //! config serving through its demo upstream (200, then 503 above the inflight max).
 
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Command;

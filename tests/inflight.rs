@@ -2,6 +2,9 @@
 //! Every end of a request must give its inflight unit back: the exact gauge returns to 0
 //! and the full `max` can be held again.
 
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{client, eventually, Tollgate, Upstream, SERVER};

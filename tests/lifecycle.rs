@@ -2,6 +2,9 @@
 //! `server.grace_period`, and the zero-downtime upgrade (`--upgrade` + SIGQUIT) hands the
 //! listeners to a new process without refusing connections.
 
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

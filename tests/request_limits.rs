@@ -1,6 +1,9 @@
 //! Issue 3 through the real proxy: 429s with every header, recovery after refill, shadow
 //! mode, overrides, the no-burn rule, cost headers and X-Forwarded-For spoofing.
 
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{client, Tollgate, Upstream, SERVER};
@@ -250,11 +253,18 @@ async fn cost_header_is_clamped_and_garbage_is_400() {
     let t = Tollgate::start(&config(up.addr, "", limits)).await;
     assert_eq!(statuses(&t, 1, &[("x-cost", "7")]).await, vec![200]);
     assert_eq!(statuses(&t, 1, &[("x-cost", "4")]).await, vec![429]);
-    let bad = send(&t, &[("x-cost", "lots")]).await;
-    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-    // 0 clamps up to 1; 3 tokens remain, so three cost-1 requests pass.
+    // Not a positive integer: 400, and nothing is charged ("0" too: it is not a cost).
+    for garbage in ["lots", "0", "-1", "1.5", ""] {
+        let bad = send(&t, &[("x-cost", garbage)]).await;
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST, "x-cost {garbage:?}");
+    }
+    // Any positive integer clamps to capacity, 2^64 as well as 2^64 - 1: 429, not 400.
+    for huge in ["18446744073709551615", "18446744073709551616"] {
+        assert_eq!(statuses(&t, 1, &[("x-cost", huge)]).await, vec![429]);
+    }
+    // 3 tokens remain, so three cost-1 requests pass.
     assert_eq!(
-        statuses(&t, 4, &[("x-cost", "0")]).await,
+        statuses(&t, 4, &[("x-cost", "1")]).await,
         vec![200, 200, 200, 429]
     );
 }

@@ -1,6 +1,9 @@
 //! `tls` and `sni` reach an HTTPS upstream: a real TLS server (OpenSSL, self-signed
 //! certificate made for the test) records the SNI it was asked for.
 
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};

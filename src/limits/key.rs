@@ -3,18 +3,25 @@
 //!
 //! A [`KeySpec`] is a list of [`KeyPart`]s. The proxy exposes a request through the
 //! [`Facts`] trait; [`KeySpec::hash`] feeds each part's bytes into one hasher, tagged with
-//! the part's position and length so that `("ab", "c")` and `("a", "bc")` differ. The hash
+//! the part's variant and length so that `("ab", "c")` and `("a", "bc")` differ. The hash
 //! is 64 bits, so two distinct keys collide with odds `n² / 2^65` for `n` live keys: about
 //! 3e-8 for a million keys, far below the count-min sketches' own collision rate.
+//!
+//! The hash is ahash with fixed seeds: fast and well mixed, stable within one build on one
+//! machine, but *not* promised across CPUs or ahash versions. It is for in-process state
+//! only; state shared through Redis keys on a portable hash (see `docs/architecture.md`).
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-/// Fixed seeds, so that a key hashes the same in every process (the shared Redis state of
-/// later backends depends on it).
+/// Fixed seeds, so that a key hashes the same within a process and between runs of one
+/// build on one machine. ahash promises no more than that: its output may differ between
+/// ahash versions and between CPUs (it uses AES instructions where they exist). That is
+/// all in-process limiters need. State shared between processes (the Redis store) must use
+/// a hash with a documented, portable definition instead (see `docs/architecture.md`).
 const SEEDS: [u64; 4] = [
     0x243f_6a88_85a3_08d3,
     0x1319_8a2e_0370_7344,
@@ -23,7 +30,14 @@ const SEEDS: [u64; 4] = [
 ];
 
 /// One part of a limit key, as written in the config (`client_ip`, `header:x-api-key`, ...).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// The part names are this enum's variant names in snake case (one table: parsing,
+/// display, suggestions and the hash tag all derive from it), so a new plain part is one
+/// line here plus its value in each [`Facts`] implementation.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, strum::EnumString, strum::IntoStaticStr, strum::VariantNames,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum KeyPart {
     /// The client's IP: the peer, or the right-most untrusted `X-Forwarded-For` hop when the
     /// peer is a trusted proxy.
@@ -32,9 +46,9 @@ pub enum KeyPart {
     Customer,
     /// The request's host, lower-cased, port stripped.
     Host,
-    /// The IP of the selected upstream server (inflight limits only).
+    /// The IP of the selected upstream server (limits decided after the upstream is picked).
     ServerIp,
-    /// The IP and port of the selected upstream server (inflight limits only).
+    /// The IP and port of the selected upstream server (as `server_ip`).
     ServerAddr,
     /// The origin's name from the config.
     Origin,
@@ -42,9 +56,12 @@ pub enum KeyPart {
     Method,
     /// The request path, without the query.
     Path,
-    /// A request header's value; the name is stored lower-case.
+    /// A request header's value (`header:NAME`); the name is stored lower-case.
+    #[strum(disabled)]
     Header(String),
-    /// A fixed text: every request shares it, which makes a limit global to the origin.
+    /// A fixed text (`const:TEXT`): every request shares it, which makes a limit global to
+    /// the origin.
+    #[strum(disabled)]
     Const(String),
 }
 
@@ -52,78 +69,62 @@ pub enum KeyPart {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyPartError {
     /// Not one of the known part names.
-    #[error("unknown key part `{0}`; expected one of client_ip, customer, host, server_ip, server_addr, origin, method, path, header:NAME, const:TEXT")]
+    #[error("unknown key part `{0}`; expected one of {names}", names = KeyPart::names().join(", "))]
     Unknown(String),
     /// `header:` with an empty or invalid header name.
     #[error("`{0}` needs a valid header name after `header:`")]
     BadHeader(String),
 }
 
+/// Whether `name` is a valid HTTP header name (an RFC 9110 token).
+pub fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 impl KeyPart {
-    /// The plain part names, for suggestions and messages.
-    pub const NAMES: [&'static str; 10] = [
-        "client_ip",
-        "customer",
-        "host",
-        "server_ip",
-        "server_addr",
-        "origin",
-        "method",
-        "path",
-        "header:NAME",
-        "const:TEXT",
-    ];
+    /// The plain part names (those written without an argument), for suggestions.
+    pub fn plain_names() -> &'static [&'static str] {
+        <KeyPart as strum::VariantNames>::VARIANTS
+    }
+
+    /// Every part as written in a config, `header:NAME` and `const:TEXT` included, for
+    /// messages.
+    pub fn names() -> Vec<&'static str> {
+        let mut names = Self::plain_names().to_vec();
+        names.extend(["header:NAME", "const:TEXT"]);
+        names
+    }
 
     /// Parses a part as written in the config.
     pub fn parse(text: &str) -> Result<KeyPart, KeyPartError> {
-        let part = match text {
-            "client_ip" => KeyPart::ClientIp,
-            "customer" => KeyPart::Customer,
-            "host" => KeyPart::Host,
-            "server_ip" => KeyPart::ServerIp,
-            "server_addr" => KeyPart::ServerAddr,
-            "origin" => KeyPart::Origin,
-            "method" => KeyPart::Method,
-            "path" => KeyPart::Path,
-            _ => {
-                if let Some(name) = text.strip_prefix("header:") {
-                    let valid = !name.is_empty()
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-                    if !valid {
-                        return Err(KeyPartError::BadHeader(text.to_string()));
-                    }
-                    KeyPart::Header(name.to_ascii_lowercase())
-                } else if let Some(value) = text.strip_prefix("const:") {
-                    KeyPart::Const(value.to_string())
-                } else {
-                    return Err(KeyPartError::Unknown(text.to_string()));
-                }
+        if let Some(name) = text.strip_prefix("header:") {
+            if !is_header_name(name) {
+                return Err(KeyPartError::BadHeader(text.to_string()));
             }
-        };
-        Ok(part)
+            return Ok(KeyPart::Header(name.to_ascii_lowercase()));
+        }
+        if let Some(value) = text.strip_prefix("const:") {
+            return Ok(KeyPart::Const(value.to_string()));
+        }
+        text.parse()
+            .map_err(|_| KeyPartError::Unknown(text.to_string()))
     }
 
     /// Whether the part is only known once an upstream server is selected, which limits it
-    /// to the inflight kind (decided in `upstream_peer`).
+    /// to the kinds decided in `upstream_peer` (inflight, concurrency).
     pub fn needs_server(&self) -> bool {
         matches!(self, KeyPart::ServerIp | KeyPart::ServerAddr)
     }
 
-    /// A small tag mixed into the hash so that equal bytes from different parts differ.
-    fn tag(&self) -> u8 {
+    /// The part's name without its argument (`header` for `header:x-api-key`).
+    pub fn name(&self) -> &'static str {
         match self {
-            KeyPart::ClientIp => 1,
-            KeyPart::Customer => 2,
-            KeyPart::Host => 3,
-            KeyPart::ServerIp => 4,
-            KeyPart::ServerAddr => 5,
-            KeyPart::Origin => 6,
-            KeyPart::Method => 7,
-            KeyPart::Path => 8,
-            KeyPart::Header(_) => 9,
-            KeyPart::Const(_) => 10,
+            KeyPart::Header(_) => "header",
+            KeyPart::Const(_) => "const",
+            plain => plain.into(),
         }
     }
 }
@@ -131,16 +132,9 @@ impl KeyPart {
 impl fmt::Display for KeyPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyPart::ClientIp => f.write_str("client_ip"),
-            KeyPart::Customer => f.write_str("customer"),
-            KeyPart::Host => f.write_str("host"),
-            KeyPart::ServerIp => f.write_str("server_ip"),
-            KeyPart::ServerAddr => f.write_str("server_addr"),
-            KeyPart::Origin => f.write_str("origin"),
-            KeyPart::Method => f.write_str("method"),
-            KeyPart::Path => f.write_str("path"),
             KeyPart::Header(name) => write!(f, "header:{name}"),
             KeyPart::Const(text) => write!(f, "const:{text}"),
+            plain => f.write_str(plain.name()),
         }
     }
 }
@@ -194,7 +188,8 @@ impl KeySpec {
         let mut hasher =
             ahash::RandomState::with_seeds(SEEDS[0], SEEDS[1], SEEDS[2], SEEDS[3]).build_hasher();
         for part in self.parts.iter() {
-            hasher.write_u8(part.tag());
+            // The variant, so that equal bytes from different parts differ.
+            std::mem::discriminant(part).hash(&mut hasher);
             write_fact(&mut hasher, facts.fact(part)?);
         }
         Some(hasher.finish())
@@ -229,13 +224,16 @@ fn write_ip<H: Hasher>(hasher: &mut H, ip: IpAddr) {
     }
 }
 
-/// The value an override's `match:` compares a key part with.
+/// The value an override's `match:` compares a key part with, parsed once at load so that
+/// matching a request compares values and never parses text.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MatchValue {
     /// Exact bytes (customer, host, header, method, path, ...).
     Exact(Box<[u8]>),
     /// An IP network, for `client_ip` / `server_ip`: `10.0.0.0/8` or a single address.
     Net(IpNet),
+    /// An address with port, for `server_addr`.
+    Addr(SocketAddr),
 }
 
 /// One `PART: VALUE` condition of an override's `match:`.
@@ -249,7 +247,8 @@ pub struct Matcher {
 
 impl Matcher {
     /// Whether the request's fact for the part equals the value. A missing part never
-    /// matches. Host comparison is case-insensitive because hosts are.
+    /// matches, nor does a value of another type. Host comparison is case-insensitive
+    /// because hosts are.
     pub fn matches<F: Facts + ?Sized>(&self, facts: &F) -> bool {
         let Some(fact) = facts.fact(&self.part) else {
             return false;
@@ -257,6 +256,9 @@ impl Matcher {
         match (&self.value, fact) {
             (MatchValue::Net(net), Fact::Ip(ip)) => net.contains(&ip.to_canonical()),
             (MatchValue::Net(net), Fact::Addr(addr)) => net.contains(&addr.ip().to_canonical()),
+            (MatchValue::Addr(want), Fact::Addr(addr)) => {
+                want.port() == addr.port() && want.ip().to_canonical() == addr.ip().to_canonical()
+            }
             (MatchValue::Exact(want), Fact::Bytes(got)) => {
                 if self.part == KeyPart::Host {
                     want.eq_ignore_ascii_case(got)
@@ -264,19 +266,7 @@ impl Matcher {
                     **want == *got
                 }
             }
-            (MatchValue::Exact(want), Fact::Ip(ip)) => {
-                std::str::from_utf8(want)
-                    .ok()
-                    .and_then(|s| s.parse::<IpAddr>().ok())
-                    == Some(ip.to_canonical())
-            }
-            (MatchValue::Exact(want), Fact::Addr(addr)) => {
-                std::str::from_utf8(want)
-                    .ok()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    == Some(addr)
-            }
-            (MatchValue::Net(_), Fact::Bytes(_)) => false,
+            _ => false,
         }
     }
 }
@@ -371,6 +361,23 @@ mod tests {
     }
 
     #[test]
+    fn server_addr_matches_a_parsed_address() {
+        struct Server(SocketAddr);
+        impl Facts for Server {
+            fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
+                (*part == KeyPart::ServerAddr).then_some(Fact::Addr(self.0))
+            }
+        }
+        let m = Matcher {
+            part: KeyPart::ServerAddr,
+            value: MatchValue::Addr("10.0.0.5:80".parse().unwrap()),
+        };
+        assert!(m.matches(&Server("10.0.0.5:80".parse().unwrap())));
+        assert!(m.matches(&Server("[::ffff:10.0.0.5]:80".parse().unwrap())));
+        assert!(!m.matches(&Server("10.0.0.5:81".parse().unwrap())));
+    }
+
+    #[test]
     fn matchers_compare_bytes_hosts_and_networks() {
         let f = facts(&[
             (KeyPart::Customer, "bigco"),
@@ -397,10 +404,13 @@ mod tests {
             KeyPart::ClientIp,
             MatchValue::Net("192.168.0.0/16".parse().unwrap())
         ));
-        assert!(m(
-            KeyPart::ClientIp,
-            MatchValue::Exact(b"10.1.2.3".to_vec().into())
-        ));
+        assert!(
+            !m(
+                KeyPart::ClientIp,
+                MatchValue::Exact(b"10.1.2.3".to_vec().into())
+            ),
+            "an address is matched as a network, parsed at load, never as text"
+        );
         assert!(!m(
             KeyPart::Method,
             MatchValue::Exact(b"GET".to_vec().into())

@@ -23,10 +23,10 @@ pub mod sketch;
 pub mod token_bucket;
 pub mod verdict;
 
-pub use clock::{Clock, ManualClock, MonotonicClock, Nanos};
+pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams};
 pub use sketch::SketchSize;
 pub use token_bucket::{TokenBucket, TokenBucketParams};
-pub use verdict::Verdict;
+pub use verdict::{Verdict, NEVER};

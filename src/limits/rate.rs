@@ -33,7 +33,7 @@ use pingora_limits::estimator::Estimator;
 
 use crate::limits::clock::Nanos;
 use crate::limits::sketch::SketchSize;
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Verdict, NEVER};
 
 /// Parameters of a rate limit: at most `max` events per sliding `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,14 +48,16 @@ pub struct RateParams {
 
 /// Sliding-window rate limiter.
 ///
-/// Only `per` is fixed at construction: `max` and `strict` come with every call, so a
-/// reload or an override changing them keeps the counts.
+/// Only the window `per` and the sketch size shape the state, so only they are fixed at
+/// construction: `max` and `strict` come with every call, so that a reload or an override
+/// changing them keeps the counts (and can never go stale in here).
 pub struct RateLimiter {
     /// Period `p` counts into `sketches[p % 2]`; the other one holds period `p - 1`.
     sketches: [Estimator; 2],
     /// The latest period any caller has seen.
     period: AtomicU64,
-    params: RateParams,
+    /// The window in nanoseconds, at least 1.
+    per: Nanos,
 }
 
 /// One key's counts at one instant, with the window's geometry.
@@ -68,38 +70,36 @@ struct Window {
 }
 
 impl RateLimiter {
-    /// A limiter whose window is `params.per` and whose sketches are `size`.
+    /// A limiter whose window is `per` nanoseconds and whose sketches are `size`.
     ///
     /// `per == 0` is raised to 1 ns and zero sketch dimensions to 1, so bad parameters
     /// degrade the limit instead of panicking on the hot path.
-    pub fn new(params: RateParams, size: SketchSize) -> Self {
+    pub fn new(per: Nanos, size: SketchSize) -> Self {
         let sketch = || Estimator::new(size.hashes.max(1), size.slots.max(1));
         Self {
             sketches: [sketch(), sketch()],
             period: AtomicU64::new(0),
-            params: RateParams {
-                per: params.per.max(1),
-                ..params
-            },
+            per: per.max(1),
         }
     }
 
-    /// The parameters given at construction (`per` at least 1 ns).
-    pub fn params(&self) -> RateParams {
-        self.params
+    /// The window, in nanoseconds (at least 1).
+    pub fn per(&self) -> Nanos {
+        self.per
     }
 
     /// Decides one event of weight `cost` for `key` at `now`, counting it when admitted
     /// (and when rejected if `strict`). `max` may differ from the construction's (an
     /// override's or a reload's new `max` reuses the counts).
     ///
-    /// Admitted iff `estimate + cost <= max`. A `cost` above `max` can never pass; its
-    /// `retry_after` is one `per`, a hint rather than a promise.
+    /// Admitted iff `estimate + cost <= max`. A `cost` above `max` can never pass (with
+    /// `max: 0` that is a deliberate block): its `retry_after` is [`NEVER`], so that no
+    /// client is invited to retry.
     pub fn acquire(&self, key: u64, max: u64, cost: u64, strict: bool, now: Nanos) -> Verdict {
         let (period, elapsed) = self.advance(now);
         let curr = self.sketch(period);
         let counted = Window {
-            per: self.params.per,
+            per: self.per,
             elapsed,
             prev: count(self.sketch(period ^ 1).get(key)),
             curr: count(curr.incr(key, signed(cost))),
@@ -147,7 +147,7 @@ impl RateLimiter {
     pub fn estimate(&self, key: u64, now: Nanos) -> f64 {
         let (period, elapsed) = self.advance(now);
         let window = Window {
-            per: self.params.per,
+            per: self.per,
             elapsed,
             prev: count(self.sketch(period ^ 1).get(key)),
             curr: count(self.sketch(period).get(key)),
@@ -164,7 +164,7 @@ impl RateLimiter {
     /// period to count in and the nanoseconds elapsed in it. A caller whose `now` lags a
     /// period another thread already opened counts at the start of that period.
     fn advance(&self, now: Nanos) -> (u64, Nanos) {
-        let per = self.params.per;
+        let per = self.per;
         let period = now / per;
         let mut seen = self.period.load(Ordering::Acquire);
         while seen < period {
@@ -224,7 +224,8 @@ impl Window {
         }
     }
 
-    /// Nanoseconds until `estimate + cost <= max` with no further events, at least 1.
+    /// Nanoseconds until `estimate + cost <= max` with no further events, at least 1;
+    /// [`NEVER`] when `cost > max`.
     ///
     /// The estimate only falls: in this period as `prev`'s weight decays, then in the next
     /// one as `curr` (become `prev`) decays. If `curr + cost` fits, the wait ends in this
@@ -232,7 +233,7 @@ impl Window {
     /// otherwise at the first `e'` of the next with `curr · (per - e') <= (max - cost) · per`.
     fn retry_after(&self, max: u64, cost: u64) -> Nanos {
         if cost > max {
-            return self.per;
+            return NEVER;
         }
         let per = u128::from(self.per);
         let elapsed = u128::from(self.elapsed);
@@ -276,16 +277,11 @@ mod tests {
     const DAY: Nanos = 86_400 * SEC;
 
     fn limiter(per: Nanos) -> RateLimiter {
-        let params = RateParams {
-            max: 0,
-            per,
-            strict: false,
-        };
         let size = SketchSize {
             hashes: 4,
             slots: 256,
         };
-        RateLimiter::new(params, size)
+        RateLimiter::new(per, size)
     }
 
     /// Admissions of unit events at `now` until the first rejection (at most 1 000).
@@ -469,7 +465,9 @@ mod tests {
     fn cost_above_max_never_passes() {
         let l = limiter(SEC);
         let v = l.acquire(1, 3, 4, false, 0);
-        assert_eq!(v, Verdict::reject(3, 0, SEC));
+        assert_eq!(v, Verdict::reject(3, 0, NEVER));
+        // `max: 0` is a deliberate block: no retry is invited.
+        assert!(l.acquire(1, 0, 1, false, 0).is_block());
         assert!(!l.acquire(1, 3, 4, false, 10 * SEC).allowed);
     }
 
@@ -522,12 +520,14 @@ mod tests {
             let l = replay(0);
             for (i, &(_, cost)) in steps.iter().enumerate() {
                 let v = l.acquire(1, max, cost, strict, times[i]);
-                if !v.allowed {
+                if !v.allowed && cost > max {
+                    prop_assert!(v.is_block(), "a cost above max can never pass");
+                } else if !v.allowed {
                     let probe = replay(i + 1);
                     let before = probe.acquire(1, max, cost, false, times[i] + v.retry_after - 1);
-                    prop_assert!(cost > max || !before.allowed);
+                    prop_assert!(!before.allowed);
                     let at = probe.acquire(1, max, cost, false, times[i] + v.retry_after);
-                    prop_assert_eq!(at.allowed, cost <= max);
+                    prop_assert!(at.allowed);
                 }
             }
         }

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Verdict, NEVER};
 
 /// Slots per set: enough that a set rarely overflows at half load (see the module doc),
 /// few enough that a scan reads four cache lines.
@@ -119,8 +119,8 @@ impl TokenBucket {
     ///
     /// `remaining` is the tokens left, `reset_after` the time until the bucket is full
     /// again, and a rejection's `retry_after` the time until the refill that brings
-    /// `cost` tokens. A `cost` above `capacity` can never pass; its `retry_after` is the
-    /// time to fill an empty bucket, a hint rather than a promise.
+    /// `cost` tokens. A `cost` above `capacity` can never pass (with `capacity: 0` that is
+    /// a deliberate block): its `retry_after` is [`NEVER`], so no client is invited back.
     pub fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Verdict {
         let p = &self.params;
         let (admitted, bucket) = self.with_bucket(key, now, |bucket| {
@@ -139,12 +139,13 @@ impl TokenBucket {
             return Verdict::allow(bucket.tokens, reset);
         }
         let retry = if cost > p.capacity {
-            // The time to fill an empty bucket.
-            p.capacity.div_ceil(p.amount).saturating_mul(p.every)
+            // Never: `capacity: 0` is a deliberate block, and no refill makes room for more
+            // than a full bucket.
+            NEVER
         } else {
-            bucket.wait_for(p, cost, now)
+            bucket.wait_for(p, cost, now).max(1)
         };
-        Verdict::reject(bucket.tokens, reset, retry.max(1))
+        Verdict::reject(bucket.tokens, reset, retry)
     }
 
     /// Gives back `cost` tokens taken by an admitted request (a later limit rejected it).
@@ -402,9 +403,10 @@ mod tests {
             Verdict::reject(3, 4 * SEC - 600 * MS, 3 * SEC - 600 * MS)
         );
         assert_eq!(b.tokens(1, 600 * MS), 3, "a rejection takes nothing");
-        // Capacity 10, cost 11: never; retry_after is the time to fill from empty.
+        // Capacity 10, cost 11: never, so no retry is invited.
         let v = b.acquire(2, 11, 0);
-        assert_eq!(v, Verdict::reject(10, 0, 5 * SEC));
+        assert_eq!(v, Verdict::reject(10, 0, NEVER));
+        assert!(v.is_block());
         assert_eq!(b.len(), 1, "the full key 2 holds no state");
     }
 

@@ -2,6 +2,11 @@
 
 use crate::limits::clock::Nanos;
 
+/// A `retry_after` meaning "no retry will ever pass": the limit is a deliberate block
+/// (`max: 0`, `capacity: 0`) or the request can never fit. Responses then carry no
+/// `Retry-After`, because inviting a client to retry a block only brings it back.
+pub const NEVER: Nanos = Nanos::MAX;
+
 /// What a limiter decided for one event, with what the RateLimit headers need.
 ///
 /// It is `Copy` and holds no references, so a remote backend can build one from a reply
@@ -15,8 +20,9 @@ pub struct Verdict {
     /// Nanoseconds until the quota is fully restored if nothing else happens (`t` when
     /// admitted).
     pub reset_after: Nanos,
-    /// Nanoseconds until a retry of the same cost could be admitted; 0 when admitted.
-    /// `Retry-After` is this, rounded up to whole seconds, at least 1.
+    /// Nanoseconds until a retry of the same cost could be admitted; 0 when admitted, and
+    /// [`NEVER`] when no retry can pass. `Retry-After` is this, rounded up to whole
+    /// seconds, at least 1 (and absent for [`NEVER`]).
     pub retry_after: Nanos,
 }
 
@@ -31,7 +37,12 @@ impl Verdict {
         }
     }
 
-    /// A rejection that can be retried after `retry_after`.
+    /// Whether a retry can never pass (a block): see [`NEVER`].
+    pub fn is_block(&self) -> bool {
+        !self.allowed && self.retry_after == NEVER
+    }
+
+    /// A rejection that can be retried after `retry_after` ([`NEVER`] for a block).
     pub fn reject(remaining: u64, reset_after: Nanos, retry_after: Nanos) -> Self {
         Self {
             allowed: false,
