@@ -4,31 +4,16 @@
 //! required, and what the defaults are is decided after merging, in [`super::resolve`],
 //! because an origin's limit may take its kind from a default of the same name.
 
-use crate::config::model::{HeadersMode, Mode};
+use crate::config::model::{HeadersMode, Kind, Mode};
+use crate::config::names::{is_label, key_part, label_message};
 use crate::config::overrides;
 use crate::config::params;
-use crate::config::report::{child, item, located, At, Pos, Report};
+use crate::config::report::{child, item, located, At, Report};
 use crate::config::scalar;
-use crate::config::spec::{kind_at, Kind, LimitSpec, Setting, LIMIT_KEYS};
+use crate::config::spec::{limit_keys, LimitSpec, Setting};
 use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
-use crate::limits::key::KeyPartError;
 use crate::limits::KeyPart;
-
-/// Whether `name` can be a metrics label and a policy name: `[A-Za-z0-9_-]+`.
-pub(crate) fn is_label(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-/// The message for a name that is not a label; `what` is `origin` or `limit`.
-pub(crate) fn label_message(what: &str, name: &str) -> String {
-    format!(
-        "{what} name `{name}` may only contain letters, digits, `_` and `-` (it is a metrics label)"
-    )
-}
 
 /// Reads every entry of a `limits:` mapping at `path`.
 pub(crate) fn parse_limits(r: &mut Report, node: &Node, path: &str) -> Vec<LimitSpec> {
@@ -50,8 +35,8 @@ fn parse_limit(r: &mut Report, entry: &Entry, parent: &str) -> LimitSpec {
     };
     for e in fields {
         let sub = child(&path, &e.key);
-        let Some(&known) = LIMIT_KEYS.iter().find(|k| **k == e.key) else {
-            if let Some(meant) = suggest::closest(&e.key, &LIMIT_KEYS) {
+        let Some(&known) = limit_keys().iter().find(|k| **k == e.key) else {
+            if let Some(meant) = suggest::closest(&e.key, limit_keys()) {
                 // A misspelt required field is reported as such, not also as missing.
                 spec.params.written.push(meant);
                 if meant == "kind" {
@@ -61,7 +46,7 @@ fn parse_limit(r: &mut Report, entry: &Entry, parent: &str) -> LimitSpec {
             r.error(
                 e.key_pos,
                 &sub,
-                suggest::unknown("key", &e.key, &LIMIT_KEYS),
+                suggest::unknown("key", &e.key, limit_keys()),
             );
             continue;
         };
@@ -75,7 +60,9 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
     let v = &e.value;
     match e.key.as_str() {
         "kind" => {
-            let kind = scalar::choice(r, v, path, "kind", &Kind::NAMES).and_then(kind_at);
+            let kind = scalar::choice(r, v, path, "kind", Kind::names())
+                .and_then(|i| Kind::names().get(i))
+                .and_then(|name| name.parse::<Kind>().ok());
             spec.kind = kind.map(located(v.pos, path));
         }
         "key" => spec.key = key(r, v, path),
@@ -133,30 +120,4 @@ fn key(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<At<KeyPart>>>> 
         }
     }
     Some(At::new(parts, node.pos, path))
-}
-
-/// Parses a key part written at `pos`, with a suggestion for a misspelt one.
-pub(crate) fn key_part(r: &mut Report, text: &str, pos: Pos, path: &str) -> Option<KeyPart> {
-    match KeyPart::parse(text) {
-        Ok(part) => Some(part),
-        Err(err) => {
-            r.error(pos, path, key_part_message(text, &err));
-            None
-        }
-    }
-}
-
-fn key_part_message(text: &str, err: &KeyPartError) -> String {
-    if let KeyPartError::Unknown(_) = err {
-        let suggestion = match text.split_once(':') {
-            Some((prefix, rest)) => {
-                suggest::closest(prefix, &["header", "const"]).map(|p| format!("{p}:{rest}"))
-            }
-            None => suggest::closest(text, &KeyPart::NAMES[..8]).map(str::to_string),
-        };
-        if let Some(s) = suggestion {
-            return format!("unknown key part `{text}`; did you mean `{s}`?");
-        }
-    }
-    err.to_string()
 }

@@ -9,6 +9,7 @@ pub mod parse;
 
 mod limit;
 mod merge;
+mod names;
 mod origin;
 mod overrides;
 mod params;

@@ -4,12 +4,13 @@
 //! every check passed, with defaults merged into origins, durations in nanoseconds, key
 //! parts parsed and overrides fully resolved. Anything holding a `Config` can trust it.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::limits::{KeySpec, Matcher, RateParams, SketchSize, TokenBucketParams};
+use crate::limits::{KeyPart, KeySpec, Matcher, RateParams, SketchSize, TokenBucketParams};
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,8 +47,8 @@ pub struct Origin {
     pub name: String,
     /// Host patterns, lower-cased: `example.com` or `*.example.com`.
     pub hosts: Vec<String>,
-    /// Upstream servers, picked round robin.
-    pub upstreams: Vec<SocketAddr>,
+    /// Upstream servers, picked round robin; names are resolved when the runtime is built.
+    pub upstreams: Vec<Upstream>,
     /// Reach the upstreams over TLS.
     pub tls: bool,
     /// The SNI (and certificate name) for TLS upstreams; defaults to the first host.
@@ -64,6 +65,99 @@ pub struct Origin {
     pub read_timeout: Duration,
     /// Limits in the order they run: defaults first (in their order), then the origin's own.
     pub limits: Vec<Limit>,
+}
+
+/// An upstream server as written: an address, or a name that the runtime resolves when it
+/// is built (at start and at each reload), so that reading a config never does network I/O.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Upstream {
+    /// `ip:port`.
+    Addr(SocketAddr),
+    /// `host:port`.
+    Name {
+        /// The DNS name.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Upstream::Addr(addr) => write!(f, "{addr}"),
+            Upstream::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// A limit's kind, as written in `kind:` and in the `kind` metrics label.
+///
+/// The names are the variants in snake case, derived once (parsing, display, the list in
+/// messages), so a new kind is one line here plus its fields in `spec.rs`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantNames,
+    strum::EnumIter,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum Kind {
+    /// Count-min estimate of requests in flight; 503 above `max`.
+    Inflight,
+    /// Sliding-window estimate of requests per period; 429 above `max`.
+    Rate,
+    /// Exact per-key token bucket; 429 when empty.
+    TokenBucket,
+}
+
+impl Kind {
+    /// The name written in the config.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
+    /// Every kind's name, in declaration order.
+    pub fn names() -> &'static [&'static str] {
+        <Kind as strum::VariantNames>::VARIANTS
+    }
+
+    /// The key a limit of this kind gets when `key` is not given.
+    pub fn default_key(self) -> Vec<KeyPart> {
+        match self {
+            Kind::Inflight => vec![KeyPart::Customer, KeyPart::ServerIp, KeyPart::Host],
+            Kind::Rate | Kind::TokenBucket => vec![KeyPart::ClientIp],
+        }
+    }
+
+    /// Whether the kind holds a unit for the whole time the upstream works on the request
+    /// (and so is decided once the upstream server is picked, where `server_ip` is known),
+    /// rather than deciding once at request time.
+    pub fn holds_upstream(self) -> bool {
+        matches!(self, Kind::Inflight)
+    }
+
+    /// 503 for capacity kinds (the origin is busy), 429 for quota kinds (the client
+    /// asked too often).
+    pub fn reject_status(self) -> u16 {
+        if self.holds_upstream() {
+            503
+        } else {
+            429
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Whether a limit's rejections are enforced.
@@ -124,12 +218,12 @@ pub enum LimitParams {
 }
 
 impl LimitParams {
-    /// The kind's name, as written in the config and in metrics labels.
-    pub fn kind(&self) -> &'static str {
+    /// The kind these parameters belong to.
+    pub fn kind(&self) -> Kind {
         match self {
-            LimitParams::Inflight { .. } => "inflight",
-            LimitParams::Rate { .. } => "rate",
-            LimitParams::TokenBucket { .. } => "token_bucket",
+            LimitParams::Inflight { .. } => Kind::Inflight,
+            LimitParams::Rate { .. } => Kind::Rate,
+            LimitParams::TokenBucket { .. } => Kind::TokenBucket,
         }
     }
 }
@@ -162,9 +256,20 @@ pub struct Override {
     pub mode: Mode,
 }
 
+/// Whether a diagnostic makes the config unusable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// The config is refused.
+    Error,
+    /// Suspicious but valid.
+    Warning,
+}
+
 /// A problem found in a config file, with its location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// Error or warning.
+    pub severity: Severity,
     /// The file as given.
     pub file: String,
     /// 1-based line.
@@ -177,12 +282,18 @@ pub struct Diagnostic {
     pub message: String,
 }
 
-impl std::fmt::Display for Diagnostic {
-    /// `FILE:LINE:COLUMN: field.path: message`, the format editors and CI annotate.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for Diagnostic {
+    /// `FILE:LINE:COLUMN: field.path: message` for an error and
+    /// `FILE:LINE:COLUMN: field.path: warning: message` for a warning: the format editors
+    /// and CI annotate, the same in `tollgate check` and in the logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let severity = match self.severity {
+            Severity::Error => "",
+            Severity::Warning => "warning: ",
+        };
         write!(
             f,
-            "{}:{}:{}: {}: {}",
+            "{}:{}:{}: {}: {severity}{}",
             self.file, self.line, self.column, self.path, self.message
         )
     }

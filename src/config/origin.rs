@@ -1,13 +1,16 @@
 //! The `origins:` section: names, hosts, upstreams, TLS, customer, and each origin's own
 //! limits as written (merging with defaults happens in [`super::merge`]).
 //!
-//! Upstreams given as `host:port` are resolved here, once, at load: the proxy then holds
-//! plain addresses and never does DNS on the request path.
+//! Upstreams given as `host:port` are kept as names: reading a config does no network I/O.
+//! The runtime resolves them when it is built (at start and at each reload), so the proxy
+//! holds plain addresses and never does DNS on the request path.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::limit::{is_label, label_message, parse_limits};
+use crate::config::limit::parse_limits;
+use crate::config::model::Upstream;
+use crate::config::names::{is_label, label_message};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::spec::LimitSpec;
@@ -39,8 +42,8 @@ pub(crate) struct OriginDraft {
     pub pos: Pos,
     /// Host patterns, lower-cased and located.
     pub hosts: Vec<At<String>>,
-    /// Upstream addresses.
-    pub upstreams: Vec<SocketAddr>,
+    /// Upstream addresses and names.
+    pub upstreams: Vec<Upstream>,
     /// `tls`.
     pub tls: bool,
     /// `sni`, or the first exact host when `tls` is on.
@@ -237,10 +240,10 @@ fn host(text: &str) -> Result<String, String> {
     }
 }
 
-/// An upstream: an `ip:port` literal, or `host:port` resolved now (first address).
-fn upstream(text: &str) -> Result<SocketAddr, String> {
+/// An upstream: an `ip:port` literal, or a `host:port` that the runtime resolves.
+fn upstream(text: &str) -> Result<Upstream, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok(addr);
+        return Ok(Upstream::Addr(addr));
     }
     if text.contains("://") {
         return Err(format!(
@@ -258,10 +261,8 @@ fn upstream(text: &str) -> Result<SocketAddr, String> {
             "upstream `{text}` is not an address of the form ip:port or host:port"
         ));
     }
-    match (name, port).to_socket_addrs() {
-        Ok(mut addrs) => addrs
-            .next()
-            .ok_or_else(|| format!("upstream `{text}` resolves to no address")),
-        Err(err) => Err(format!("upstream `{text}` does not resolve: {err}")),
-    }
+    Ok(Upstream::Name {
+        host: name.to_ascii_lowercase(),
+        port,
+    })
 }

@@ -7,8 +7,8 @@
 
 use std::net::SocketAddr;
 
-use crate::config::limit::key_part;
 use crate::config::model::Mode;
+use crate::config::names::key_part;
 use crate::config::params;
 use crate::config::report::{child, item, At, Report};
 use crate::config::scalar;
@@ -109,8 +109,9 @@ fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
     let pos = e.value.pos;
     let value = match part {
         KeyPart::ClientIp | KeyPart::ServerIp => MatchValue::Net(scalar::net(r, &e.value, &path)?),
-        KeyPart::ServerAddr => {
-            if text.parse::<SocketAddr>().is_err() {
+        KeyPart::ServerAddr => match text.parse::<SocketAddr>() {
+            Ok(addr) => MatchValue::Addr(addr),
+            Err(_) => {
                 r.error(
                     pos,
                     &path,
@@ -118,8 +119,7 @@ fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
                 );
                 return None;
             }
-            MatchValue::Exact(text.as_bytes().into())
-        }
+        },
         KeyPart::Host => MatchValue::Exact(text.to_ascii_lowercase().into_bytes().into()),
         _ => MatchValue::Exact(text.as_bytes().into()),
     };

@@ -110,7 +110,7 @@ fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {
 fn cost(r: &mut Report, node: &Node, path: &str) -> Option<Cost> {
     if let Value::Scalar(s) = &node.value {
         if let Some(name) = s.text.strip_prefix("header:") {
-            if scalar::is_header_name(name) {
+            if crate::limits::key::is_header_name(name) {
                 return Some(Cost::Header(name.to_ascii_lowercase()));
             }
             r.error(

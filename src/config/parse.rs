@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::config::limit::parse_limits;
 use crate::config::merge;
-use crate::config::model::{Config, Diagnostic, Limit, Origin, Server};
+use crate::config::model::{Config, Diagnostic, Limit, Origin, Server, Severity};
 use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{Pos, Report};
 use crate::config::scalar;
@@ -78,6 +78,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Loaded, ConfigError> {
         Some(config) if errors.is_empty() => Ok(Loaded { config, warnings }),
         _ if !errors.is_empty() => Err(ConfigError::Invalid(errors)),
         _ => Err(ConfigError::Invalid(vec![Diagnostic {
+            severity: Severity::Error,
             file: file.to_string(),
             line: 1,
             column: 1,

@@ -6,7 +6,7 @@
 //! drops exact repeats (a default limit's error is found again for each origin that uses
 //! it, but is shown once).
 
-use crate::config::model::Diagnostic;
+use crate::config::model::{Diagnostic, Severity};
 
 /// A 1-based line and column in the config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -77,8 +77,9 @@ impl Report {
         }
     }
 
-    fn diagnostic(&self, pos: Pos, path: &str, message: String) -> Diagnostic {
+    fn diagnostic(&self, severity: Severity, pos: Pos, path: &str, message: String) -> Diagnostic {
         Diagnostic {
+            severity,
             file: self.file.clone(),
             line: pos.line.max(1),
             column: pos.col.max(1),
@@ -93,13 +94,13 @@ impl Report {
 
     /// Records a problem that makes the config unusable.
     pub fn error(&mut self, pos: Pos, path: &str, message: impl Into<String>) {
-        let d = self.diagnostic(pos, path, message.into());
+        let d = self.diagnostic(Severity::Error, pos, path, message.into());
         self.errors.push(d);
     }
 
     /// Records something suspicious that still leaves the config valid.
     pub fn warn(&mut self, pos: Pos, path: &str, message: impl Into<String>) {
-        let d = self.diagnostic(pos, path, message.into());
+        let d = self.diagnostic(Severity::Warning, pos, path, message.into());
         self.warnings.push(d);
     }
 

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use crate::config::model::{Cost, Limit, LimitParams, Mode, Override};
+use crate::config::model::{Cost, Kind, Limit, LimitParams, Mode, Override};
 use crate::config::report::{At, Pos, Report};
-use crate::config::spec::{Kind, LimitSpec, OverrideSpec, ParamSpec, Setting};
+use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
 use crate::limits::{KeyPart, KeySpec, RateParams, SketchSize, TokenBucketParams};
 
 /// `max_keys` when not given.
@@ -33,13 +33,16 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
     let Some(kind) = spec.kind.as_ref().map(|k| k.v) else {
         let written = spec.fields.iter().any(|f| f.v == "kind");
         if !inherited && !written {
-            let message = "missing required field `kind` (one of inflight, rate, token_bucket)";
+            let message = format!(
+                "missing required field `kind` (one of {})",
+                Kind::names().join(", ")
+            );
             r.error(spec.pos, &spec.path, message);
         }
         return None;
     };
     for f in &spec.fields {
-        if !kind.takes(f.v) {
+        if !takes(kind, f.v) {
             r.error(f.pos, &f.path, wrong_kind(f.v, kind));
         }
     }
@@ -50,7 +53,7 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
             }
             parts.v.iter().map(|p| p.v.clone()).collect()
         }
-        None => default_key(kind),
+        None => kind.default_key(),
     };
     let params = base_params(r, kind, spec, inherited);
     let mode = match spec.mode.as_ref().map(|m| m.v) {
@@ -66,6 +69,18 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
     if let Some(LimitParams::TokenBucket { bucket, .. }) = &params {
         let (pos, path) = fill_anchor(spec);
         fill_warning(r, bucket, pos, path);
+    }
+    if let Some(params) = &params {
+        let p = &spec.params;
+        let own = |path: &str| path.starts_with(&spec.path);
+        let cost = p.cost.as_ref().map(|c| (c.pos, &c.path));
+        let capacity = p.capacity.as_ref().map(|c| (c.pos, &c.path));
+        let anchor = [cost, capacity]
+            .into_iter()
+            .flatten()
+            .find(|(_, path)| own(path))
+            .or(cost);
+        cost_fits(r, params, anchor);
     }
     if r.error_count() > before {
         return None;
@@ -88,12 +103,12 @@ fn wrong_kind(field: &str, kind: Kind) -> String {
         "`{field}` is not a field of kind `{}`; fields of `{}` are: {}",
         kind.name(),
         kind.name(),
-        kind.field_list()
+        field_list(kind)
     )
 }
 
 fn check_part(r: &mut Report, kind: Kind, part: &KeyPart, pos: Pos, path: &str) {
-    if part.needs_server() && kind != Kind::Inflight {
+    if part.needs_server() && !kind.holds_upstream() {
         r.error(
             pos,
             path,
@@ -101,14 +116,6 @@ fn check_part(r: &mut Report, kind: Kind, part: &KeyPart, pos: Pos, path: &str) 
                 "`{part}` is only known to inflight limits (it is chosen after request-time limits run)"
             ),
         );
-    }
-}
-
-/// The key a kind gets when `key` is not given.
-fn default_key(kind: Kind) -> Vec<KeyPart> {
-    match kind {
-        Kind::Inflight => vec![KeyPart::Customer, KeyPart::ServerIp, KeyPart::Host],
-        Kind::Rate | Kind::TokenBucket => vec![KeyPart::ClientIp],
     }
 }
 
@@ -194,7 +201,7 @@ fn resolve_override(
     mode: Mode,
 ) -> Option<Override> {
     for f in &o.fields {
-        if !kind.takes(f.v) {
+        if !takes(kind, f.v) {
             r.error(f.pos, &f.path, wrong_kind(f.v, kind));
         }
     }
@@ -216,11 +223,43 @@ fn resolve_override(
     if let (LimitParams::TokenBucket { bucket, .. }, true) = (&params, changes_bucket) {
         fill_warning(r, bucket, o.pos, &o.path);
     }
+    let anchor = (o.params.capacity.as_ref().map(|c| (c.pos, &c.path)))
+        .or_else(|| o.params.cost.as_ref().map(|c| (c.pos, &c.path)))
+        .or_else(|| p.cost.as_ref().map(|c| (c.pos, &c.path)));
+    cost_fits(r, &params, anchor);
     Some(Override {
         matchers: o.matchers.iter().map(|m| m.v.clone()).collect(),
         params,
         mode: o.mode.as_ref().map_or(mode, |m| m.v),
     })
+}
+
+/// A fixed `cost` above `capacity` can never pass: every request would get 429 with a
+/// `Retry-After` that no wait honours. It is an error at `anchor`, the field that made it
+/// so (the callers pick the one this entry or override wrote). `capacity: 0` is a
+/// deliberate block and exempt.
+fn cost_fits(r: &mut Report, params: &LimitParams, anchor: Option<(Pos, &String)>) {
+    let LimitParams::TokenBucket {
+        bucket,
+        cost: Cost::Fixed(cost),
+        ..
+    } = params
+    else {
+        return;
+    };
+    if *cost <= bucket.capacity || bucket.capacity == 0 {
+        return;
+    }
+    if let Some((pos, path)) = anchor {
+        r.error(
+            pos,
+            path,
+            format!(
+                "cost {cost} is above capacity {}: no request could ever pass; lower `cost` or raise `capacity` (use `capacity: 0` for a deliberate block)",
+                bucket.capacity
+            ),
+        );
+    }
 }
 
 fn raise_warning(r: &mut Report, field: &str, base: &At<u64>, new: &At<u64>) {

@@ -265,11 +265,3 @@ pub(crate) fn net(r: &mut Report, node: &Node, path: &str) -> Option<IpNet> {
     }
     parsed
 }
-
-/// Whether `name` is a valid HTTP header name (an RFC 9110 token).
-pub(crate) fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}

@@ -109,7 +109,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
             }
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
-                    if scalar::is_header_name(name) {
+                    if crate::limits::key::is_header_name(name) {
                         server.customer_header = Some(name.to_ascii_lowercase());
                     } else {
                         r.error(

@@ -8,77 +8,53 @@
 //!
 //! [`Limit`]: crate::config::model::Limit
 
-use crate::config::model::{Cost, HeadersMode, Mode};
+use strum::IntoEnumIterator;
+
+use crate::config::model::{Cost, HeadersMode, Kind, Mode};
 use crate::config::report::{At, Pos};
 use crate::limits::{KeyPart, Matcher};
-
-/// A limit's kind, as written in `kind:`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// `inflight`.
-    Inflight,
-    /// `rate`.
-    Rate,
-    /// `token_bucket`.
-    TokenBucket,
-}
 
 /// Fields every kind takes.
 const COMMON: [&str; 5] = ["kind", "key", "mode", "headers", "overrides"];
 
-impl Kind {
-    /// The kinds' names, in the order of [`Kind::ALL`].
-    pub const NAMES: [&'static str; 3] = ["inflight", "rate", "token_bucket"];
-    /// Every kind.
-    pub const ALL: [Kind; 3] = [Kind::Inflight, Kind::Rate, Kind::TokenBucket];
-
-    /// The name written in the config.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Inflight => "inflight",
-            Kind::Rate => "rate",
-            Kind::TokenBucket => "token_bucket",
-        }
-    }
-
-    /// The parameter fields only this kind (and maybe others) takes.
-    pub fn own_fields(self) -> &'static [&'static str] {
-        match self {
-            Kind::Inflight => &["max", "sketch"],
-            Kind::Rate => &["max", "per", "strict", "sketch"],
-            Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
-        }
-    }
-
-    /// Whether a limit of this kind takes `field`.
-    pub fn takes(self, field: &str) -> bool {
-        COMMON.contains(&field) || self.own_fields().contains(&field)
-    }
-
-    /// Every field of this kind, for messages.
-    pub fn field_list(self) -> String {
-        let mut all: Vec<&str> = COMMON.to_vec();
-        all.extend_from_slice(self.own_fields());
-        all.join(", ")
+/// The parameter fields only `kind` (and maybe other kinds) takes: the one table of which
+/// field belongs to which kind.
+pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Inflight => &["max", "sketch"],
+        Kind::Rate => &["max", "per", "strict", "sketch"],
+        Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
     }
 }
 
-/// Every key a limit mapping may hold, whatever its kind.
-pub(crate) const LIMIT_KEYS: [&str; 13] = [
-    "kind",
-    "key",
-    "mode",
-    "headers",
-    "overrides",
-    "max",
-    "per",
-    "strict",
-    "sketch",
-    "capacity",
-    "refill",
-    "cost",
-    "max_keys",
-];
+/// Whether a limit of `kind` takes `field`.
+pub(crate) fn takes(kind: Kind, field: &str) -> bool {
+    COMMON.contains(&field) || own_fields(kind).contains(&field)
+}
+
+/// Every field of `kind`, for messages.
+pub(crate) fn field_list(kind: Kind) -> String {
+    let mut all: Vec<&str> = COMMON.to_vec();
+    all.extend_from_slice(own_fields(kind));
+    all.join(", ")
+}
+
+/// Every key a limit mapping may hold, whatever its kind: the common fields and every
+/// kind's own, derived from [`own_fields`].
+pub(crate) fn limit_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut keys = COMMON.to_vec();
+        for kind in Kind::iter() {
+            for field in own_fields(kind) {
+                if !keys.contains(field) {
+                    keys.push(field);
+                }
+            }
+        }
+        keys
+    })
+}
 
 /// Keys an override item may hold.
 pub(crate) const OVERRIDE_KEYS: [&str; 8] = [
@@ -238,9 +214,4 @@ impl LimitSpec {
         out.fields.extend(origin.fields.iter().cloned());
         out
     }
-}
-
-/// Which kind a name in `kind:` stands for.
-pub(crate) fn kind_at(index: usize) -> Option<Kind> {
-    Kind::ALL.get(index).copied()
 }

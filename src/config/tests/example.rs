@@ -98,8 +98,8 @@ fn parses_the_design_example() {
     assert_eq!(
         shop.upstreams,
         vec![
-            "10.0.0.5:80".parse().unwrap(),
-            "10.0.0.6:80".parse().unwrap()
+            Upstream::Addr("10.0.0.5:80".parse().unwrap()),
+            Upstream::Addr("10.0.0.6:80".parse().unwrap())
         ]
     );
     assert!(!shop.tls);
@@ -177,7 +177,10 @@ fn parses_the_design_example() {
         Some("blog.example.com"),
         "first exact host"
     );
-    assert_eq!(blog.upstreams, vec!["[::1]:8081".parse().unwrap()]);
+    assert_eq!(
+        blog.upstreams,
+        vec![Upstream::Addr("[::1]:8081".parse().unwrap())]
+    );
     let names: Vec<&str> = blog.limits.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(names, ["origin_inflight", "burst"]);
     assert_eq!(
@@ -260,7 +263,7 @@ fn parses_the_design_example() {
     let warnings: Vec<String> = loaded.warnings.iter().map(|w| w.to_string()).collect();
     assert_eq!(
         warnings,
-        ["tollgate.yaml:40:23: origins.shop.limits.api_tokens.overrides[0].capacity: override capacity 600 is above the limit's capacity 60; it raises the limit for matching requests"]
+        ["tollgate.yaml:40:23: origins.shop.limits.api_tokens.overrides[0].capacity: warning: override capacity 600 is above the limit's capacity 60; it raises the limit for matching requests"]
     );
 }
 

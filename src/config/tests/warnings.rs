@@ -24,7 +24,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "    limits:\n      l:\n        kind: rate\n        max: 100\n        per: 1s\n",
             "        overrides:\n          - match: {customer: big}\n            max: 600\n"
         ),
-        &["w.yaml:12:18: origins.a.limits.l.overrides[0].max: override max 600 is above the limit's max 100; it raises the limit for matching requests"],
+        &["w.yaml:12:18: origins.a.limits.l.overrides[0].max: warning: override max 600 is above the limit's max 100; it raises the limit for matching requests"],
     ),
     (
         "override raises an inflight max, lowering is fine",
@@ -34,8 +34,8 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "          - {match: {customer: small}, max: 0}\n          - {match: {customer: big}, max: 11}\n"
         ),
         &[
-            "w.yaml:2:3: origins.a: limit `l` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
-            "w.yaml:11:43: origins.a.limits.l.overrides[1].max: override max 11 is above the limit's max 10; it raises the limit for matching requests",
+            "w.yaml:2:3: origins.a: warning: limit `l` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+            "w.yaml:11:43: origins.a.limits.l.overrides[1].max: warning: override max 11 is above the limit's max 10; it raises the limit for matching requests",
         ],
     ),
     (
@@ -45,7 +45,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "    limits:\n      l:\n        kind: token_bucket\n        capacity: 100000\n",
             "        refill: {amount: 1, every: 1s}\n"
         ),
-        &["w.yaml:9:9: origins.a.limits.l.refill: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"],
+        &["w.yaml:9:9: origins.a.limits.l.refill: warning: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"],
     ),
     (
         "override bucket never fills, and raises capacity",
@@ -56,14 +56,14 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "          - match: {customer: big}\n            capacity: 200000\n"
         ),
         &[
-            "w.yaml:11:13: origins.a.limits.l.overrides[0]: refilling 1 every 1s takes 2days 7h 33m 20s to fill capacity 200000; an emptied bucket will not recover within a day",
-            "w.yaml:12:23: origins.a.limits.l.overrides[0].capacity: override capacity 200000 is above the limit's capacity 10; it raises the limit for matching requests",
+            "w.yaml:11:13: origins.a.limits.l.overrides[0]: warning: refilling 1 every 1s takes 2days 7h 33m 20s to fill capacity 200000; an emptied bucket will not recover within a day",
+            "w.yaml:12:23: origins.a.limits.l.overrides[0].capacity: warning: override capacity 200000 is above the limit's capacity 10; it raises the limit for matching requests",
         ],
     ),
     (
         "sni without tls",
         concat!(base!(), "    sni: a.test\n"),
-        &["w.yaml:5:10: origins.a.sni: `sni` has no effect without `tls: true`"],
+        &["w.yaml:5:10: origins.a.sni: warning: `sni` has no effect without `tls: true`"],
     ),
     (
         "a default's warning is shown once for two origins",
@@ -74,9 +74,9 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "  b:\n    hosts: [b.test]\n    upstreams: [\"127.0.0.1:2\"]\n"
         ),
         &[
-            "w.yaml:6:47: defaults.limits.d.overrides[0].max: override max 2 is above the limit's max 1; it raises the limit for matching requests",
-            "w.yaml:8:3: origins.a: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
-            "w.yaml:11:3: origins.b: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+            "w.yaml:6:47: defaults.limits.d.overrides[0].max: warning: override max 2 is above the limit's max 1; it raises the limit for matching requests",
+            "w.yaml:8:3: origins.a: warning: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
+            "w.yaml:11:3: origins.b: warning: limit `d` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
         ],
     ),
     (
@@ -85,7 +85,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
             base!(),
             "    limits:\n      per_customer: {kind: rate, key: [customer, path], max: 5, per: 1s}\n"
         ),
-        &["w.yaml:2:3: origins.a: limit `per_customer` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin"],
+        &["w.yaml:2:3: origins.a: warning: limit `per_customer` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin"],
     ),
     (
         "a customer header is enough",
@@ -115,6 +115,6 @@ fn an_origin_raising_a_default_capacity_is_warned_at_its_own_line() {
     );
     assert_eq!(
         warnings(text),
-        ["w.yaml:9:21: origins.a.limits.d.capacity: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"]
+        ["w.yaml:9:21: origins.a.limits.d.capacity: warning: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"]
     );
 }
