@@ -1,11 +1,20 @@
 //! tollgate: an edge reverse proxy on Pingora that keeps origins and customers from being
 //! overwhelmed.
 //!
-//! Dependency direction: `main → proxy → limits`, with `config` feeding both. The
-//! [`limits`] module knows nothing of Pingora; [`proxy`] is the only glue.
+//! Dependencies run one way, down this list (see `docs/architecture.md`):
+//!
+//! - [`server`]: the composition root; assembles the process from every part below.
+//! - [`proxy`] (the HTTP front end) and [`reload`] (watching and swapping the config):
+//!   both read and build [`runtime`] state, neither knows the other.
+//! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
+//! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
+//!   Pingora types), [`metrics`] and [`ratelog`].
 
 pub mod config;
 pub mod limits;
 pub mod metrics;
 pub mod proxy;
+pub mod ratelog;
 pub mod reload;
+pub mod runtime;
+pub mod server;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use tollgate::config::{self, ConfigError};
-use tollgate::proxy::server::{self, RunOptions};
+use tollgate::server::{self, RunOptions};
 
 /// mimalloc: fewer instructions per allocation than glibc's malloc on Pingora's
 /// per-request buffers (see the README's Performance section).

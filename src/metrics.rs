@@ -2,7 +2,7 @@
 //!
 //! tollgate serves its **own** registry (not the global default one) on `server.metrics`,
 //! so it never depends on which `prometheus` version Pingora links. Names and labels are
-//! interface (DESIGN.md "Metrics"); labels are bounded: origin and limit names from the
+//! interface (the README's metrics table); labels are bounded: origin and limit names from the
 //! config, status codes, never keys or addresses. Per-limit and per-origin handles are
 //! resolved once when a config is loaded, so the hot path only does atomic adds.
 
@@ -31,10 +31,6 @@ pub struct Metrics {
     pub request_duration_seconds: HistogramVec,
     /// `tollgate_config_reloads_total{result}`.
     pub config_reloads_total: IntCounterVec,
-    /// `tollgate_token_bucket_evictions_total{origin,limit}`: buckets dropped before they
-    /// were full because their set of the bounded table was full; each lets one key start
-    /// full again. Synced from the limiters at scrape time.
-    pub token_bucket_evictions_total: IntCounterVec,
     /// `tollgate_config_last_reload_success_timestamp_seconds`.
     pub config_last_reload_success: Gauge,
 }
@@ -59,7 +55,7 @@ impl Metrics {
         let limit_decisions_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_limit_decisions_total",
-                "Limit decisions by origin, limit, kind and decision (allowed, rejected, shadow_rejected, skipped).",
+                "Limit decisions by origin, limit, kind and decision: allowed (the request passed every limit), refunded (admitted, then undone because a later limit rejected), rejected, shadow_rejected, skipped.",
             ),
             &["origin", "limit", "kind", "decision"],
         )?;
@@ -88,13 +84,6 @@ impl Metrics {
             ),
             &["result"],
         )?;
-        let token_bucket_evictions_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_token_bucket_evictions_total",
-                "Token buckets evicted before they were full because the table was full (raise max_keys).",
-            ),
-            &["origin", "limit"],
-        )?;
         let config_last_reload_success = Gauge::new(
             "tollgate_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful config load or reload.",
@@ -104,7 +93,6 @@ impl Metrics {
         registry.register(Box::new(inflight_requests.clone()))?;
         registry.register(Box::new(request_duration_seconds.clone()))?;
         registry.register(Box::new(config_reloads_total.clone()))?;
-        registry.register(Box::new(token_bucket_evictions_total.clone()))?;
         registry.register(Box::new(config_last_reload_success.clone()))?;
         // Both results exist from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
@@ -116,9 +104,16 @@ impl Metrics {
             inflight_requests,
             request_duration_seconds,
             config_reloads_total,
-            token_bucket_evictions_total,
             config_last_reload_success,
         })
+    }
+
+    /// Adds a collector (metrics read from live state at scrape time) to the registry.
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), MetricsError> {
+        Ok(self.registry.register(collector)?)
     }
 
     /// The Prometheus text exposition of every family.
@@ -140,6 +135,7 @@ impl Metrics {
         };
         DecisionCounters {
             allowed: c("allowed"),
+            refunded: c("refunded"),
             rejected: c("rejected"),
             shadow_rejected: c("shadow_rejected"),
             skipped: c("skipped"),
@@ -192,11 +188,13 @@ impl CodeCounters {
     }
 }
 
-/// One limit's four decision counters.
+/// One limit's decision counters.
 #[derive(Clone)]
 pub struct DecisionCounters {
-    /// Admitted by this limit.
+    /// Admitted by this limit, and the request passed every other limit too.
     pub allowed: IntCounter,
+    /// Admitted by this limit, then given back because a later limit rejected the request.
+    pub refunded: IntCounter,
     /// Rejected (enforced).
     pub rejected: IntCounter,
     /// Would have been rejected; shadow mode let it through.

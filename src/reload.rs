@@ -5,7 +5,7 @@
 //! file and renaming it over the old one replace the inode, which a watch on the file
 //! itself would lose. Events are debounced so that one save is one reload. Requests
 //! already running keep the `Arc<Runtime>` they started with; limiter state carries over
-//! by identity (see [`crate::proxy::runtime`]).
+//! by identity (see [`crate::runtime`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::config::{self, ConfigError, Server};
 use crate::metrics::Metrics;
-use crate::proxy::runtime::{BuildError, Carried, Runtime};
+use crate::runtime::{BuildError, Carried, Runtime};
 
 /// How long to wait after a file event for the editor to finish writing.
 const DEBOUNCE: Duration = Duration::from_millis(150);

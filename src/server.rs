@@ -1,5 +1,8 @@
-//! Assembling the Pingora server from a config: the proxy service on every listener, the
-//! metrics and demo services, and the reloader.
+//! The composition root: assembles the Pingora server from a config, with the proxy
+//! service on every listener, the metrics and demo services, and the reloader.
+//!
+//! It is the only module that knows every other one; nothing imports it but `main`. See the
+//! module map in `docs/architecture.md`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,9 +17,10 @@ use crate::config::{self, ConfigError};
 use crate::metrics::{Metrics, MetricsError};
 use crate::proxy::demo::DemoUpstream;
 use crate::proxy::metrics_app::MetricsApp;
-use crate::proxy::runtime::{BuildError, Runtime};
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Reloader};
+use crate::runtime::collector::RuntimeCollector;
+use crate::runtime::{BuildError, Runtime};
 
 /// How to run: the CLI's `run` options.
 #[derive(Debug, Clone)]
@@ -46,6 +50,9 @@ pub enum StartError {
     /// The metrics registry could not be built.
     #[error("{0}")]
     Metrics(#[from] MetricsError),
+    /// A runtime metric could not be registered.
+    #[error("cannot register runtime metrics: {0}")]
+    Collector(#[from] prometheus::Error),
 }
 
 /// Loads the config and builds a bootstrapped server ready for `run_forever`.
@@ -59,6 +66,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     let (runtime, _) = Runtime::build(config.clone(), None, &metrics)?;
     metrics.config_last_reload_success.set(unix_now());
     let runtime = Arc::new(ArcSwap::from_pointee(runtime));
+    metrics.register(Box::new(RuntimeCollector::new(runtime.clone())?))?;
 
     let server_cfg = &config.server;
     let grace =
@@ -79,7 +87,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         Tollgate::new(runtime.clone()),
         "tollgate proxy",
@@ -90,10 +98,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     server.add_service(proxy);
 
     if let Some(addr) = server_cfg.metrics {
-        let mut svc = Service::new(
-            "metrics".to_string(),
-            MetricsApp::new(metrics.clone(), runtime.clone()),
-        );
+        let mut svc = Service::new("metrics".to_string(), MetricsApp::new(metrics.clone()));
         svc.threads = Some(1);
         svc.add_tcp(&addr.to_string());
         server.add_service(svc);

@@ -1,15 +1,16 @@
 //! The per-request context: the config snapshot a request runs under and everything it
-//! holds. Its drop is the single point where inflight counts are given back.
+//! holds. Its drop is the last point where inflight units are given back (normally they go
+//! back earlier, as soon as the upstream is done: [`Ctx::release_upstream`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::limits::Nanos;
-use crate::proxy::decide::{Guards, Notes, Tickets};
 use crate::proxy::problem::Problem;
 use crate::proxy::route::HostBuf;
-use crate::proxy::runtime::Runtime;
+use crate::runtime::decide::{Holds, Notes};
+use crate::runtime::Runtime;
 
 /// Decrements the origin's exact inflight gauge when dropped.
 pub struct GaugeGuard(prometheus::IntGauge);
@@ -46,12 +47,12 @@ pub struct Ctx {
     pub client_ip: Option<IpAddr>,
     /// The decision time of the request-time limits.
     pub now: Nanos,
-    /// Request-time admissions to refund if an inflight limit rejects.
-    pub tickets: Tickets,
+    /// What the limits took: request-time admissions to refund if a later limit rejects,
+    /// then (once the request passed every limit) only the units held while the upstream
+    /// works.
+    pub holds: Holds,
     /// Limits with `headers: always` to report on the response.
     pub notes: Notes,
-    /// Inflight units held by this request.
-    pub guards: Guards,
     /// The exact per-origin inflight gauge's unit.
     pub gauge: Option<GaugeGuard>,
     /// A rejection decided in `upstream_peer`, written by `fail_to_proxy`.
@@ -65,7 +66,7 @@ impl Ctx {
     /// races the bookkeeping of its previous one; `logging` and the drop call it again,
     /// which is a no-op.
     pub fn release_upstream(&mut self) {
-        self.guards.clear();
+        self.holds.clear();
         self.gauge = None;
     }
 }
@@ -79,9 +80,8 @@ impl Default for Ctx {
             host: HostBuf::default(),
             client_ip: None,
             now: 0,
-            tickets: Tickets::new(),
+            holds: Holds::new(),
             notes: Notes::new(),
-            guards: Guards::new(),
             gauge: None,
             rejection: None,
         }

@@ -1,19 +1,19 @@
-//! The Pingora glue: the `ProxyHttp` implementation, routing, identity and key
-//! extraction, rejection responses, and the side services (metrics, demo upstream).
+//! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
+//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), the
+//! per-request context ([`ctx`]), the responses tollgate writes itself ([`problem`]), and
+//! two small HTTP side services: `/metrics` ([`metrics_app`]) and the demo upstream
+//! ([`demo`]).
 //!
-//! This is the only module that knows Pingora. It reads a [`runtime::Runtime`] snapshot
-//! per request and asks [`crate::limits`] for decisions.
+//! It reads a [`crate::runtime::Runtime`] snapshot per request and asks the runtime for
+//! decisions; it never builds runtime state and never imports the reloader or the process
+//! assembly ([`crate::server`]), which sit above it.
 
 pub mod ctx;
-pub mod decide;
 pub mod demo;
 pub mod identity;
 pub mod metrics_app;
 pub mod problem;
 pub mod route;
-pub mod runtime;
-pub mod server;
 pub mod service;
 
-pub use runtime::Runtime;
 pub use service::Tollgate;

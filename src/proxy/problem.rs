@@ -2,15 +2,17 @@
 //! bad requests (400), as RFC 9457 `application/problem+json`.
 //!
 //! Rejections carry `Retry-After` (whole seconds, rounded up, at least 1) and the
-//! draft-ietf-httpapi-ratelimit-headers-11 fields as RFC 9651 structured fields:
-//! `RateLimit-Policy: "per_client";q=100;w=1` and `RateLimit: "per_client";r=0;t=1`. The
-//! problem types are the draft's registered `quota-exceeded` (429) and
-//! `temporary-reduced-capacity` (503). Building one allocates, but only on the reject path.
+//! draft-ietf-httpapi-ratelimit-headers-11 fields (see [`crate::runtime::policy`]). A
+//! deliberate block (`max: 0`, `capacity: 0`) carries no `Retry-After`: inviting a retry of
+//! a block only brings the client back. The problem types are the draft's registered
+//! `quota-exceeded` (429) and `temporary-reduced-capacity` (503). Building one allocates,
+//! but only on the reject path.
 
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::{Nanos, NEVER};
+use crate::runtime::policy::{limit_item, retry_after_secs};
 
 /// The IANA HTTP problem types registry, where the draft registers its types.
 const PROBLEM_TYPES: &str = "https://iana.org/assignments/http-problem-types";
@@ -44,55 +46,6 @@ fn body(b: &Body<'_>) -> Bytes {
     Bytes::from(serde_json::to_vec(b).unwrap_or_else(|_| b"{}".to_vec()))
 }
 
-/// Nanoseconds as whole seconds for `Retry-After`: rounded up, at least 1, because a
-/// client that retries early is rejected again.
-pub fn retry_after_secs(nanos: Nanos) -> u64 {
-    nanos.div_ceil(NANOS_PER_SEC).max(1)
-}
-
-/// Seconds for the `t` parameter and `w`: rounded up, 0 allowed.
-pub fn ceil_secs(nanos: Nanos) -> u64 {
-    nanos.div_ceil(NANOS_PER_SEC)
-}
-
-/// An RFC 9651 sf-string: quoted, with `"` and `\` escaped. Limit names are validated to
-/// `[A-Za-z0-9_-]`, so this is defence in depth.
-fn sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-/// One `RateLimit-Policy` list member: quota `q` per window `w` seconds (no `w` for a
-/// concurrency limit, which has no window).
-pub fn policy_item(name: &str, quota: u64, window_secs: Option<u64>) -> String {
-    let mut s = String::with_capacity(name.len() + 24);
-    sf_string(&mut s, name);
-    s.push_str(";q=");
-    s.push_str(&quota.to_string());
-    if let Some(w) = window_secs {
-        s.push_str(";w=");
-        s.push_str(&w.max(1).to_string());
-    }
-    s
-}
-
-/// One `RateLimit` list member: `r` units remain, restored after `t` seconds.
-pub fn limit_item(name: &str, remaining: u64, reset_secs: u64) -> String {
-    let mut s = String::with_capacity(name.len() + 24);
-    sf_string(&mut s, name);
-    s.push_str(";r=");
-    s.push_str(&remaining.to_string());
-    s.push_str(";t=");
-    s.push_str(&reset_secs.to_string());
-    s
-}
-
 /// What a rejection needs to say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectInfo<'a> {
@@ -108,37 +61,50 @@ pub struct RejectInfo<'a> {
     pub policy_item: &'a str,
     /// Units remaining (usually 0).
     pub remaining: u64,
-    /// Nanoseconds until a retry can pass.
+    /// Nanoseconds until a retry can pass; [`NEVER`] for a block.
     pub retry_after: Nanos,
 }
 
 /// A 429/503 rejection naming the violated limit.
 pub fn rejection(info: &RejectInfo<'_>) -> Problem {
-    let retry = retry_after_secs(info.retry_after);
     let (kind, title) = if info.status == 503 {
         ("temporary-reduced-capacity", "Service Unavailable")
     } else {
         ("quota-exceeded", "Too Many Requests")
     };
+    let block = info.retry_after == NEVER;
+    let retry = retry_after_secs(info.retry_after);
+    let detail = if block {
+        format!(
+            "limit `{}` of origin `{}` blocks this request ({}); retrying will not help",
+            info.limit, info.origin, info.policy_text
+        )
+    } else {
+        format!(
+            "limit `{}` of origin `{}` allows {}; retry after {retry}s",
+            info.limit, info.origin, info.policy_text
+        )
+    };
     let body = body(&Body {
         kind: format!("{PROBLEM_TYPES}#{kind}"),
         title,
         status: info.status,
-        detail: format!(
-            "limit `{}` of origin `{}` allows {}; retry after {retry}s",
-            info.limit, info.origin, info.policy_text
-        ),
+        detail,
         violated_policies: Some([info.limit]),
         origin: Some(info.origin),
     });
+    let mut headers = Vec::with_capacity(4);
+    if !block {
+        headers.push(("retry-after", retry.to_string()));
+    }
+    // A block's quota never comes back, so its `t` is 0: nothing is restored by waiting.
+    let reset = if block { 0 } else { retry };
+    headers.push(("ratelimit-policy", info.policy_item.to_string()));
+    headers.push(("ratelimit", limit_item(info.limit, info.remaining, reset)));
+    headers.push(("cache-control", "no-store".to_string()));
     Problem {
         status: info.status,
-        headers: vec![
-            ("retry-after", retry.to_string()),
-            ("ratelimit-policy", info.policy_item.to_string()),
-            ("ratelimit", limit_item(info.limit, info.remaining, retry)),
-            ("cache-control", "no-store".to_string()),
-        ],
+        headers,
         body,
     }
 }
@@ -171,27 +137,6 @@ fn plain(status: u16, title: &str, detail: String) -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_at_least_one_second() {
-        assert_eq!(retry_after_secs(0), 1);
-        assert_eq!(retry_after_secs(1), 1);
-        assert_eq!(retry_after_secs(NANOS_PER_SEC), 1);
-        assert_eq!(retry_after_secs(NANOS_PER_SEC + 1), 2);
-        assert_eq!(ceil_secs(0), 0);
-    }
-
-    #[test]
-    fn structured_fields_are_quoted_and_parameterised() {
-        assert_eq!(
-            policy_item("per_client", 100, Some(1)),
-            "\"per_client\";q=100;w=1"
-        );
-        assert_eq!(policy_item("conc", 5, None), "\"conc\";q=5");
-        assert_eq!(policy_item("sub", 5, Some(0)), "\"sub\";q=5;w=1");
-        assert_eq!(limit_item("per_client", 0, 1), "\"per_client\";r=0;t=1");
-        assert_eq!(limit_item("a\"b", 1, 2), "\"a\\\"b\";r=1;t=2");
-    }
 
     #[test]
     fn rejection_names_the_limit_everywhere() {
@@ -242,6 +187,22 @@ mod tests {
             remaining: 0,
             retry_after: 0,
         }
+    }
+
+    #[test]
+    fn a_block_invites_no_retry() {
+        let p = rejection(&RejectInfo {
+            retry_after: NEVER,
+            ..rejection_info()
+        });
+        assert!(p.headers.iter().all(|(k, _)| *k != "retry-after"), "{p:?}");
+        let ratelimit = p.headers.iter().find(|(k, _)| *k == "ratelimit");
+        assert_eq!(ratelimit.map(|(_, v)| v.as_str()), Some("\"l\";r=0;t=0"));
+        let v: serde_json::Value = serde_json::from_slice(&p.body).unwrap();
+        assert!(v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("retrying will not help"));
     }
 
     #[test]

@@ -1,4 +1,7 @@
-//! The `ProxyHttp` implementation: the request flow of DESIGN.md, phase by phase.
+//! The `ProxyHttp` implementation: the request flow of `docs/architecture.md`, phase by
+//! phase. It routes, resolves who is asking, and asks the runtime's one decision loop
+//! ([`crate::runtime::decide`]) for each phase's limits; everything it writes itself is a
+//! [`Problem`].
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -8,16 +11,18 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::HttpPeer;
-use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::limits::{Clock, MonotonicClock, Verdict};
+use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
-use crate::proxy::decide::{self, Decided};
 use crate::proxy::identity::{client_ip, RequestFacts};
-use crate::proxy::problem::{self, ceil_secs, limit_item, Problem, RejectInfo};
+use crate::proxy::problem::{self, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
-use crate::proxy::runtime::{OriginRt, Runtime};
+use crate::ratelog::suppressed_note;
+use crate::runtime::decide::{self, Decided, Phase};
+use crate::runtime::policy::{ceil_secs, limit_item};
+use crate::runtime::{OriginRt, Runtime};
 
 /// The proxy: a swappable runtime (which holds the metric handles) and a clock.
 pub struct Tollgate {
@@ -65,16 +70,17 @@ impl Tollgate {
         ctx.client_ip = Some(client);
         ctx.now = self.clock.now();
         let facts = facts(session, ctx.client_ip, &ctx.host, rt, origin, None);
-        match decide::request_limits(origin, &facts, ctx.now, &mut ctx.tickets, &mut ctx.notes) {
+        let decided = decide::run(
+            origin,
+            Phase::Request,
+            &facts,
+            ctx.now,
+            &mut ctx.holds,
+            &mut ctx.notes,
+        );
+        match decided {
             Ok(None) => None,
-            Ok(Some(rejected)) => {
-                log::info!(
-                    "rejected 429: origin `{}` limit `{}` client {client}",
-                    origin.name,
-                    origin.request_limits[rejected.limit as usize].name,
-                );
-                Some(reject_problem(origin, &rejected))
-            }
+            Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, ctx.now)),
             Err(e) => Some(problem::bad_request(e.to_string())),
         }
     }
@@ -88,7 +94,7 @@ impl Tollgate {
             ));
         };
         let origin = &rt.origins[origin_index];
-        let backend = origin.upstreams.select(b"", 256).ok_or_else(|| {
+        let addr = origin.upstreams.pick().ok_or_else(|| {
             Error::explain(
                 ErrorType::ConnectNoRoute,
                 "origin has no upstream to select",
@@ -96,36 +102,39 @@ impl Tollgate {
         })?;
         // A retry picks a server again: drop the previous attempt's units first, so they
         // are replaced, never doubled.
-        ctx.guards.clear();
-        ctx.notes.retain(|n| !n.inflight);
-        let facts = facts(
-            session,
-            ctx.client_ip,
-            &ctx.host,
-            rt,
+        ctx.holds.retain(|t| t.phase != Phase::Upstream);
+        ctx.notes.retain(|n| n.phase != Phase::Upstream);
+        let facts = facts(session, ctx.client_ip, &ctx.host, rt, origin, Some(addr));
+        let now = self.clock.now();
+        let decided = decide::run(
             origin,
-            backend.addr.as_inet().copied(),
+            Phase::Upstream,
+            &facts,
+            now,
+            &mut ctx.holds,
+            &mut ctx.notes,
         );
-        if let Some(rejected) =
-            decide::inflight_limits(origin, &facts, &mut ctx.guards, &mut ctx.notes)
-        {
-            log::info!(
-                "rejected 503: origin `{}` inflight limit `{}`",
-                origin.name,
-                origin.inflight_limits[rejected.limit as usize].name
-            );
-            // Do not burn the request-time limits' quota for a request that never ran.
-            decide::refund(origin, &mut ctx.tickets, ctx.now);
-            ctx.rejection = Some(reject_problem(origin, &rejected));
+        let client = ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let rejection = match decided {
+            Ok(None) => None,
+            Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, now)),
+            Err(e) => Some(problem::bad_request(e.to_string())),
+        };
+        if let Some(problem) = rejection {
+            // The decision loop gave back what every limit took: no quota is burnt for a
+            // request that never ran.
+            let status = problem.status;
+            ctx.rejection = Some(problem);
             return Err(Error::explain(
-                ErrorType::HTTPStatus(503),
-                "rejected by an inflight limit",
+                ErrorType::HTTPStatus(status),
+                "rejected by a limit",
             ));
         }
+        decide::settle(origin, &mut ctx.holds);
         if ctx.gauge.is_none() {
             ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
         }
-        let mut peer = HttpPeer::new(backend.addr.clone(), origin.tls, origin.sni.clone());
+        let mut peer = HttpPeer::new(addr, origin.tls, origin.sni.clone());
         peer.options.connection_timeout = Some(origin.connect_timeout);
         peer.options.read_timeout = Some(origin.read_timeout);
         if origin.tls && !origin.tls_verify {
@@ -168,20 +177,31 @@ fn facts<'a>(
     }
 }
 
-fn reject_problem(origin: &OriginRt, rejected: &Decided) -> Problem {
-    let limits = if rejected.inflight {
-        &origin.inflight_limits
-    } else {
-        &origin.request_limits
+/// The response to a limit's rejection, logged at info within the limit's log budget (a
+/// flood of rejections writes a few lines a second, then says how many it left out).
+fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: Nanos) -> Problem {
+    let Some(limit) = decide::limit_of(origin, rejected.phase, rejected.limit) else {
+        return problem::bad_request("the rejecting limit is gone".to_string());
     };
-    let limit = &limits[rejected.limit as usize];
-    let variant = &limit.variants[rejected.variant as usize];
+    let Some(variant) = limit.variants.get(usize::from(rejected.variant)) else {
+        return problem::bad_request("the rejecting limit is gone".to_string());
+    };
+    let status = limit.kind.reject_status();
+    if let Some(suppressed) = limit.log.admit(now) {
+        log::info!(
+            "rejected {status}: origin `{}` limit `{}` ({}) client {client}{}",
+            origin.name,
+            limit.name,
+            limit.kind,
+            suppressed_note(suppressed)
+        );
+    }
     problem::rejection(&RejectInfo {
-        status: if rejected.inflight { 503 } else { 429 },
+        status,
         origin: &origin.name,
         limit: &limit.name,
-        policy_text: &variant.policy_text,
-        policy_item: &variant.policy_item,
+        policy_text: &variant.policy.text,
+        policy_item: &variant.policy.item,
         remaining: rejected.verdict.remaining,
         retry_after: rejected.verdict.retry_after,
     })
@@ -277,13 +297,8 @@ impl ProxyHttp for Tollgate {
         let mut policies = String::new();
         let mut limits = String::new();
         for note in &ctx.notes {
-            let list = if note.inflight {
-                &origin.inflight_limits
-            } else {
-                &origin.request_limits
-            };
             // Only limits with `headers: always` leave notes.
-            let Some(limit) = list.get(note.limit as usize) else {
+            let Some(limit) = decide::limit_of(origin, note.phase, note.limit) else {
                 continue;
             };
             let Some(variant) = limit.variants.get(note.variant as usize) else {
@@ -298,7 +313,7 @@ impl ProxyHttp for Tollgate {
                 policies.push_str(", ");
                 limits.push_str(", ");
             }
-            policies.push_str(&variant.policy_item);
+            policies.push_str(&variant.policy.item);
             limits.push_str(&limit_item(&limit.name, remaining, ceil_secs(reset_after)));
         }
         if !policies.is_empty() {

@@ -1,236 +1,164 @@
-//! Running an origin's limits against one request: request-time kinds in
-//! `request_filter`, inflight in `upstream_peer`.
+//! Running an origin's limits against one request, one phase at a time, in one loop for
+//! every kind.
 //!
-//! No-burn rule: request-time limits consume on admission and record a [`Ticket`]; when a
-//! later limit (request-time or inflight) rejects, every ticket is refunded, so a request
-//! that is turned away never uses up an earlier limit's quota. Shadow mode evolves state
-//! exactly as enforce would (a shadow rejection consumes nothing unless `strict`), so its
-//! counts predict what enforcing would do; only the response differs.
+//! A request meets its limits in two phases (see `docs/architecture.md`): the
+//! [`Phase::Request`] limits (quota kinds: rate, token bucket) when the request arrives, and
+//! the [`Phase::Upstream`] limits (holding kinds: inflight) once an upstream server is
+//! picked, because their key may name that server. Both phases run [`run`].
 //!
-//! Nothing here allocates on the admit path: tickets and header notes live in inline
+//! **No-burn rule.** Every admission records what it took as a [`Taken`]; when a later
+//! limit (of either phase) rejects, every `Taken` is undone, so a request that is turned
+//! away never uses up an earlier limit's quota. **Shadow mode** evolves state exactly as
+//! enforce would (a shadow rejection consumes nothing unless `strict`), so its counts
+//! predict what enforcing would do; only the response differs.
+//!
+//! **Counting.** `allowed` is counted once the request has passed every limit
+//! ([`settle`]), so an admission that a later limit's rejection undid is counted as
+//! `refunded`, never as `allowed`: `allowed + refunded + rejected + shadow_rejected +
+//! skipped` is the requests that reached the limit.
+//!
+//! Nothing here allocates on the admit path: holds and header notes live in inline
 //! `SmallVec`s in the request context.
 
 use smallvec::SmallVec;
 
-use crate::config::{Cost, HeadersMode, LimitParams, Mode};
-use crate::limits::{InflightGuard, Nanos, Verdict};
-use crate::proxy::identity::RequestFacts;
-use crate::proxy::runtime::{OriginRt, State};
+use crate::config::{HeadersMode, Mode};
+use crate::limits::{Facts, Nanos, Verdict};
+use crate::ratelog::suppressed_note;
+use crate::runtime::limit::{BadCost, Hold, LimitRt};
+use crate::runtime::OriginRt;
 
-/// One admission to undo if a later limit rejects.
-#[derive(Debug, Clone, Copy)]
-pub struct Ticket {
-    limit: u16,
-    variant: u16,
-    key: u64,
-    cost: u64,
+/// When a limit is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// When the request arrives (`request_filter`).
+    Request,
+    /// Once an upstream server is picked (`upstream_peer`); runs again on a retry.
+    Upstream,
 }
 
-/// One limit's decision for one request: which limit (request-time or inflight), which
-/// variant, and the verdict. It names the rejecting limit, and the limits with
-/// `headers: always` to report on an admitted response.
+/// One admission to undo if a later limit rejects (and, for holding kinds, to release when
+/// the request ends).
+pub struct Taken {
+    /// The limit's phase.
+    pub phase: Phase,
+    /// The limit's index in its phase.
+    pub limit: u16,
+    /// The variant used.
+    pub variant: u16,
+    /// What it took.
+    pub hold: Hold,
+}
+
+/// One limit's decision for one request: which limit, which variant, and the verdict. It
+/// names the rejecting limit, and the limits with `headers: always` to report on an
+/// admitted response.
 #[derive(Debug, Clone, Copy)]
 pub struct Decided {
-    /// Index into the origin's request or inflight limits.
+    /// The limit's phase.
+    pub phase: Phase,
+    /// The limit's index in its phase.
     pub limit: u16,
-    /// Whether `limit` indexes inflight limits.
-    pub inflight: bool,
-    /// Variant used.
+    /// The variant used.
     pub variant: u16,
     /// The decision.
     pub verdict: Verdict,
 }
 
-/// Inline storage for tickets: four limits before spilling to the heap.
-pub type Tickets = SmallVec<[Ticket; 4]>;
+/// Inline storage for admissions: four limits before spilling to the heap.
+pub type Holds = SmallVec<[Taken; 4]>;
 /// Inline storage for header notes.
 pub type Notes = SmallVec<[Decided; 2]>;
-/// Inline storage for inflight guards.
-pub type Guards = SmallVec<[InflightGuard; 2]>;
 
-/// A cost header that is not a positive integer: answered with 400.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("header `{header}` must be a positive integer token cost")]
-pub struct BadCost {
-    /// The header's name.
-    pub header: String,
-}
-
-/// The request's token cost under `params` (an override may set its own `cost`): a fixed
-/// number, or a header clamped to `[1, capacity]`; 1 for other kinds.
-fn cost_of(params: &LimitParams, facts: &RequestFacts<'_>) -> Result<u64, BadCost> {
-    let LimitParams::TokenBucket { bucket, cost, .. } = params else {
-        return Ok(1);
-    };
-    match cost {
-        Cost::Fixed(c) => Ok(*c),
-        Cost::Header(name) => match facts.headers.get(name.as_str()) {
-            None => Ok(1),
-            Some(v) => std::str::from_utf8(v.as_bytes())
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .map(|c| c.clamp(1, bucket.capacity.max(1)))
-                .ok_or_else(|| BadCost {
-                    header: name.clone(),
-                }),
-        },
-    }
-}
-
-/// Runs the request-time limits in config order. On a rejection every ticket taken so far
-/// is refunded and the rejection returned.
-pub fn request_limits(
+/// Runs the limits of `phase` in config order. Admissions go into `holds`, `headers:
+/// always` decisions into `notes`. On an enforced rejection everything in `holds` (both
+/// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
+/// returned as an error (400).
+pub fn run<F: Facts + ?Sized>(
     origin: &OriginRt,
-    facts: &RequestFacts<'_>,
+    phase: Phase,
+    facts: &F,
     now: Nanos,
-    tickets: &mut Tickets,
+    holds: &mut Holds,
     notes: &mut Notes,
 ) -> Result<Option<Decided>, BadCost> {
-    for (index, limit) in origin.request_limits.iter().enumerate() {
+    for (index, limit) in origin.limits(phase).iter().enumerate() {
         let Some(key) = limit.key.hash(facts) else {
             limit.counters.skipped.inc();
             continue;
         };
         let v = limit.select(facts);
         let variant = &limit.variants[v];
-        let cost = match cost_of(&variant.params, facts) {
-            Ok(c) => c,
+        let (verdict, hold) = match variant.limiter.decide(key, facts, now) {
+            Ok(decided) => decided,
             Err(e) => {
-                refund(origin, tickets, now);
+                undo(origin, holds, now);
                 return Err(e);
             }
         };
-        let verdict = match (&*variant.state, &variant.params) {
-            (State::Rate(r), LimitParams::Rate { rate, .. }) => {
-                r.acquire(key, rate.max, cost, rate.strict, now)
-            }
-            (State::TokenBucket(tb), _) => tb.acquire(key, cost, now),
-            // Inflight limits never sit in `request_limits`.
-            _ => continue,
+        let decided = Decided {
+            phase,
+            limit: index as u16,
+            variant: v as u16,
+            verdict,
         };
-        let (limit_i, variant_i) = (index as u16, v as u16);
-        if verdict.allowed {
-            limit.counters.allowed.inc();
-            tickets.push(Ticket {
-                limit: limit_i,
-                variant: variant_i,
-                key,
-                cost,
+        if let Some(hold) = hold {
+            holds.push(Taken {
+                phase,
+                limit: decided.limit,
+                variant: decided.variant,
+                hold,
             });
-        } else if variant.mode == Mode::Shadow {
+        } else if !verdict.allowed && variant.mode == Mode::Shadow {
             limit.counters.shadow_rejected.inc();
-            log::info!(
-                "shadow: limit `{}` of origin `{}` would reject client {} ({})",
-                limit.name,
-                origin.name,
-                facts.client_ip,
-                variant.policy_text
-            );
-        } else {
+            if let Some(suppressed) = limit.log.admit(now) {
+                log::info!(
+                    "shadow: limit `{}` of origin `{}` would reject ({}){}",
+                    limit.name,
+                    origin.name,
+                    variant.policy.text,
+                    suppressed_note(suppressed)
+                );
+            }
+        } else if !verdict.allowed {
             limit.counters.rejected.inc();
-            refund(origin, tickets, now);
-            return Ok(Some(Decided {
-                limit: limit_i,
-                inflight: false,
-                variant: variant_i,
-                verdict,
-            }));
+            undo(origin, holds, now);
+            return Ok(Some(decided));
         }
         if limit.headers == HeadersMode::Always {
-            notes.push(Decided {
-                limit: limit_i,
-                inflight: false,
-                variant: variant_i,
-                verdict,
-            });
+            notes.push(decided);
         }
     }
     Ok(None)
 }
 
-/// Gives back every ticket: a later limit rejected the request.
-pub fn refund(origin: &OriginRt, tickets: &mut Tickets, now: Nanos) {
-    for t in tickets.drain(..) {
-        let Some(limit) = origin.request_limits.get(t.limit as usize) else {
+/// The limit a hold or decision refers to.
+pub fn limit_of(origin: &OriginRt, phase: Phase, limit: u16) -> Option<&LimitRt> {
+    origin.limits(phase).get(usize::from(limit))
+}
+
+/// Gives back everything in `holds`: a limit rejected the request. Each undone admission
+/// counts as `refunded`.
+pub fn undo(origin: &OriginRt, holds: &mut Holds, now: Nanos) {
+    for t in holds.drain(..) {
+        let Some(limit) = limit_of(origin, t.phase, t.limit) else {
             continue;
         };
-        let Some(variant) = limit.variants.get(t.variant as usize) else {
-            continue;
-        };
-        match &*variant.state {
-            State::Rate(r) => r.refund(t.key, t.cost, now),
-            State::TokenBucket(tb) => tb.refund(t.key, t.cost, now),
-            State::Inflight(_) => {}
+        limit.counters.refunded.inc();
+        if let Some(variant) = limit.variants.get(usize::from(t.variant)) {
+            variant.limiter.undo(t.hold, now);
         }
     }
 }
 
-/// Runs the inflight limits in config order, pushing one guard per admitting limit into
-/// `guards` (the caller clears it first on a retry, so guards are replaced, never doubled).
-/// On a rejection the guards taken so far are dropped (decrementing) and the rejection
-/// returned.
-pub fn inflight_limits(
-    origin: &OriginRt,
-    facts: &RequestFacts<'_>,
-    guards: &mut Guards,
-    notes: &mut Notes,
-) -> Option<Decided> {
-    for (index, limit) in origin.inflight_limits.iter().enumerate() {
-        let Some(key) = limit.key.hash(facts) else {
-            limit.counters.skipped.inc();
-            continue;
-        };
-        let v = limit.select(facts);
-        let variant = &limit.variants[v];
-        let (State::Inflight(inflight), LimitParams::Inflight { max, .. }) =
-            (&*variant.state, &variant.params)
-        else {
-            continue;
-        };
-        let (limit_i, variant_i) = (index as u16, v as u16);
-        let verdict = match inflight.acquire(key, *max) {
-            Ok((guard, estimate)) => {
-                limit.counters.allowed.inc();
-                guards.push(guard);
-                Verdict::allow(max.saturating_sub(estimate), 0)
-            }
-            Err(estimate) => {
-                // Concurrency frees up as soon as any request ends; one second is the
-                // smallest honest Retry-After.
-                let verdict = Verdict::reject(
-                    max.saturating_sub(estimate),
-                    0,
-                    crate::limits::clock::NANOS_PER_SEC,
-                );
-                if variant.mode == Mode::Shadow {
-                    limit.counters.shadow_rejected.inc();
-                    log::info!(
-                        "shadow: inflight limit `{}` of origin `{}` would reject ({})",
-                        limit.name,
-                        origin.name,
-                        variant.policy_text
-                    );
-                    verdict
-                } else {
-                    limit.counters.rejected.inc();
-                    guards.clear();
-                    return Some(Decided {
-                        limit: limit_i,
-                        inflight: true,
-                        variant: variant_i,
-                        verdict,
-                    });
-                }
-            }
-        };
-        if limit.headers == HeadersMode::Always {
-            notes.push(Decided {
-                limit: limit_i,
-                inflight: true,
-                variant: variant_i,
-                verdict,
-            });
+/// The request passed every limit: counts each admission as `allowed`, once. Request-time
+/// admissions are done with (nothing is given back when the request ends); holding kinds
+/// stay in `holds` until the upstream is done.
+pub fn settle(origin: &OriginRt, holds: &mut Holds) {
+    holds.retain(|t| {
+        if let Some(limit) = limit_of(origin, t.phase, t.limit) {
+            limit.counters.allowed.inc();
         }
-    }
-    None
+        matches!(t.hold, Hold::Inflight(_))
+    });
 }

@@ -1,0 +1,187 @@
+//! The live form of a config: routing table, resolved upstreams, limiter state and metric
+//! handles, built once per load and swapped atomically on reload.
+//!
+//! Every front end (the HTTP proxy today) reads one [`Runtime`] snapshot per request and
+//! asks it for decisions ([`decide`]); the reloader ([`crate::reload`]) builds the next one
+//! on top of the current one. It depends on [`crate::config`], [`crate::limits`] and
+//! [`crate::metrics`], never on a front end: see the module map in
+//! `docs/architecture.md`.
+//!
+//! Limiter state is identified by origin, limit name, override match and key parts (a
+//! [`limit::StateId`]). A reload looks each identity up in the previous runtime and reuses
+//! its state when its shape is unchanged (window and sketch size for rate, sketch size for
+//! inflight, every bucket parameter for token buckets), so an unchanged limit keeps its
+//! counters and buckets; `max` alone never shapes state, so raising a rate or inflight
+//! `max` keeps the counts too. New identities start fresh; identities absent from the new
+//! config are dropped with the old runtime once the last request holding it finishes.
+
+pub mod collector;
+pub mod decide;
+pub mod limit;
+pub mod policy;
+pub mod router;
+pub mod upstreams;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
+use crate::runtime::decide::Phase;
+use crate::runtime::limit::{LimitRt, Limiter, StateId};
+use crate::runtime::router::Router;
+use crate::runtime::upstreams::{ResolveError, Upstreams};
+
+/// One origin, live.
+pub struct OriginRt {
+    /// Name (metrics label).
+    pub name: String,
+    /// Default customer.
+    pub customer: Option<Box<[u8]>>,
+    /// The resolved upstream servers, picked round robin.
+    pub upstreams: Upstreams,
+    /// TLS to upstreams.
+    pub tls: bool,
+    /// SNI for TLS upstreams (empty when `tls` is off).
+    pub sni: String,
+    /// Verify upstream certificates.
+    pub tls_verify: bool,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Upstream read timeout: how long a response may stall.
+    pub read_timeout: Duration,
+    /// Limits decided when the request arrives, config order.
+    pub request_limits: Vec<LimitRt>,
+    /// Limits decided once the upstream server is picked, config order.
+    pub upstream_limits: Vec<LimitRt>,
+    /// `tollgate_inflight_requests{origin}`.
+    pub inflight_gauge: prometheus::IntGauge,
+    /// `tollgate_request_duration_seconds{origin}`.
+    pub duration: prometheus::Histogram,
+    /// `tollgate_requests_total{origin,code}`.
+    pub requests: CodeCounters,
+}
+
+impl OriginRt {
+    /// The limits of `phase`, in config order.
+    pub fn limits(&self, phase: Phase) -> &[LimitRt] {
+        match phase {
+            Phase::Request => &self.request_limits,
+            Phase::Upstream => &self.upstream_limits,
+        }
+    }
+
+    /// Every limit, request phase first.
+    pub fn all_limits(&self) -> impl Iterator<Item = &LimitRt> {
+        self.request_limits.iter().chain(&self.upstream_limits)
+    }
+}
+
+/// A whole live config.
+pub struct Runtime {
+    /// The config it was built from.
+    pub config: Arc<Config>,
+    /// Host → origin.
+    pub router: Router,
+    /// Origins, config order.
+    pub origins: Vec<OriginRt>,
+    /// `tollgate_requests_total` for hosts no origin serves.
+    pub unmatched: CodeCounters,
+}
+
+/// How a reload treated limiter state, for the log.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Carried {
+    /// States reused from the previous runtime.
+    pub kept: usize,
+    /// States created fresh.
+    pub fresh: usize,
+    /// Previous states no longer used.
+    pub dropped: usize,
+}
+
+/// Why a runtime could not be built from a valid config.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// An upstream name did not resolve.
+    #[error("origin `{origin}`: {source}")]
+    Upstream {
+        /// The origin.
+        origin: String,
+        /// What went wrong.
+        source: ResolveError,
+    },
+}
+
+impl Runtime {
+    /// Builds the runtime for `config`, resolving upstream names and reusing state from
+    /// `previous` where the identity and shape are unchanged.
+    pub fn build(
+        config: Arc<Config>,
+        previous: Option<&Runtime>,
+        metrics: &Metrics,
+    ) -> Result<(Runtime, Carried), BuildError> {
+        let before: HashMap<StateId, &Limiter> = previous
+            .map(|p| {
+                p.origins
+                    .iter()
+                    .flat_map(|o| o.all_limits().flat_map(|l| l.states(&o.name)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut carried = Carried::default();
+        let mut origins = Vec::with_capacity(config.origins.len());
+        for origin in &config.origins {
+            let upstreams =
+                Upstreams::resolve(&origin.upstreams).map_err(|source| BuildError::Upstream {
+                    origin: origin.name.clone(),
+                    source,
+                })?;
+            let (mut request_limits, mut upstream_limits) = (Vec::new(), Vec::new());
+            for limit in &origin.limits {
+                let kind = limit.params.kind();
+                let counters = metrics.decisions(&origin.name, &limit.name, kind.name());
+                let lookup = |id: &StateId| before.get(id).copied();
+                let rt = LimitRt::build(&origin.name, limit, counters, lookup, &mut carried);
+                if kind.holds_upstream() {
+                    upstream_limits.push(rt);
+                } else {
+                    request_limits.push(rt);
+                }
+            }
+            origins.push(OriginRt {
+                name: origin.name.clone(),
+                customer: origin.customer.as_ref().map(|c| c.as_bytes().into()),
+                upstreams,
+                tls: origin.tls,
+                sni: origin.sni.clone().unwrap_or_default(),
+                tls_verify: origin.tls_verify,
+                connect_timeout: origin.connect_timeout,
+                read_timeout: origin.read_timeout,
+                request_limits,
+                upstream_limits,
+                inflight_gauge: metrics.inflight(&origin.name),
+                duration: metrics
+                    .request_duration_seconds
+                    .with_label_values(&[origin.name.as_str()]),
+                requests: CodeCounters::new(metrics, &origin.name),
+            });
+        }
+        carried.dropped = before.len().saturating_sub(carried.kept);
+        let router = Router::new(
+            config
+                .origins
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (i, o.hosts.as_slice())),
+        );
+        let runtime = Runtime {
+            config,
+            router,
+            origins,
+            unmatched: CodeCounters::new(metrics, UNMATCHED_ORIGIN),
+        };
+        Ok((runtime, carried))
+    }
+}
