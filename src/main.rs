@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use tollgate::config::{self, ConfigError};
+use tollgate::config::{self, effective, ConfigError};
+use tollgate::runtime::upstreams::Upstreams;
 use tollgate::server::{self, RunOptions};
 
 /// mimalloc: fewer instructions per allocation than glibc's malloc on Pingora's
@@ -52,17 +53,39 @@ enum Command {
         /// Treat warnings as failures (exit 2).
         #[arg(long)]
         strict: bool,
+        /// Print the effective config (defaults merged into every origin) as YAML on
+        /// stdout.
+        #[arg(long)]
+        print_effective: bool,
     },
 }
 
-fn check(path: &std::path::Path, strict: bool) -> ExitCode {
+fn check(path: &std::path::Path, strict: bool, print_effective: bool) -> ExitCode {
     match config::load(path) {
         Ok(loaded) => {
             for w in &loaded.warnings {
-                eprintln!(
-                    "{}:{}:{}: {}: warning: {}",
-                    w.file, w.line, w.column, w.path, w.message
-                );
+                eprintln!("{w}");
+            }
+            // What a start or reload would also do: resolve every upstream name.
+            let mut unresolved = 0;
+            for origin in &loaded.config.origins {
+                if let Err(e) = Upstreams::resolve(&origin.upstreams) {
+                    eprintln!("{}: origin `{}`: {e}", path.display(), origin.name);
+                    unresolved += 1;
+                }
+            }
+            if unresolved > 0 {
+                eprintln!("{}: {unresolved} error(s)", path.display());
+                return ExitCode::from(1);
+            }
+            if print_effective {
+                match effective::to_yaml(&loaded.config) {
+                    Ok(yaml) => print!("{yaml}"),
+                    Err(e) => {
+                        eprintln!("{}: cannot print the effective config: {e}", path.display());
+                        return ExitCode::from(1);
+                    }
+                }
             }
             let origins = loaded.config.origins.len();
             let limits: usize = loaded.config.origins.iter().map(|o| o.limits.len()).sum();
@@ -74,11 +97,17 @@ fn check(path: &std::path::Path, strict: bool) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
-            println!(
+            let ok = format!(
                 "{}: ok ({origins} origins, {limits} limits, {} warnings)",
                 path.display(),
                 loaded.warnings.len()
             );
+            // With --print-effective stdout is the YAML alone, so it can be piped.
+            if print_effective {
+                eprintln!("{ok}");
+            } else {
+                println!("{ok}");
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError::Invalid(diags)) => {
@@ -98,7 +127,11 @@ fn check(path: &std::path::Path, strict: bool) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config, strict } => check(&config, strict),
+        Command::Check {
+            config,
+            strict,
+            print_effective,
+        } => check(&config, strict, print_effective),
         Command::Run {
             config,
             daemon,

@@ -75,6 +75,71 @@ fn check_exit_codes() {
 }
 
 #[test]
+fn print_effective_is_a_config_that_checks_clean() {
+    let with_default = format!(
+        "defaults:\n  limits:\n    conc: {{ kind: inflight, max: 7 }}\n{}",
+        CLEAN.replace("127.0.0.1:9\"]", "127.0.0.1:9\"]\n    customer: acme")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.yaml");
+    std::fs::write(&path, &with_default).unwrap();
+    let out = Command::new(common::binary())
+        .args(["check", "--print-effective", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    // The default is merged into the origin, with every parameter explicit.
+    assert!(yaml.contains("conc:\n        kind: inflight"), "{yaml}");
+    assert!(yaml.contains("max: 7"), "{yaml}");
+    assert!(yaml.contains("per_client:\n        kind: rate"), "{yaml}");
+    assert!(!yaml.contains("defaults"), "{yaml}");
+    let (code, out, err) = check(&yaml, true);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[test]
+fn check_resolves_upstream_names_as_a_start_would() {
+    let text = CLEAN.replace("127.0.0.1:9", "no-such-host.invalid:80");
+    let (code, _, err) = check(&text, false);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("origin `app`: upstream `no-such-host.invalid:80` does not resolve"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_read_the_same_in_check_and_in_the_log() {
+    let warned = format!(
+        "{}{}",
+        common::SERVER,
+        CLEAN.replace(
+            "per_client: { kind: rate, max: 10, per: 1s }",
+            "tb: { kind: token_bucket, capacity: 100000, refill: { amount: 1, every: 1s } }",
+        )
+    );
+    let t = Tollgate::start(&warned).await;
+    let (_, _, err) = check(
+        &warned
+            .replace("{listen}", &t.listen.to_string())
+            .replace("{metrics}", &t.metrics.to_string()),
+        false,
+    );
+    let from_check = err.lines().next().unwrap().replace("FILE", "");
+    assert!(
+        from_check.contains(": warning: refilling 1 every 1s"),
+        "{err}"
+    );
+    let log = t.log_text();
+    assert!(
+        log.lines().any(|l| l.ends_with(&from_check)),
+        "the log should carry `{from_check}`:\n{log}"
+    );
+}
+
+#[test]
 fn shipped_example_config_is_clean() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate.yaml");
     let text = std::fs::read_to_string(path).unwrap();

@@ -177,9 +177,41 @@ async fn overrides_give_matching_customers_their_own_bucket() {
     let blocked = [("x-customer-id", "blocked")];
     assert_eq!(statuses(&t, 2, &small).await, vec![200, 429]);
     assert_eq!(statuses(&t, 4, &big).await, vec![200, 200, 200, 429]);
-    assert_eq!(statuses(&t, 1, &blocked).await, vec![429]);
+    // A deliberate block does not invite retries: no Retry-After.
+    let resp = send(&t, &blocked).await;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(resp.headers().get("retry-after").is_none(), "{resp:?}");
+    assert_eq!(resp.headers()["ratelimit"], "\"tokens\";r=0;t=0");
     // Requests without the header fall back to the origin's customer, its own bucket.
     assert_eq!(statuses(&t, 2, &[]).await, vec![200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_rejections_writes_a_few_log_lines() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = r#"
+      per_client:
+        kind: rate
+        max: 1
+        per: 1h
+"#;
+    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    let start = std::time::Instant::now();
+    let got = statuses(&t, 41, &[]).await;
+    let seconds = start.elapsed().as_secs() + 1;
+    assert_eq!(got.iter().filter(|&&c| c == 429).count(), 40);
+    t.wait_metric(&decisions("per_client", "rate", "rejected"), 40.0)
+        .await;
+    let lines = t
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("rejected 429: origin `app` limit `per_client`"))
+        .count() as u64;
+    // At most five lines a second (each second spanned may start a new allowance).
+    assert!(
+        (1..=5 * seconds).contains(&lines) && lines < 40,
+        "{lines} lines in {seconds}s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

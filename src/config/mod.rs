@@ -4,6 +4,7 @@
 //! [`Config`] and any warnings) or a [`ConfigError`] listing every problem found, each with
 //! file, line, column and field path.
 
+pub mod effective;
 pub mod model;
 pub mod parse;
 
@@ -23,7 +24,7 @@ mod validate;
 mod yaml;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use model::*;
 pub use parse::{load, parse_str, ConfigError, Loaded};

@@ -185,3 +185,6 @@ impl Runtime {
         Ok((runtime, carried))
     }
 }
+
+#[cfg(test)]
+mod tests;

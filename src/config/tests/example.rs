@@ -1,4 +1,4 @@
-//! The DESIGN.md example config, parsed into the exact model it stands for.
+//! The design example config, parsed into the exact model it stands for.
 
 use std::time::Duration;
 
@@ -7,8 +7,8 @@ use crate::config::parse_str;
 use crate::limits::TokenBucketParams;
 use crate::limits::{KeyPart, KeySpec, MatchValue, Matcher, RateParams, SketchSize};
 
-/// DESIGN.md's example, with literal upstream addresses and a second origin.
-pub(super) const EXAMPLE: &str = r#"
+/// The design example, with literal upstream addresses and a second origin.
+pub(crate) const EXAMPLE: &str = r#"
 server:
   listen: ["0.0.0.0:8080"]          # HTTP listeners
   metrics: "127.0.0.1:9100"         # GET /metrics, Prometheus text format

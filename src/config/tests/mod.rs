@@ -1,7 +1,7 @@
 //! Tests of the config parser: the design example, broken configs, warnings, and fuzzing.
 
 mod errors;
-mod example;
+pub(crate) mod example;
 mod fuzz;
 mod origin_options;
 mod warnings;

@@ -1,0 +1,317 @@
+//! The effective config: what tollgate runs after defaults are merged into every origin,
+//! written back as YAML (`tollgate check --print-effective`; the admin API reuses it).
+//!
+//! Every origin lists every limit it really runs, each with every parameter explicit
+//! (defaults filled in), and overrides show only what they change. The output is itself a
+//! valid config that parses back to the same model (a test holds it to that), so it can be
+//! diffed, reviewed, or fed back to `tollgate check`.
+
+use std::time::Duration;
+
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+
+use crate::config::model::{Config, Cost, HeadersMode, Limit, LimitParams, Mode, Origin, Server};
+use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
+
+/// The effective config as YAML text.
+pub fn to_yaml(config: &Config) -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&EffConfig::of(config))
+}
+
+/// A map whose entries keep their order (origins and limits run in config order).
+struct Ordered<T>(Vec<(String, T)>);
+
+impl<T: Serialize> Serialize for Ordered<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+fn duration(nanos: Nanos) -> String {
+    humantime::format_duration(Duration::from_nanos(nanos)).to_string()
+}
+
+fn span(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+#[derive(Serialize)]
+struct EffConfig {
+    server: EffServer,
+    origins: Ordered<EffOrigin>,
+}
+
+impl EffConfig {
+    fn of(c: &Config) -> Self {
+        Self {
+            server: EffServer::of(&c.server),
+            origins: Ordered(
+                c.origins
+                    .iter()
+                    .map(|o| (o.name.clone(), EffOrigin::of(o)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EffServer {
+    listen: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics: Option<String>,
+    threads: usize,
+    grace_period: String,
+    trusted_proxies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    customer_header: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    demo_upstream: Option<String>,
+}
+
+impl EffServer {
+    fn of(s: &Server) -> Self {
+        Self {
+            listen: s.listen.iter().map(ToString::to_string).collect(),
+            metrics: s.metrics.map(|a| a.to_string()),
+            threads: s.threads,
+            grace_period: span(s.grace_period),
+            trusted_proxies: s.trusted_proxies.iter().map(ToString::to_string).collect(),
+            customer_header: s.customer_header.clone(),
+            demo_upstream: s.demo_upstream.map(|a| a.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EffOrigin {
+    hosts: Vec<String>,
+    upstreams: Vec<String>,
+    tls: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sni: Option<String>,
+    tls_verify: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    customer: Option<String>,
+    connect_timeout: String,
+    read_timeout: String,
+    limits: Ordered<EffLimit>,
+}
+
+impl EffOrigin {
+    fn of(o: &Origin) -> Self {
+        Self {
+            hosts: o.hosts.clone(),
+            upstreams: o.upstreams.iter().map(ToString::to_string).collect(),
+            tls: o.tls,
+            sni: o.sni.clone(),
+            tls_verify: o.tls_verify,
+            customer: o.customer.clone(),
+            connect_timeout: span(o.connect_timeout),
+            read_timeout: span(o.read_timeout),
+            limits: Ordered(
+                o.limits
+                    .iter()
+                    .map(|l| (l.name.clone(), EffLimit::of(l)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EffLimit {
+    kind: &'static str,
+    key: Vec<String>,
+    mode: &'static str,
+    headers: &'static str,
+    #[serde(flatten)]
+    params: EffParams,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    overrides: Vec<EffOverride>,
+}
+
+fn mode(m: Mode) -> &'static str {
+    match m {
+        Mode::Enforce => "enforce",
+        Mode::Shadow => "shadow",
+    }
+}
+
+impl EffLimit {
+    fn of(l: &Limit) -> Self {
+        let base = EffParams::of(&l.params);
+        Self {
+            kind: l.params.kind().name(),
+            key: l.key.parts().iter().map(ToString::to_string).collect(),
+            mode: mode(l.mode),
+            headers: match l.headers {
+                HeadersMode::OnReject => "on_reject",
+                HeadersMode::Always => "always",
+            },
+            overrides: l
+                .overrides
+                .iter()
+                .map(|o| EffOverride {
+                    matches: Ordered(o.matchers.iter().map(matcher).collect()),
+                    mode: (o.mode != l.mode).then(|| mode(o.mode)),
+                    params: EffParams::of(&o.params).changed_from(&base),
+                })
+                .collect(),
+            params: base,
+        }
+    }
+}
+
+fn matcher(m: &Matcher) -> (String, String) {
+    let value = match &m.value {
+        MatchValue::Exact(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        MatchValue::Net(net) if net.prefix_len() == net.max_prefix_len() => net.addr().to_string(),
+        MatchValue::Net(net) => net.to_string(),
+        MatchValue::Addr(addr) => addr.to_string(),
+    };
+    (m.part.to_string(), value)
+}
+
+#[derive(Serialize)]
+struct EffOverride {
+    #[serde(rename = "match")]
+    matches: Ordered<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<&'static str>,
+    #[serde(flatten)]
+    params: EffParams,
+}
+
+/// Every parameter a kind has; absent ones are not the kind's (or, in an override,
+/// unchanged from the limit's).
+#[derive(Serialize, Default, PartialEq)]
+struct EffParams {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refill: Option<EffRefill>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost: Option<EffCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sketch: Option<EffSketch>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_keys: Option<usize>,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffRefill {
+    amount: u64,
+    every: String,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+#[serde(untagged)]
+enum EffCost {
+    Fixed(u64),
+    Header(String),
+}
+
+#[derive(Serialize, Clone, Copy, PartialEq)]
+struct EffSketch {
+    hashes: usize,
+    slots: usize,
+}
+
+impl From<SketchSize> for EffSketch {
+    fn from(s: SketchSize) -> Self {
+        Self {
+            hashes: s.hashes,
+            slots: s.slots,
+        }
+    }
+}
+
+impl EffParams {
+    fn of(p: &LimitParams) -> Self {
+        match p {
+            LimitParams::Inflight { max, sketch } => Self {
+                max: Some(*max),
+                sketch: Some((*sketch).into()),
+                ..Self::default()
+            },
+            LimitParams::Rate { rate, sketch } => Self {
+                max: Some(rate.max),
+                per: Some(duration(rate.per)),
+                strict: Some(rate.strict),
+                sketch: Some((*sketch).into()),
+                ..Self::default()
+            },
+            LimitParams::TokenBucket {
+                bucket,
+                cost,
+                max_keys,
+            } => Self {
+                capacity: Some(bucket.capacity),
+                refill: Some(EffRefill {
+                    amount: bucket.amount,
+                    every: duration(bucket.every),
+                }),
+                cost: Some(match cost {
+                    Cost::Fixed(c) => EffCost::Fixed(*c),
+                    Cost::Header(name) => EffCost::Header(format!("header:{name}")),
+                }),
+                strict: Some(bucket.strict),
+                max_keys: Some(*max_keys),
+                ..Self::default()
+            },
+        }
+    }
+
+    /// Only the fields that differ from `base` (what an override changes). `sketch` and
+    /// `max_keys` cannot be overridden, so they never differ.
+    fn changed_from(self, base: &EffParams) -> Self {
+        fn keep<T: PartialEq>(v: Option<T>, base: &Option<T>) -> Option<T> {
+            v.filter(|v| Some(v) != base.as_ref())
+        }
+        Self {
+            max: keep(self.max, &base.max),
+            per: keep(self.per, &base.per),
+            capacity: keep(self.capacity, &base.capacity),
+            refill: keep(self.refill, &base.refill),
+            cost: keep(self.cost, &base.cost),
+            strict: keep(self.strict, &base.strict),
+            sketch: None,
+            max_keys: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_str;
+    use crate::config::tests::example::EXAMPLE;
+
+    #[test]
+    fn the_effective_config_parses_back_to_the_same_model() {
+        let config = parse_str(EXAMPLE, "ex.yaml").unwrap().config;
+        let yaml = to_yaml(&config).unwrap();
+        let again = parse_str(&yaml, "effective.yaml")
+            .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+            .config;
+        assert_eq!(again, config, "\n{yaml}");
+        // Defaults are merged in: the origin shows the default limit with its own max.
+        assert!(!yaml.contains("defaults"), "{yaml}");
+        assert!(yaml.contains("origin_inflight:"), "{yaml}");
+        assert!(yaml.contains("max: 200"), "{yaml}");
+        // An override shows only what it changes.
+        assert!(yaml.contains("capacity: 600"), "{yaml}");
+    }
+}

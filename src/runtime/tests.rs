@@ -1,0 +1,188 @@
+//! The runtime's decision loop, driven directly with an injected clock: counting what
+//! finally happened, undoing on a later rejection, blocks, carry-over, and the collector.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use prometheus::core::Collector;
+
+use crate::config::parse_str;
+use crate::limits::{Clock, Fact, Facts, KeyPart, ManualClock, NEVER};
+use crate::metrics::Metrics;
+use crate::runtime::collector::RuntimeCollector;
+use crate::runtime::decide::{self, Holds, Notes, Phase};
+use crate::runtime::limit::Limiter;
+use crate::runtime::Runtime;
+
+/// One request as the limiters see it: a client IP, a customer and an upstream server.
+struct Req {
+    client: IpAddr,
+    customer: &'static str,
+    server: SocketAddr,
+}
+
+impl Facts for Req {
+    fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
+        match part {
+            KeyPart::ClientIp => Some(Fact::Ip(self.client)),
+            KeyPart::Customer => Some(Fact::Bytes(self.customer.as_bytes())),
+            KeyPart::ServerIp => Some(Fact::Ip(self.server.ip())),
+            KeyPart::Host => Some(Fact::Bytes(b"app.test")),
+            _ => None,
+        }
+    }
+}
+
+fn req(customer: &'static str) -> Req {
+    Req {
+        client: "192.0.2.1".parse().unwrap(),
+        customer,
+        server: "127.0.0.1:9".parse().unwrap(),
+    }
+}
+
+fn runtime(limits: &str, metrics: &Metrics) -> Runtime {
+    let text = format!(
+        "origins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"127.0.0.1:9\"]\n    customer: acme\n    limits:\n{limits}"
+    );
+    let config = parse_str(&text, "t.yaml").unwrap().config;
+    Runtime::build(Arc::new(config), None, metrics).unwrap().0
+}
+
+fn count(metrics: &Metrics, limit: &str, kind: &str, decision: &str) -> u64 {
+    metrics
+        .limit_decisions_total
+        .with_label_values(&["app", limit, kind, decision])
+        .get()
+}
+
+/// Both phases of one request, as the proxy runs them; `true` when it passed.
+fn pass(rt: &Runtime, facts: &Req, now: u64, holds: &mut Holds) -> bool {
+    let origin = &rt.origins[0];
+    let mut notes = Notes::new();
+    for phase in [Phase::Request, Phase::Upstream] {
+        match decide::run(origin, phase, facts, now, holds, &mut notes) {
+            Ok(None) => {}
+            _ => return false,
+        }
+    }
+    decide::settle(origin, holds);
+    true
+}
+
+#[test]
+fn allowed_counts_only_requests_that_passed_every_limit() {
+    let metrics = Metrics::new().unwrap();
+    let rt = runtime(
+        "      tokens: { kind: token_bucket, capacity: 5, refill: { amount: 1, every: 1h } }\n      conc: { kind: inflight, max: 1 }\n",
+        &metrics,
+    );
+    let clock = ManualClock::new(0);
+    let mut held = Holds::new();
+    assert!(pass(&rt, &req("acme"), clock.now(), &mut held));
+    // The inflight limit is full: the next two are admitted by `tokens`, then undone.
+    for _ in 0..2 {
+        clock.advance(Duration::from_millis(1));
+        let mut holds = Holds::new();
+        assert!(!pass(&rt, &req("acme"), clock.now(), &mut holds));
+        assert!(holds.is_empty(), "a rejection leaves nothing held");
+    }
+    assert_eq!(count(&metrics, "tokens", "token_bucket", "allowed"), 1);
+    assert_eq!(count(&metrics, "tokens", "token_bucket", "refunded"), 2);
+    assert_eq!(count(&metrics, "conc", "inflight", "allowed"), 1);
+    assert_eq!(count(&metrics, "conc", "inflight", "rejected"), 2);
+    // The refunds gave the tokens back: 4 left for the first key.
+    let Limiter::TokenBucket(tb) = &rt.origins[0].request_limits[0].variants[0].limiter else {
+        panic!("tokens is a token bucket");
+    };
+    let key = rt.origins[0].request_limits[0]
+        .key
+        .hash(&req("acme"))
+        .unwrap();
+    assert_eq!(tb.state.tokens(key, clock.now()), 4);
+    // Releasing the held unit (the upstream is done) lets the next request through.
+    drop(held);
+    assert!(pass(&rt, &req("acme"), clock.now(), &mut Holds::new()));
+    assert_eq!(count(&metrics, "tokens", "token_bucket", "allowed"), 2);
+}
+
+#[test]
+fn a_block_never_invites_a_retry_and_other_keys_pass() {
+    let metrics = Metrics::new().unwrap();
+    let rt = runtime(
+        "      tokens:\n        kind: token_bucket\n        key: [customer]\n        capacity: 5\n        refill: { amount: 1, every: 1s }\n        overrides:\n          - match: { customer: blocked }\n            capacity: 0\n      per_client:\n        kind: rate\n        max: 10\n        per: 1s\n        overrides:\n          - match: { customer: muted }\n            max: 0\n",
+        &metrics,
+    );
+    let origin = &rt.origins[0];
+    for (customer, limit) in [("blocked", "tokens"), ("muted", "per_client")] {
+        let mut holds = Holds::new();
+        let rejected = decide::run(
+            origin,
+            Phase::Request,
+            &req(customer),
+            0,
+            &mut holds,
+            &mut Notes::new(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(rejected.verdict.retry_after, NEVER, "{customer}");
+        assert_eq!(
+            origin.request_limits[usize::from(rejected.limit)].name,
+            limit
+        );
+    }
+    assert!(pass(&rt, &req("acme"), 0, &mut Holds::new()));
+}
+
+#[test]
+fn reload_keeps_unchanged_state_and_the_collector_follows_the_live_runtime() {
+    let metrics = Metrics::new().unwrap();
+    let limits = |max_keys: u64, capacity: u64| {
+        format!(
+            "      small: {{ kind: token_bucket, key: [client_ip], capacity: {capacity}, refill: {{ amount: 1, every: 1h }}, max_keys: {max_keys} }}\n"
+        )
+    };
+    let first = runtime(&limits(8, 10), &metrics);
+    let live = Arc::new(ArcSwap::from_pointee(first));
+    let collector = RuntimeCollector::new(live.clone()).unwrap();
+    let evictions = |c: &RuntimeCollector| -> u64 {
+        c.collect()[0]
+            .get_metric()
+            .iter()
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
+    };
+    // Nine clients spend a token each in a table of 8: one eviction.
+    let spend = |rt: &Runtime| {
+        for i in 1..=9u8 {
+            let facts = Req {
+                client: IpAddr::from([10, 0, 0, i]),
+                ..req("acme")
+            };
+            assert!(pass(rt, &facts, 0, &mut Holds::new()));
+        }
+    };
+    spend(&live.load());
+    assert_eq!(evictions(&collector), 1);
+    // Same shape: the table is carried over, and so is its count.
+    let config = live.load().config.clone();
+    let (same, carried) = Runtime::build(config, Some(&live.load()), &metrics).unwrap();
+    assert_eq!((carried.kept, carried.fresh, carried.dropped), (1, 0, 0));
+    live.store(Arc::new(same));
+    assert_eq!(evictions(&collector), 1);
+    // A new capacity is a new state: counted from 0, as Prometheus expects of a reset.
+    let text = format!(
+        "origins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"127.0.0.1:9\"]\n    customer: acme\n    limits:\n{}",
+        limits(8, 11)
+    );
+    let config = Arc::new(parse_str(&text, "t.yaml").unwrap().config);
+    let (changed, carried) = Runtime::build(config, Some(&live.load()), &metrics).unwrap();
+    assert_eq!((carried.kept, carried.fresh, carried.dropped), (0, 1, 1));
+    live.store(Arc::new(changed));
+    assert_eq!(evictions(&collector), 0);
+    spend(&live.load());
+    assert_eq!(evictions(&collector), 1);
+}
