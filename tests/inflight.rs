@@ -15,6 +15,7 @@ fn config(upstreams: &[std::net::SocketAddr], max: u64, extra_origin: &str) -> S
     format!(
         r#"
 {SERVER}  threads: 2
+  trusted_proxies: ["127.0.0.1/32"]
   customer_header: x-customer-id
 origins:
   app:
@@ -242,4 +243,31 @@ async fn unknown_host_is_404_problem() {
         1.0,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_without_a_customer_is_its_own_customer() {
+    // No `customer`, no trusted customer header: the default inflight key
+    // [customer, server_ip, host] still applies, with the origin's name as the customer.
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let text = format!(
+        r#"
+{SERVER}defaults:
+  limits:
+    origin_inflight: {{ kind: inflight, max: 1 }}
+origins:
+  app:
+    hosts: ["app.test"]
+    upstreams: ["{}"]
+"#,
+        up.addr
+    );
+    let t = Tollgate::start(&text).await;
+    let held = hold(&t, &[&up], 1, "ignored").await;
+    let resp = get(&t, "/", "someone-else").await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    up.release();
+    for task in held {
+        assert_eq!(task.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
 }

@@ -171,7 +171,7 @@ async fn overrides_give_matching_customers_their_own_bucket() {
           - match: { customer: blocked }
             capacity: 0
 "#;
-    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    let t = Tollgate::start(&config(up.addr, "\"127.0.0.1/32\"", limits)).await;
     let small = [("x-customer-id", "small")];
     let big = [("x-customer-id", "bigco")];
     let blocked = [("x-customer-id", "blocked")];
@@ -211,6 +211,50 @@ async fn a_flood_of_rejections_writes_a_few_log_lines() {
     assert!(
         (1..=5 * seconds).contains(&lines) && lines < 40,
         "{lines} lines in {seconds}s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_customer_header_is_believed_only_from_a_trusted_proxy() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = r#"
+      per_customer:
+        kind: token_bucket
+        key: [customer]
+        capacity: 2
+        refill: { amount: 1, every: 1h }
+        overrides:
+          - match: { customer: vip }
+            capacity: 100
+          - match: { customer: blocked }
+            capacity: 0
+"#;
+    // The test client (127.0.0.1) is not a trusted proxy: a header it invents changes
+    // nothing. It cannot escape its bucket, claim an override, or be mistaken for another.
+    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    let spoofs = ["vip", "a", "b", "c", "blocked"];
+    let got: Vec<u16> = {
+        let mut got = Vec::new();
+        for s in spoofs {
+            got.extend(statuses(&t, 1, &[("x-customer-id", s)]).await);
+        }
+        got
+    };
+    assert_eq!(
+        got,
+        vec![200, 200, 429, 429, 429],
+        "all one customer: the origin's"
+    );
+    drop(t);
+    // From a trusted proxy the header is the customer.
+    let t = Tollgate::start(&config(up.addr, "\"127.0.0.1/32\"", limits)).await;
+    assert_eq!(
+        statuses(&t, 3, &[("x-customer-id", "vip")]).await,
+        vec![200; 3]
+    );
+    assert_eq!(
+        statuses(&t, 1, &[("x-customer-id", "blocked")]).await,
+        vec![429]
     );
 }
 
@@ -383,7 +427,7 @@ async fn an_override_can_set_its_own_cost() {
           - match: { customer: heavy }
             cost: 2
 "#;
-    let t = Tollgate::start(&config(up.addr, "", limits)).await;
+    let t = Tollgate::start(&config(up.addr, "\"127.0.0.1/32\"", limits)).await;
     let heavy = [("x-customer-id", "heavy")];
     assert_eq!(statuses(&t, 3, &heavy).await, vec![200, 200, 429]);
     assert_eq!(statuses(&t, 5, &[]).await, vec![200, 200, 200, 200, 429]);

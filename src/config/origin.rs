@@ -38,8 +38,6 @@ const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration:
 pub(crate) struct OriginDraft {
     /// The origin's name.
     pub name: String,
-    /// Where the origin's name was written.
-    pub pos: Pos,
     /// Host patterns, lower-cased and located.
     pub hosts: Vec<At<String>>,
     /// Upstream addresses and names.
@@ -75,7 +73,6 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
     let path = child("origins", &entry.key);
     let mut o = OriginDraft {
         name: entry.key.clone(),
-        pos: entry.key_pos,
         hosts: Vec::new(),
         upstreams: Vec::new(),
         tls: false,
@@ -218,7 +215,9 @@ fn is_hostname(name: &str) -> bool {
         })
 }
 
-/// A host pattern: `shop.example.com` or `*.shop.example.com`, lower-cased.
+/// A host pattern: `shop.example.com` or `*.shop.example.com`, lower-cased, one trailing
+/// dot dropped; or an IPv6 literal (`[2001:db8::1]` or bare), kept bracketed in canonical
+/// form as requests carry it.
 fn host(text: &str) -> Result<String, String> {
     let lower = text.to_ascii_lowercase();
     if lower.contains("://") {
@@ -226,13 +225,21 @@ fn host(text: &str) -> Result<String, String> {
             "host `{text}` takes no scheme; write just the name, e.g. `shop.example.com`"
         ));
     }
+    let inner = lower
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(&lower);
+    if let Ok(v6) = inner.parse::<std::net::Ipv6Addr>() {
+        return Ok(format!("[{v6}]"));
+    }
     if lower.contains(':') {
         return Err(format!(
-            "host `{text}` takes no port; hosts are matched by name only"
+            "host `{text}` takes no port; hosts are matched by name only (write IPv6 literals as `[2001:db8::1]`)"
         ));
     }
-    if is_hostname(lower.strip_prefix("*.").unwrap_or(&lower)) {
-        Ok(lower)
+    let lower = lower.strip_suffix('.').unwrap_or(&lower);
+    if is_hostname(lower.strip_prefix("*.").unwrap_or(lower)) {
+        Ok(lower.to_string())
     } else {
         Err(format!(
             "`{text}` is not a valid host name; expected e.g. `shop.example.com` or `*.shop.example.com`"

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use crate::config::limit::parse_limits;
 use crate::config::merge;
-use crate::config::model::{Config, Diagnostic, Limit, Origin, Server, Severity};
-use crate::config::origin::{self, OriginDraft};
+use crate::config::model::{Config, Diagnostic, Origin, Severity};
+use crate::config::origin;
 use crate::config::report::{Pos, Report};
 use crate::config::scalar;
 use crate::config::server;
@@ -19,7 +19,6 @@ use crate::config::spec::LimitSpec;
 use crate::config::suggest;
 use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
-use crate::limits::KeyPart;
 
 /// The top-level keys.
 const TOP_KEYS: [&str; 3] = ["server", "defaults", "origins"];
@@ -141,17 +140,18 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
         .into_iter()
         .map(|d| {
             let limits = merge::origin_limits(r, &defaults, &d.limits);
-            warn_customerless(r, &server.server, &d, &limits);
             (d, limits)
         })
         .map(|(d, limits)| Origin {
             limits,
-            name: d.name,
+            name: d.name.clone(),
             hosts: d.hosts.into_iter().map(|h| h.v).collect(),
             upstreams: d.upstreams,
             tls: d.tls,
             sni: d.sni,
-            customer: d.customer,
+            // Every request has a customer: the origin's name when nothing else says,
+            // so a customer-keyed limit (the default inflight key) always applies.
+            customer: d.customer.or_else(|| Some(d.name.clone())),
             tls_verify: d.tls_verify,
             connect_timeout: d.connect_timeout,
             read_timeout: d.read_timeout,
@@ -161,28 +161,6 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
         server: server.server,
         origins,
     })
-}
-
-/// A limit keyed on `customer` skips a request that has no customer. With no
-/// `server.customer_header` and no origin `customer`, no request ever has one, so the limit
-/// silently never applies: almost certainly not what the operator meant (the default
-/// inflight key starts with `customer`).
-fn warn_customerless(r: &mut Report, server: &Server, origin: &OriginDraft, limits: &[Limit]) {
-    if server.customer_header.is_some() || origin.customer.is_some() {
-        return;
-    }
-    for limit in limits {
-        if limit.key.parts().contains(&KeyPart::Customer) {
-            r.warn(
-                origin.pos,
-                &format!("origins.{}", origin.name),
-                format!(
-                    "limit `{}` is keyed on `customer`, but this origin has no `customer` and `server.customer_header` is not set, so it never applies; set `customer: NAME` on the origin",
-                    limit.name
-                ),
-            );
-        }
-    }
 }
 
 /// `defaults: {limits: {...}}`.

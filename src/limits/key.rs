@@ -156,6 +156,13 @@ pub trait Facts {
     /// The request's value for `part` (borrowed from the request or from the part itself,
     /// as for `const:`).
     fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>>;
+
+    /// Whether the request carries `part` more than once (a repeated header). Values
+    /// whose count matters, such as a token cost, are refused when repeated rather than
+    /// guessing which one counts.
+    fn repeated(&self, _part: &KeyPart) -> bool {
+        false
+    }
 }
 
 /// The ordered list of parts that make up a limit's key.

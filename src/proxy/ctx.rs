@@ -45,6 +45,8 @@ pub struct Ctx {
     pub host: HostBuf,
     /// The resolved client IP.
     pub client_ip: Option<IpAddr>,
+    /// Whether the direct peer is a trusted proxy (its customer header is believed).
+    pub trusted_peer: bool,
     /// The decision time of the request-time limits.
     pub now: Nanos,
     /// What the limits took: request-time admissions to refund if a later limit rejects,
@@ -79,6 +81,7 @@ impl Default for Ctx {
             origin: None,
             host: HostBuf::default(),
             client_ip: None,
+            trusted_peer: false,
             now: 0,
             holds: Holds::new(),
             notes: Notes::new(),

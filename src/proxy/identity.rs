@@ -7,12 +7,20 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use crate::limits::{Fact, Facts, KeyPart};
+use crate::proxy::route::HostBuf;
 
 /// A malformed `X-Forwarded-For` from a trusted proxy: answered with 400, because the
 /// proxy in front is broken and guessing the client would mis-attribute its traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("X-Forwarded-For from a trusted proxy holds an entry that is not an IP address")]
 pub struct BadForwardedFor;
+
+/// Whether the direct peer is one of `trusted` (a proxy whose `X-Forwarded-For` and
+/// customer header are believed).
+pub fn is_trusted(peer: IpAddr, trusted: &[IpNet]) -> bool {
+    let peer = peer.to_canonical();
+    trusted.iter().any(|net| net.contains(&peer))
+}
 
 /// The client's IP.
 ///
@@ -64,10 +72,10 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 pub struct RequestFacts<'a> {
     /// The resolved client IP.
     pub client_ip: IpAddr,
-    /// Customer header value, or the origin's customer.
-    pub customer: Option<&'a [u8]>,
+    /// The customer header's value from a trusted proxy, else the origin's customer.
+    pub customer: &'a [u8],
     /// Lower-cased host.
-    pub host: &'a [u8],
+    pub host: HostBuf,
     /// The selected upstream server, once known.
     pub server: Option<SocketAddr>,
     /// The origin's name.
@@ -84,8 +92,8 @@ impl Facts for RequestFacts<'_> {
     fn fact<'b>(&'b self, part: &'b KeyPart) -> Option<Fact<'b>> {
         match part {
             KeyPart::ClientIp => Some(Fact::Ip(self.client_ip)),
-            KeyPart::Customer => self.customer.map(Fact::Bytes),
-            KeyPart::Host => Some(Fact::Bytes(self.host)),
+            KeyPart::Customer => Some(Fact::Bytes(self.customer)),
+            KeyPart::Host => Some(Fact::Bytes(self.host.as_bytes())),
             KeyPart::ServerIp => self.server.map(|s| Fact::Ip(s.ip())),
             KeyPart::ServerAddr => self.server.map(Fact::Addr),
             KeyPart::Origin => Some(Fact::Bytes(self.origin.as_bytes())),
@@ -96,6 +104,13 @@ impl Facts for RequestFacts<'_> {
                 .get(name.as_str())
                 .map(|v| Fact::Bytes(v.as_bytes())),
             KeyPart::Const(text) => Some(Fact::Bytes(text.as_bytes())),
+        }
+    }
+
+    fn repeated(&self, part: &KeyPart) -> bool {
+        match part {
+            KeyPart::Header(name) => self.headers.get_all(name.as_str()).iter().nth(1).is_some(),
+            _ => false,
         }
     }
 }

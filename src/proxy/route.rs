@@ -32,10 +32,20 @@ pub enum HostError {
 }
 
 impl HostBuf {
-    /// Lower-cases `raw` (a `Host` value, maybe with a port) into the buffer, port stripped.
-    /// IPv6 literals keep their brackets: `[::1]:8080` becomes `[::1]`.
+    /// Lower-cases `raw` (a `Host` value, maybe with a port) into the buffer, port
+    /// stripped. The port, when present, must be digits (`a.test:abc` is refused). A name's
+    /// one trailing dot is dropped (`shop.example.com.` is `shop.example.com`). An IPv6
+    /// literal must be bracketed and keeps its brackets, written in its canonical form so
+    /// that `[2001:DB8:0::1]:8080` and `[2001:db8::1]` are the same host.
     pub fn parse(raw: &[u8]) -> Result<Self, HostError> {
-        let host = strip_port(raw);
+        let (host, port) = split_port(raw)?;
+        if !port.iter().all(u8::is_ascii_digit) || port.len() > 5 {
+            return Err(HostError::Invalid);
+        }
+        if host.first() == Some(&b'[') {
+            return Self::ipv6(host);
+        }
+        let host = host.strip_suffix(b".").unwrap_or(host);
         if host.is_empty() {
             return Err(HostError::Missing);
         }
@@ -44,13 +54,32 @@ impl HostBuf {
         }
         let mut out = HostBuf::default();
         for (dst, &b) in out.buf.iter_mut().zip(host) {
-            if !(b.is_ascii_alphanumeric() || b"-._:[]".contains(&b)) {
+            if !(b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
                 return Err(HostError::Invalid);
             }
             *dst = b.to_ascii_lowercase();
         }
         // MAX_HOST_LEN < 256, so the length fits.
         out.len = host.len() as u8;
+        Ok(out)
+    }
+
+    /// A bracketed IPv6 literal, in canonical form (`[::1]`).
+    fn ipv6(bracketed: &[u8]) -> Result<Self, HostError> {
+        let inner = bracketed
+            .strip_prefix(b"[")
+            .and_then(|h| h.strip_suffix(b"]"))
+            .ok_or(HostError::Invalid)?;
+        let addr: std::net::Ipv6Addr = std::str::from_utf8(inner)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or(HostError::Invalid)?;
+        let mut out = HostBuf::default();
+        let mut cursor = std::io::Cursor::new(&mut out.buf[..]);
+        // At most 2 + 45 bytes: always fits.
+        std::io::Write::write_fmt(&mut cursor, format_args!("[{addr}]"))
+            .map_err(|_| HostError::Invalid)?;
+        out.len = cursor.position() as u8;
         Ok(out)
     }
 
@@ -65,18 +94,27 @@ impl HostBuf {
     }
 }
 
-fn strip_port(raw: &[u8]) -> &[u8] {
+/// Splits `host[:port]` or `[v6][:port]`; the port is what follows the colon (maybe
+/// empty, as RFC 9110 allows). An unclosed `[`, or anything but a port after `]`, is
+/// invalid.
+fn split_port(raw: &[u8]) -> Result<(&[u8], &[u8]), HostError> {
     if raw.first() == Some(&b'[') {
-        // [v6]:port
-        return match raw.iter().position(|&b| b == b']') {
-            Some(end) => &raw[..=end],
-            None => raw,
+        let end = raw
+            .iter()
+            .position(|&b| b == b']')
+            .ok_or(HostError::Invalid)?;
+        let (host, rest) = raw.split_at(end + 1);
+        return match rest {
+            [] => Ok((host, rest)),
+            [b':', port @ ..] => Ok((host, port)),
+            _ => Err(HostError::Invalid),
         };
     }
-    match raw.iter().rposition(|&b| b == b':') {
-        Some(colon) => &raw[..colon],
-        None => raw,
-    }
+    Ok(match raw.iter().position(|&b| b == b':') {
+        // A second colon is an unbracketed IPv6 literal or garbage: the port check fails.
+        Some(colon) => (&raw[..colon], &raw[colon + 1..]),
+        None => (raw, &[]),
+    })
 }
 
 #[cfg(test)]
@@ -94,5 +132,30 @@ mod tests {
         assert_eq!(HostBuf::parse(b":80").err(), Some(HostError::Missing));
         assert_eq!(HostBuf::parse(b"a b").err(), Some(HostError::Invalid));
         assert_eq!(HostBuf::parse(&[b'a'; 300]).err(), Some(HostError::Invalid));
+    }
+
+    #[test]
+    fn host_edge_cases() {
+        let ok = |raw: &str| HostBuf::parse(raw.as_bytes()).map(|h| h.as_str().to_string());
+        assert_eq!(
+            ok("a.test:abc"),
+            Err(HostError::Invalid),
+            "a port is digits"
+        );
+        assert_eq!(ok("a.test:123456"), Err(HostError::Invalid));
+        assert_eq!(
+            ok("a.test:"),
+            Ok("a.test".into()),
+            "an empty port is allowed"
+        );
+        assert_eq!(ok("[::1"), Err(HostError::Invalid), "unclosed bracket");
+        assert_eq!(ok("[::1]x"), Err(HostError::Invalid));
+        assert_eq!(ok("[nope]"), Err(HostError::Invalid));
+        assert_eq!(ok("::1"), Err(HostError::Invalid), "IPv6 must be bracketed");
+        assert_eq!(ok("Shop.Example.com."), Ok("shop.example.com".into()));
+        assert_eq!(ok("shop.example.com.:8080"), Ok("shop.example.com".into()));
+        assert_eq!(ok("."), Err(HostError::Missing));
+        assert_eq!(ok("[2001:DB8:0::1]:8443"), Ok("[2001:db8::1]".into()));
+        assert_eq!(ok("[::ffff:10.0.0.1]"), Ok("[::ffff:10.0.0.1]".into()));
     }
 }

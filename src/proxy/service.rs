@@ -16,7 +16,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
-use crate::proxy::identity::{client_ip, RequestFacts};
+use crate::proxy::identity::{client_ip, is_trusted, RequestFacts};
 use crate::proxy::problem::{self, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
 use crate::ratelog::suppressed_note;
@@ -63,13 +63,15 @@ impl Tollgate {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        let client = match client_ip(peer, &req.headers, &rt.config.server.trusted_proxies) {
+        let trusted = &rt.config.server.trusted_proxies;
+        let client = match client_ip(peer, &req.headers, trusted) {
             Ok(ip) => ip,
             Err(e) => return Some(problem::bad_request(e.to_string())),
         };
         ctx.client_ip = Some(client);
+        ctx.trusted_peer = is_trusted(peer, trusted);
         ctx.now = self.clock.now();
-        let facts = facts(session, ctx.client_ip, &ctx.host, rt, origin, None);
+        let facts = facts(session, ctx, rt, origin, None);
         let decided = decide::run(
             origin,
             Phase::Request,
@@ -104,7 +106,7 @@ impl Tollgate {
         // are replaced, never doubled.
         ctx.holds.retain(|t| t.phase != Phase::Upstream);
         ctx.notes.retain(|n| n.phase != Phase::Upstream);
-        let facts = facts(session, ctx.client_ip, &ctx.host, rt, origin, Some(addr));
+        let facts = facts(session, ctx, rt, origin, Some(addr));
         let now = self.clock.now();
         let decided = decide::run(
             origin,
@@ -145,30 +147,29 @@ impl Tollgate {
     }
 }
 
-/// Builds the facts of the current request; `server` once an upstream is picked. It takes
-/// the context's fields, not the context, so that the limits can write their tickets and
-/// notes into the context while the facts are borrowed.
+/// Builds the facts of the current request; `server` once an upstream is picked. The
+/// customer header is believed only from a trusted proxy (like `X-Forwarded-For`): from
+/// anyone else it would let a client pick its own limits. Otherwise the customer is the
+/// origin's `customer` (its name by default).
+///
+/// The facts copy what they need out of the context (the host is `Copy`), so that the
+/// limits can then write their holds and notes into the context.
 fn facts<'a>(
     session: &'a Session,
-    client_ip: Option<IpAddr>,
-    host: &'a HostBuf,
+    ctx: &Ctx,
     rt: &'a Runtime,
     origin: &'a OriginRt,
     server: Option<std::net::SocketAddr>,
 ) -> RequestFacts<'a> {
     let req = session.req_header();
-    let customer = rt
-        .config
-        .server
-        .customer_header
-        .as_deref()
-        .and_then(|name| req.headers.get(name))
-        .map(|v| v.as_bytes())
-        .or(origin.customer.as_deref());
+    let from_header = match (&rt.config.server.customer_header, ctx.trusted_peer) {
+        (Some(name), true) => req.headers.get(name.as_str()).map(|v| v.as_bytes()),
+        _ => None,
+    };
     RequestFacts {
-        client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        customer,
-        host: host.as_bytes(),
+        client_ip: ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        customer: from_header.unwrap_or(&origin.customer),
+        host: ctx.host,
         server,
         origin: &origin.name,
         method: req.method.as_str().as_bytes(),

@@ -24,7 +24,7 @@ use crate::runtime::policy::Policy;
 /// A cost header that is not a positive integer: answered with 400, because a caller that
 /// sends a broken cost must not be charged a guess.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("header `{header}` must be a positive integer token cost")]
+#[error("header `{header}` must appear once, as a positive integer token cost")]
 pub struct BadCost {
     /// The header's name.
     pub header: String,
@@ -225,7 +225,8 @@ impl Limiter {
 impl TokenBucketRt {
     /// The request's token cost: the fixed cost, or the cost header's value clamped to
     /// `[1, capacity]` (1 when the header is absent). A header that is not a positive
-    /// decimal integer (`0`, `-1`, `1.5`, `abc`) is a [`BadCost`], answered with 400.
+    /// decimal integer (`0`, `-1`, `1.5`, `abc`), or that appears twice, is a [`BadCost`],
+    /// answered with 400.
     fn cost_of<F: Facts + ?Sized>(&self, facts: &F) -> Result<u64, BadCost> {
         let part = match &self.cost {
             CostRt::Fixed(c) => return Ok(*c),
@@ -237,6 +238,9 @@ impl TokenBucketRt {
         let Some(fact) = facts.fact(part) else {
             return Ok(1);
         };
+        if facts.repeated(part) {
+            return Err(bad());
+        }
         let crate::limits::Fact::Bytes(bytes) = fact else {
             return Err(bad());
         };

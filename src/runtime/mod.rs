@@ -37,8 +37,9 @@ use crate::runtime::upstreams::{ResolveError, Upstreams};
 pub struct OriginRt {
     /// Name (metrics label).
     pub name: String,
-    /// Default customer.
-    pub customer: Option<Box<[u8]>>,
+    /// The customer of requests that bring none from a trusted proxy: the origin's
+    /// `customer`, else its name.
+    pub customer: Box<[u8]>,
     /// The resolved upstream servers, picked round robin.
     pub upstreams: Upstreams,
     /// TLS to upstreams.
@@ -152,7 +153,12 @@ impl Runtime {
             }
             origins.push(OriginRt {
                 name: origin.name.clone(),
-                customer: origin.customer.as_ref().map(|c| c.as_bytes().into()),
+                customer: origin
+                    .customer
+                    .as_deref()
+                    .unwrap_or(&origin.name)
+                    .as_bytes()
+                    .into(),
                 upstreams,
                 tls: origin.tls,
                 sni: origin.sni.clone().unwrap_or_default(),

@@ -60,7 +60,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("origin missing hosts", "origins:\n  a:\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:2:3: origins.a: missing required field `hosts`"),
     ("hosts empty", "origins:\n  a:\n    hosts: []\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:12: origins.a.hosts: `hosts` needs at least one host name"),
     ("hosts not a list", "origins:\n  a:\n    hosts: a.test\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:12: origins.a.hosts: expected a list, found a string"),
-    ("host with port", "origins:\n  a:\n    hosts: [a.test, \"b.test:8080\"]\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:21: origins.a.hosts[1]: host `b.test:8080` takes no port; hosts are matched by name only"),
+    ("host with port", "origins:\n  a:\n    hosts: [a.test, \"b.test:8080\"]\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:21: origins.a.hosts[1]: host `b.test:8080` takes no port; hosts are matched by name only (write IPv6 literals as `[2001:db8::1]`)"),
     ("host with scheme", "origins:\n  a:\n    hosts: [\"https://a.test\"]\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:13: origins.a.hosts[0]: host `https://a.test` takes no scheme; write just the name, e.g. `shop.example.com`"),
     ("host bad chars", "origins:\n  a:\n    hosts: [\"a b.test\"]\n    upstreams: [\"127.0.0.1:1\"]\n", "t.yaml:3:13: origins.a.hosts[0]: `a b.test` is not a valid host name; expected e.g. `shop.example.com` or `*.shop.example.com`"),
     ("host in two origins", concat!(base!(), "  b:\n    hosts: [x.test, A.test]\n    upstreams: [\"127.0.0.1:2\"]\n"), "t.yaml:6:21: origins.b.hosts[1]: host `a.test` is already used by origin `a`"),

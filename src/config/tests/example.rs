@@ -268,6 +268,16 @@ fn parses_the_design_example() {
 }
 
 #[test]
+fn hosts_take_ipv6_literals_and_drop_a_trailing_dot() {
+    let text = "origins:\n  a:\n    hosts: [\"[2001:DB8:0::1]\", \"::1\", Shop.Example.com.]\n    upstreams: [\"127.0.0.1:1\"]\n";
+    let config = parse_str(text, "t.yaml").unwrap().config;
+    assert_eq!(
+        config.origins[0].hosts,
+        ["[2001:db8::1]", "[::1]", "shop.example.com"]
+    );
+}
+
+#[test]
 fn defaults_apply_when_sections_are_minimal() {
     let text = "origins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n";
     let c = parse_str(text, "f").map(|l| l.config);
