@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per request, counted by valgrind's callgrind: the noise-free check of the
-# "limits cost at most 3%" budget. Wall-clock CPU on a shared 2-core machine moves ±10%
+# "three limits cost at most 2%" budget. Wall-clock CPU on a shared 2-core machine moves ±10%
 # between 10-second rounds, so benches/e2e.sh cannot resolve 3%; instruction counts are
 # repeatable for the same binary and inputs, whatever else the machine is doing.
 #
@@ -11,6 +11,8 @@
 #
 # Run:   benches/instructions.sh            (N=2000 requests; about a minute)
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
+#        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
+#        instructions go, function by function)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -115,6 +117,10 @@ YAML
   # Each thread's dump holds the events since --zero; sum them.
   cat "$out".* 2>/dev/null | awk '/^summary:/ { t += $2 } END { print t + 0 }'
   kill -TERM "$pid" 2>/dev/null || true
+  if [[ -n ${INSTR_KEEP:-} ]]; then
+    mkdir -p "$INSTR_KEEP"
+    cp "$out".* "$INSTR_KEEP"/ 2>/dev/null || true
+  fi
 }
 
 a=$(measure nolimits "")
@@ -129,5 +135,5 @@ awk -v a="$a" -v b="$b" -v n="$requests" 'BEGIN {
   printf "| tollgate | instructions/request |\n|---|---:|\n"
   printf "| no limits | %.0f |\n| inflight + rate + token bucket | %.0f |\n\n", a / n, b / n
   r = b / a
-  printf "- with limits / without: %.4f (%s: budget <= 1.03)\n", r, r <= 1.03 ? "PASS" : "MISS"
+  printf "- with limits / without: %.4f (%s: budget <= 1.02)\n", r, r <= 1.02 ? "PASS" : "MISS"
 }'

@@ -107,7 +107,9 @@ impl Tollgate {
         ctx.holds.retain(|t| t.phase != Phase::Upstream);
         ctx.notes.retain(|n| n.phase != Phase::Upstream);
         let facts = facts(session, ctx, rt, origin, Some(addr));
-        let now = self.clock.now();
+        // The request's decision time: the holding kinds read no clock, and an undo on a
+        // rejection refunds at the time the quota was taken.
+        let now = ctx.now;
         let decided = decide::run(
             origin,
             Phase::Upstream,

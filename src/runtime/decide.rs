@@ -82,8 +82,9 @@ pub fn run<F: Facts + ?Sized>(
     holds: &mut Holds,
     notes: &mut Notes,
 ) -> Result<Option<Decided>, BadCost> {
+    let mut keys = KeyCache::default();
     for (index, limit) in origin.limits(phase).iter().enumerate() {
-        let Some(key) = limit.key.hash(facts) else {
+        let Some(key) = keys.hash(limit, facts) else {
             limit.counters.skipped.inc();
             continue;
         };
@@ -132,6 +133,39 @@ pub fn run<F: Facts + ?Sized>(
     Ok(None)
 }
 
+/// The keys of one phase of one request, each hashed at most once: limits that share a key
+/// spec (the runtime numbers an origin's distinct specs) reuse the hash. Fixed-size, on
+/// the stack; a spec numbered past its size is simply hashed each time.
+#[derive(Default)]
+struct KeyCache {
+    hashes: [u64; 16],
+    /// Bit `i`: slot `i` was computed (as `hashes[i]`, or as missing when `missing` has it).
+    known: u16,
+    missing: u16,
+}
+
+impl KeyCache {
+    fn hash<F: Facts + ?Sized>(&mut self, limit: &LimitRt, facts: &F) -> Option<u64> {
+        let slot = limit.key_slot;
+        let Some(bit) = u16::try_from(slot)
+            .ok()
+            .and_then(|s| 1u16.checked_shl(s.into()))
+        else {
+            return limit.key.hash(facts);
+        };
+        if self.known & bit != 0 {
+            return (self.missing & bit == 0).then(|| self.hashes[slot]);
+        }
+        self.known |= bit;
+        let hash = limit.key.hash(facts);
+        match hash {
+            Some(h) => self.hashes[slot] = h,
+            None => self.missing |= bit,
+        }
+        hash
+    }
+}
+
 /// The limit a hold or decision refers to.
 pub fn limit_of(origin: &OriginRt, phase: Phase, limit: u16) -> Option<&LimitRt> {
     origin.limits(phase).get(usize::from(limit))
@@ -161,4 +195,45 @@ pub fn settle(origin: &OriginRt, holds: &mut Holds) {
         }
         matches!(t.hold, Hold::Inflight(_))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::limits::{Fact, KeyPart};
+
+    /// Counts how often a key part is read.
+    struct Counting(Cell<usize>);
+
+    impl Facts for Counting {
+        fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
+            self.0.set(self.0.get() + 1);
+            (*part == KeyPart::Method).then_some(Fact::Bytes(b"GET"))
+        }
+    }
+
+    #[test]
+    fn limits_sharing_a_key_hash_it_once_per_phase() {
+        let metrics = crate::metrics::Metrics::new().unwrap();
+        let text = "origins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n    limits:\n      r1: {kind: rate, key: [method], max: 9, per: 1s}\n      r2: {kind: rate, key: [method], max: 9, per: 1s}\n      tb: {kind: token_bucket, key: [method], capacity: 9, refill: {amount: 1, every: 1s}}\n      absent: {kind: rate, key: [path], max: 9, per: 1s}\n      absent2: {kind: rate, key: [path], max: 9, per: 1s}\n";
+        let config = crate::config::parse_str(text, "t.yaml").unwrap().config;
+        let (rt, _) =
+            crate::runtime::Runtime::build(std::sync::Arc::new(config), None, &metrics).unwrap();
+        let facts = Counting(Cell::new(0));
+        let (mut holds, mut notes) = (Holds::new(), Notes::new());
+        let out = run(
+            &rt.origins[0],
+            Phase::Request,
+            &facts,
+            0,
+            &mut holds,
+            &mut notes,
+        );
+        assert!(matches!(out, Ok(None)));
+        assert_eq!(holds.len(), 3);
+        // One read for [method], one for the missing [path], shared by two limits each.
+        assert_eq!(facts.0.get(), 2);
+    }
 }

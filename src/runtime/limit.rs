@@ -293,6 +293,9 @@ pub struct LimitRt {
     pub kind: Kind,
     /// Key parts.
     pub key: KeySpec,
+    /// The key's index among its origin's distinct keys: limits of one origin that share
+    /// a key (say two limits on `[client_ip]`) hash it once per request.
+    pub key_slot: usize,
     /// When to add RateLimit headers.
     pub headers: HeadersMode,
     /// `[base, override 0, override 1, ...]`.
@@ -311,6 +314,7 @@ impl LimitRt {
     pub fn build<'p>(
         origin: &str,
         limit: &Limit,
+        key_slot: usize,
         counters: DecisionCounters,
         previous: impl Fn(&StateId) -> Option<&'p Limiter>,
         carried: &mut super::Carried,
@@ -346,6 +350,7 @@ impl LimitRt {
             name: limit.name.clone(),
             kind: limit.params.kind(),
             key: limit.key.clone(),
+            key_slot,
             headers: limit.headers,
             variants,
             matchers: limit.overrides.iter().map(|o| o.matchers.clone()).collect(),

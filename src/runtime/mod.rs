@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::limits::KeySpec;
 use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
 use crate::runtime::limit::{LimitRt, Limiter, StateId};
@@ -140,11 +141,19 @@ impl Runtime {
                     source,
                 })?;
             let (mut request_limits, mut upstream_limits) = (Vec::new(), Vec::new());
+            let mut keys: Vec<&KeySpec> = Vec::new();
             for limit in &origin.limits {
                 let kind = limit.params.kind();
                 let counters = metrics.decisions(&origin.name, &limit.name, kind.name());
                 let lookup = |id: &StateId| before.get(id).copied();
-                let rt = LimitRt::build(&origin.name, limit, counters, lookup, &mut carried);
+                let slot = keys
+                    .iter()
+                    .position(|k| **k == limit.key)
+                    .unwrap_or_else(|| {
+                        keys.push(&limit.key);
+                        keys.len() - 1
+                    });
+                let rt = LimitRt::build(&origin.name, limit, slot, counters, lookup, &mut carried);
                 if kind.holds_upstream() {
                     upstream_limits.push(rt);
                 } else {
