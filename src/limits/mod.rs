@@ -11,6 +11,8 @@
 //!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
 //! - [`concurrency`]: exact copies held per key, globally and per group (Charon's
 //!   copy-limited resources), released exactly once by a guard or by an explicit release.
+//! - [`sliding_log`]: exact sliding logs of timestamps per key against several windows at
+//!   once (Grab's frequency caps), in a fixed arena.
 //!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
@@ -23,6 +25,7 @@ pub mod inflight;
 pub mod key;
 pub mod rate;
 pub mod sketch;
+pub mod sliding_log;
 pub mod token_bucket;
 pub mod verdict;
 
@@ -32,5 +35,6 @@ pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams};
 pub use sketch::SketchSize;
+pub use sliding_log::{LogWindow, SlidingLog};
 pub use token_bucket::{TokenBucket, TokenBucketParams};
 pub use verdict::Verdict;
