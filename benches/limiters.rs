@@ -8,7 +8,10 @@
 //! pingora's own `Inflight` (incr + guard drop, the like-for-like reference for inflight),
 //! tollgate's inflight (acquire + guard drop), rate and token bucket limiters (the bucket with
 //! the proxy's default `max_keys` of 100 k, and with 1 M so that nothing is evicted), all with
-//! the parameters of `conf/tollgate.yaml` and the default 4 × 8192 sketches, and the two peers
+//! the parameters of `conf/tollgate.yaml` and the default 4 × 8192 sketches, the exact
+//! concurrency limiter (acquire + guard drop: key limit alone, then with a global limit and a
+//! group that half the keys belong to), the exact sliding log (Grab's frequency caps: 3 a day,
+//! then 3 a day and 10 a week, `max_keys` 1 M), and the two peers
 //! of pingora's benchmark: a `Mutex<HashMap<u64, u64>>` counter (std hasher) and a
 //! `DashMap<u64, u64>` counter (ahash).
 //!
@@ -40,8 +43,9 @@ use dashmap::DashMap;
 use pingora_limits::estimator::Estimator;
 use pingora_limits::inflight::Inflight;
 use tollgate::limits::{
-    Fact, Facts, InflightLimiter, KeyPart, KeySpec, Nanos, RateLimiter, RateParams, SketchSize,
-    TokenBucket, TokenBucketParams,
+    ConcurrencyLimiter, ConcurrencyParams, Fact, Facts, InflightLimiter, KeyPart, KeySpec,
+    LogWindow, Nanos, RateLimiter, RateParams, SketchSize, SlidingLog, TokenBucket,
+    TokenBucketParams,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -290,6 +294,56 @@ impl<const MAX_KEYS: usize> Subject for TollBucket<MAX_KEYS> {
     }
 }
 
+/// Copies one key may hold, as in the `uploads` example of the config.
+const CONCURRENCY_MAX: u64 = 10;
+/// `max_keys` of the concurrency table: the proxy's default, far above the keys holding
+/// copies at once here (one per thread).
+const CONCURRENCY_MAX_KEYS: usize = 100_000;
+
+/// Exact concurrency: the key limit alone (`FULL` false), or with a global limit and one
+/// group that the keys with an odd hash belong to (`FULL` true).
+struct TollConcurrency<const FULL: bool>(ConcurrencyLimiter);
+impl<const FULL: bool> Subject for TollConcurrency<FULL> {
+    fn build() -> Self {
+        let params = ConcurrencyParams {
+            max: CONCURRENCY_MAX,
+            global: FULL.then_some(1_000),
+            groups: if FULL { vec![500] } else { Vec::new() },
+        };
+        Self(ConcurrencyLimiter::new(params, CONCURRENCY_MAX_KEYS).unwrap())
+    }
+    fn op(&self, key: u64, _: Nanos) -> bool {
+        match self.0.acquire(key, key & 1, 1) {
+            Ok(guard) => {
+                drop(black_box(guard));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+const DAY: Nanos = 86_400 * SEC;
+/// Grab's frequency caps: 3 a day, and 10 a week.
+const CAPS: [LogWindow; 2] = [
+    LogWindow { max: 3, per: DAY },
+    LogWindow {
+        max: 10,
+        per: 7 * DAY,
+    },
+];
+
+/// Exact sliding logs for 1 M keys (no eviction) with the first `WINDOWS` of [`CAPS`].
+struct TollSlidingLog<const WINDOWS: usize>(SlidingLog);
+impl<const WINDOWS: usize> Subject for TollSlidingLog<WINDOWS> {
+    fn build() -> Self {
+        Self(SlidingLog::new(&CAPS[..WINDOWS], KEYS).unwrap())
+    }
+    fn op(&self, key: u64, now: Nanos) -> bool {
+        black_box(self.0.acquire(key, 1, now)).allowed
+    }
+}
+
 struct MutexMap(Mutex<HashMap<u64, u64>>);
 impl Subject for MutexMap {
     fn build() -> Self {
@@ -433,6 +487,12 @@ fn main() {
         entry::<TollRate>("tollgate rate acquire"),
         entry::<TollBucket<BUCKET_MAX_KEYS>>("tollgate token bucket acquire (max_keys 100 k)"),
         entry::<TollBucket<KEYS>>("tollgate token bucket acquire (max_keys 1 M, no eviction)"),
+        entry::<TollConcurrency<false>>("tollgate concurrency acquire + guard drop (key max)"),
+        entry::<TollConcurrency<true>>(
+            "tollgate concurrency acquire + guard drop (key max, global, 1 group)",
+        ),
+        entry::<TollSlidingLog<1>>("tollgate sliding log acquire (3/day, max_keys 1 M)"),
+        entry::<TollSlidingLog<2>>("tollgate sliding log acquire (3/day + 10/week, max_keys 1 M)"),
         entry::<MutexMap>("Mutex<HashMap<u64,u64>> counter"),
         entry::<Dash>("DashMap<u64,u64> counter"),
     ];
@@ -522,6 +582,14 @@ fn main() {
         one("tollgate token bucket acquire (max_keys 100 k)"),
         one("tollgate token bucket acquire (max_keys 1 M"),
     );
+    let (conc, conc_full) = (
+        one("tollgate concurrency acquire + guard drop (key max)"),
+        one("tollgate concurrency acquire + guard drop (key max, global"),
+    );
+    let (log1, log2) = (
+        row("tollgate sliding log acquire (3/day,"),
+        row("tollgate sliding log acquire (3/day + 10/week"),
+    );
     let tb_heap = row("tollgate token bucket acquire (max_keys 100 k)").peak;
     let dash_heap = row("DashMap").peak;
     println!();
@@ -573,6 +641,29 @@ fn main() {
              {tb_all:.1} ns/op with max_keys 1 M"
         ),
     );
+    check(
+        "concurrency acquire + guard drop ≤ 100 ns/op on one thread",
+        conc.max(conc_full) <= 100.0,
+        format!(
+            "{conc:.1} ns/op for the key limit alone, {conc_full:.1} ns/op with a global \
+             limit and a group (token bucket at 1 M keys: {tb_all:.1} ns/op)"
+        ),
+    );
+    for (log, windows) in [(log1, &CAPS[..1]), (log2, &CAPS[..])] {
+        let expected = SlidingLog::memory_bytes(windows, KEYS).unwrap();
+        check(
+            "sliding log peak heap as documented (25 + 4E bytes per key of max_keys)",
+            log.peak <= expected + 4096,
+            format!(
+                "{}: {} for {KEYS} keys, documented {} (E = {}); {:.1} ns/op",
+                log.name,
+                mib(log.peak),
+                mib(expected),
+                windows.iter().max_by_key(|w| w.per).map_or(0, |w| w.max),
+                ns_per_op(median(log.single.clone()), events),
+            ),
+        );
+    }
     check(
         "token-bucket peak heap ≤ 1/10 of the DashMap counter's",
         tb_heap * 10 <= dash_heap,

@@ -9,6 +9,10 @@
 //! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
 //! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size
 //!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
+//! - [`concurrency`]: exact copies held per key, globally and per group (Charon's
+//!   copy-limited resources), released exactly once by a guard or by an explicit release.
+//! - [`sliding_log`]: exact sliding logs of timestamps per key against several windows at
+//!   once (Grab's frequency caps), in a fixed arena.
 //!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
@@ -16,17 +20,21 @@
 //! produce as well, so the proxy does not change shape when state moves off-box.
 
 pub mod clock;
+pub mod concurrency;
 pub mod inflight;
 pub mod key;
 pub mod rate;
 pub mod sketch;
+pub mod sliding_log;
 pub mod token_bucket;
 pub mod verdict;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
+pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams};
 pub use sketch::SketchSize;
+pub use sliding_log::{LogWindow, SlidingLog};
 pub use token_bucket::{TokenBucket, TokenBucketParams};
 pub use verdict::{Verdict, NEVER};
