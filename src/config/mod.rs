@@ -30,3 +30,4 @@ pub(crate) mod tests;
 
 pub use model::*;
 pub use parse::{load, parse_bytes, parse_str, ConfigError, Loaded};
+pub use text::MAX_FILE_BYTES;

@@ -11,7 +11,7 @@ use crate::config::report::Pos;
 
 /// The largest config file read: far above any real config (the shipped example is 5 KiB),
 /// small enough that reading and parsing it stays a matter of seconds.
-pub(crate) const MAX_FILE_BYTES: usize = 16 << 20;
+pub const MAX_FILE_BYTES: usize = 16 << 20;
 
 /// At most this many encoding or character problems are listed; the last one says how
 /// many more there are.
