@@ -44,6 +44,7 @@ use async_trait::async_trait;
 use notify::{RecursiveMode, Watcher};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use pingora::services::ServiceReadyNotifier;
 use tokio::time::Instant;
 
 use crate::config::{self, Config, ConfigError, Loaded, Server};
@@ -517,7 +518,13 @@ fn reload_read_error(
 
 #[async_trait]
 impl BackgroundService for Reloader {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Ready once SIGHUP is handled and the directory is watched: an edit made after
+    /// that is seen.
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
         use tokio::signal::unix::{signal, SignalKind};
         let mut hup = match signal(SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -537,6 +544,11 @@ impl BackgroundService for Reloader {
                 None
             }
         };
+        log::info!(
+            "config reloader ready: SIGHUP or a change to {} reloads it",
+            self.path.display()
+        );
+        ready.notify_ready();
         let mut seen = self.initial.as_ref().map(Seen::of).unwrap_or_default();
         let mut settling: Option<Settling> = None;
         loop {
@@ -747,7 +759,13 @@ mod tests {
             Some(initial),
         );
         let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move { reloader.start(shutdown).await });
+        let (ready, mut is_ready) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let ready = ServiceReadyNotifier::new(ready);
+            reloader.start_with_ready_notifier(shutdown, ready).await
+        });
+        // Edits made before the directory is watched would go unseen.
+        is_ready.wait_for(|r| *r).await.unwrap();
         let origins = || runtime.load().config.origins.len();
         let (m, failures, successes) = (&metrics, "failure", "success");
 

@@ -71,6 +71,14 @@ async fn reloads(t: &Tollgate, result: &str) -> f64 {
     .await
 }
 
+/// Waits until the reloader watches the file: an edit made before would go unseen.
+async fn reloader_ready(t: &Tollgate) {
+    eventually("the reloader is ready", 1_000, || async {
+        t.log_text().contains("config reloader ready")
+    })
+    .await;
+}
+
 async fn attempts(t: &Tollgate) -> f64 {
     reloads(t, "success").await + reloads(t, "failure").await
 }
@@ -142,6 +150,7 @@ async fn a_torn_in_place_write_is_never_applied_half_written() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let full = format!("{}{}", part1(up.addr), part2(up.addr, ""));
     let t = Tollgate::start(&full).await;
+    reloader_ready(&t).await;
 
     // Empty `second`'s bucket for key k: its state must survive the torn write.
     assert_eq!(status(&t, "a.test", Some("x-second")).await, 200);
@@ -213,6 +222,7 @@ async fn a_deliberate_removal_applies_by_sighup_and_a_huge_table_never_reaches_t
     let up = Upstream::start("127.0.0.1", "up").await;
     let full = format!("{}{}", part1(up.addr), part2(up.addr, ""));
     let t = Tollgate::start(&full).await;
+    reloader_ready(&t).await;
     assert_eq!(status(&t, "b.test", None).await, 200);
 
     // Removing origin `b` in place: held, and the log says how to apply it.
