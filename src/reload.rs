@@ -1,12 +1,40 @@
 //! Live reload: SIGHUP or a change of the config file on disk re-reads it, validates it
 //! fully, and swaps it in atomically. An invalid file changes nothing.
 //!
-//! The file's *directory* is watched, not the file: editors that save by writing a new
-//! file and renaming it over the old one replace the inode, which a watch on the file
-//! itself would lose. Events are debounced so that one save is one reload. Requests
-//! already running keep the `Arc<Runtime>` they started with; limiter state carries over
-//! by identity (see [`crate::runtime`]).
+//! **Watching.** The file's *directory* is watched, not the file: editors that save by
+//! writing a new file and renaming it over the old one replace the inode, which a watch on
+//! the file itself would lose, and Kubernetes updates a mounted ConfigMap by swapping a
+//! symlink in that directory. Any change in the directory wakes the reloader, which then
+//! reads the file (following symlinks) and compares it with what it saw last: unrelated
+//! changes cost one read of the config and nothing else.
+//!
+//! **Torn writes.** A file rewritten in place is briefly incomplete, and a prefix of a
+//! config is often a valid config with origins or limits missing. Applying one would
+//! answer 404 for the missing origins and drop the state of the missing limits. So a
+//! file event is handled in three steps:
+//!
+//! 1. *Settle.* The file is read [`DEBOUNCE`] after the first event, then again every
+//!    [`SETTLE`] until two reads in a row agree on inode, size, modification time and
+//!    content (for at most [`MAX_SETTLE_READS`] reads).
+//! 2. *Replaced or rewritten.* A new inode means the file was replaced whole (a rename,
+//!    a ConfigMap symlink swap): it is complete and applies like any reload. The same
+//!    inode means it was rewritten in place, and might be half-written.
+//! 3. *Hold what looks partial.* An in-place rewrite is not applied automatically when,
+//!    compared to the running config, it removes an origin, a host, an upstream, a limit
+//!    or an override, or when it lost the final line break the running file had: what a
+//!    cut-off file looks like. It is refused with a log line saying so (counted as a
+//!    `failure`); the old config keeps serving, the completed file applies when it is
+//!    written, and SIGHUP applies the file as it is, deliberately.
+//!
+//! **Never dies.** A reload that fails or panics is counted in
+//! `tollgate_config_reloads_total{result="failure"}` and logged; the panic is caught, and
+//! the next edit or SIGHUP is handled as usual. Requests already running keep the
+//! `Arc<Runtime>` they started with; limiter state carries over by identity (see
+//! [`crate::runtime`]).
 
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,13 +44,27 @@ use async_trait::async_trait;
 use notify::{RecursiveMode, Watcher};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use pingora::services::ServiceReadyNotifier;
+use tokio::time::Instant;
 
-use crate::config::{self, ConfigError, Server};
+use crate::config::{self, Config, ConfigError, Loaded, Server};
 use crate::metrics::Metrics;
 use crate::runtime::{BuildError, Carried, Runtime};
 
-/// How long to wait after a file event for the editor to finish writing.
-const DEBOUNCE: Duration = Duration::from_millis(150);
+/// How long after a file event the file is first read: one save is usually several
+/// events within a few milliseconds.
+pub const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// The pause between two reads of a changed file; it is applied once two reads in a row
+/// agree.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+/// The most reads spent waiting for a changed file to settle (about 6 s); a file still
+/// changing after them is read again at its next change.
+pub const MAX_SETTLE_READS: u32 = 20;
+
+/// The most removals a "looks partly written" message lists.
+const MAX_LISTED: usize = 5;
 
 /// Why a reload was refused. The old config keeps serving.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +76,17 @@ pub enum ReloadError {
     /// stopped resolving).
     #[error("config reload refused, the previous config keeps serving: {0}")]
     Build(#[from] BuildError),
+    /// The file was rewritten in place and looks cut off (see the module doc).
+    #[error("config reload held, the previous config keeps serving: {file} was rewritten in place and {why}; it looks like a partly written file, so it is not applied automatically. If it is complete, send SIGHUP to apply it as it is (or save it by renaming a new file over it)")]
+    Partial {
+        /// The file.
+        file: String,
+        /// What makes it look cut off.
+        why: String,
+    },
+    /// Loading or building panicked. The panic was caught; nothing changed.
+    #[error("config reload failed, the previous config keeps serving: the reload panicked: {0}")]
+    Panicked(String),
 }
 
 /// Seconds since the Unix epoch, for the last-success gauge.
@@ -41,6 +94,63 @@ pub fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One read of the config file: which file it was, its size and modification time as
+/// the file system reported them, and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Device and inode (following symlinks): a new inode is a file replaced whole.
+    pub inode: (u64, u64),
+    /// The size reported before reading.
+    pub len: u64,
+    /// The modification time reported before reading.
+    pub modified: Option<SystemTime>,
+    /// The content, at most one byte more than a config may have.
+    pub bytes: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Reads `path` (following symlinks). A file longer than a config may be is read only
+    /// one byte past the bound, for the size error.
+    pub fn read(path: &Path) -> std::io::Result<Snapshot> {
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::File::open(path)?;
+        let meta = file.metadata()?;
+        let limit = u64::try_from(config::MAX_FILE_BYTES).unwrap_or(u64::MAX);
+        let mut bytes = Vec::new();
+        file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+        Ok(Snapshot {
+            inode: (meta.dev(), meta.ino()),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            bytes,
+        })
+    }
+
+    /// Parses the bytes, naming `path` in diagnostics.
+    pub fn parse(&self, path: &Path) -> Result<Loaded, ConfigError> {
+        config::parse_bytes(&self.bytes, &path.display().to_string())
+    }
+
+    fn ends_with_newline(&self) -> bool {
+        self.bytes.last() == Some(&b'\n')
+    }
+}
+
+/// How the text being reloaded reached the file, which decides how much it is trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// SIGHUP: the operator says the file is ready. Applied as it is.
+    Signal,
+    /// A new file took the old one's place (rename, symlink swap): complete by
+    /// construction. Applied as it is.
+    Replaced,
+    /// The same file rewritten in place: held when it looks cut off.
+    InPlace {
+        /// Whether the running config's file ended with a line break.
+        had_final_newline: bool,
+    },
 }
 
 /// Server settings that only a restart or a graceful upgrade can change.
@@ -64,50 +174,189 @@ fn restart_only_changes(old: &Server, new: &Server) -> Vec<&'static str> {
     changed
 }
 
-/// Loads `path`, builds its runtime on top of the current one, and swaps it in. Counts
-/// the attempt in `tollgate_config_reloads_total{result}`.
+/// What `new` no longer has that `old` had: origins, hosts, upstreams, limits and
+/// overrides (by their `match`), each named. A file cut short loses exactly such things,
+/// always at its end.
+pub fn removals(old: &Config, new: &Config) -> Vec<String> {
+    let mut gone = Vec::new();
+    let new_origins: HashMap<&str, &config::Origin> =
+        new.origins.iter().map(|o| (o.name.as_str(), o)).collect();
+    for o in &old.origins {
+        let Some(n) = new_origins.get(o.name.as_str()) else {
+            gone.push(format!("origin `{}`", o.name));
+            continue;
+        };
+        let hosts: HashSet<&String> = n.hosts.iter().collect();
+        for h in o.hosts.iter().filter(|h| !hosts.contains(h)) {
+            gone.push(format!("host `{h}` of origin `{}`", o.name));
+        }
+        let upstreams: HashSet<&config::Upstream> = n.upstreams.iter().collect();
+        for u in o.upstreams.iter().filter(|u| !upstreams.contains(u)) {
+            gone.push(format!("upstream `{u}` of origin `{}`", o.name));
+        }
+        let limits: HashMap<&str, &config::Limit> =
+            n.limits.iter().map(|l| (l.name.as_str(), l)).collect();
+        for l in &o.limits {
+            let Some(nl) = limits.get(l.name.as_str()) else {
+                gone.push(format!("limit `{}` of origin `{}`", l.name, o.name));
+                continue;
+            };
+            let lost = l
+                .overrides
+                .iter()
+                .filter(|ov| !nl.overrides.iter().any(|x| x.matchers == ov.matchers))
+                .count();
+            if lost > 0 {
+                gone.push(format!(
+                    "{lost} override(s) of limit `{}` of origin `{}`",
+                    l.name, o.name
+                ));
+            }
+        }
+    }
+    gone
+}
+
+/// Why text that arrived `how` looks cut off compared to the running `old` config, if it
+/// does.
+fn looks_partial(how: Arrival, snapshot: &Snapshot, old: &Config, new: &Config) -> Option<String> {
+    let Arrival::InPlace { had_final_newline } = how else {
+        return None;
+    };
+    let gone = removals(old, new);
+    if !gone.is_empty() {
+        let mut listed = gone
+            .iter()
+            .take(MAX_LISTED)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if gone.len() > MAX_LISTED {
+            listed.push_str(&format!(" and {} more", gone.len() - MAX_LISTED));
+        }
+        return Some(format!("the new text removes {listed}"));
+    }
+    if had_final_newline && !snapshot.ends_with_newline() {
+        return Some("the new text does not end with a line break, as the running one did".into());
+    }
+    None
+}
+
+/// Builds the runtime for `snapshot` on top of the current one and swaps it in, unless
+/// it arrived in place and looks cut off. Panics are caught and returned as errors.
+/// Counts the attempt in `tollgate_config_reloads_total{result}`.
+pub fn apply(
+    path: &Path,
+    snapshot: &Snapshot,
+    how: Arrival,
+    runtime: &ArcSwap<Runtime>,
+    metrics: &Metrics,
+) -> Result<Carried, ReloadError> {
+    attempt(metrics, || {
+        #[cfg(test)]
+        tests::fault(snapshot);
+        let loaded = snapshot.parse(path)?;
+        let current = runtime.load_full();
+        if let Some(why) = looks_partial(how, snapshot, &current.config, &loaded.config) {
+            return Err(ReloadError::Partial {
+                file: path.display().to_string(),
+                why,
+            });
+        }
+        for warning in &loaded.warnings {
+            log::warn!("{warning}");
+        }
+        let pinned = restart_only_changes(&current.config.server, &loaded.config.server);
+        if !pinned.is_empty() {
+            log::warn!(
+                "{} changed but cannot be applied live; the old values stay until a restart or a graceful upgrade (`tollgate run --upgrade` then SIGQUIT to the old process)",
+                pinned.join(", ")
+            );
+        }
+        let (new, carried) = Runtime::build(Arc::new(loaded.config), Some(&current), metrics)?;
+        runtime.store(Arc::new(new));
+        Ok(carried)
+    })
+}
+
+/// Reads `path` and applies it as SIGHUP does.
 pub fn reload(
     path: &Path,
     runtime: &ArcSwap<Runtime>,
     metrics: &Metrics,
 ) -> Result<Carried, ReloadError> {
-    let result = try_reload(path, runtime, metrics);
-    match &result {
-        Ok(_) => {
-            metrics
-                .config_reloads_total
-                .with_label_values(&["success"])
-                .inc();
-            metrics.config_last_reload_success.set(unix_now());
-        }
-        Err(_) => metrics
-            .config_reloads_total
-            .with_label_values(&["failure"])
-            .inc(),
+    match Snapshot::read(path) {
+        Ok(snapshot) => apply(path, &snapshot, Arrival::Signal, runtime, metrics),
+        Err(source) => attempt(metrics, || {
+            Err(ConfigError::Read {
+                file: path.display().to_string(),
+                source,
+            }
+            .into())
+        }),
+    }
+}
+
+/// Runs one reload attempt, catching a panic as a failure, and counts the outcome.
+fn attempt(
+    metrics: &Metrics,
+    f: impl FnOnce() -> Result<Carried, ReloadError>,
+) -> Result<Carried, ReloadError> {
+    // Nothing is shared until the final `store`, so a panic leaves no half-made state
+    // behind: unwinding out of `f` is safe to treat as a failed attempt.
+    let result = catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(ReloadError::Panicked(panic_message(payload.as_ref()))));
+    let outcome = if result.is_ok() { "success" } else { "failure" };
+    metrics
+        .config_reloads_total
+        .with_label_values(&[outcome])
+        .inc();
+    if result.is_ok() {
+        metrics.config_last_reload_success.set(unix_now());
     }
     result
 }
 
-fn try_reload(
-    path: &Path,
-    runtime: &ArcSwap<Runtime>,
-    metrics: &Metrics,
-) -> Result<Carried, ReloadError> {
-    let loaded = config::load(path)?;
-    for warning in &loaded.warnings {
-        log::warn!("{warning}");
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_string()
     }
-    let current = runtime.load_full();
-    let pinned = restart_only_changes(&current.config.server, &loaded.config.server);
-    if !pinned.is_empty() {
-        log::warn!(
-            "{} changed but cannot be applied live; the old values stay until a restart or a graceful upgrade (`tollgate run --upgrade` then SIGQUIT to the old process)",
-            pinned.join(", ")
-        );
+}
+
+/// A changed file being waited on until two reads agree.
+#[derive(Debug)]
+struct Settling {
+    /// When to read next.
+    due: Instant,
+    /// The previous read, if any.
+    last: Option<Snapshot>,
+    /// Reads so far.
+    reads: u32,
+}
+
+/// What the reloader knows of the file.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The last read acted on (applied, refused or held): an identical read is no change.
+    last: Option<Snapshot>,
+    /// The inode of the file the running config came from.
+    inode: Option<(u64, u64)>,
+    /// Whether the running config's file ended with a line break.
+    final_newline: bool,
+}
+
+impl Seen {
+    fn of(snapshot: &Snapshot) -> Seen {
+        Seen {
+            last: Some(snapshot.clone()),
+            inode: Some(snapshot.inode),
+            final_newline: snapshot.ends_with_newline(),
+        }
     }
-    let (new, carried) = Runtime::build(Arc::new(loaded.config), Some(&current), metrics)?;
-    runtime.store(Arc::new(new));
-    Ok(carried)
 }
 
 /// The background service that waits for SIGHUP or file changes.
@@ -115,20 +364,29 @@ pub struct Reloader {
     path: PathBuf,
     runtime: Arc<ArcSwap<Runtime>>,
     metrics: Arc<Metrics>,
+    /// The read the running config was loaded from.
+    initial: Option<Snapshot>,
 }
 
 impl Reloader {
-    /// Watches `path` and reloads into `runtime`.
-    pub fn new(path: PathBuf, runtime: Arc<ArcSwap<Runtime>>, metrics: Arc<Metrics>) -> Self {
+    /// Watches `path` and reloads into `runtime`. `initial` is the read the running
+    /// config came from (its inode tells an in-place rewrite from a replacement).
+    pub fn new(
+        path: PathBuf,
+        runtime: Arc<ArcSwap<Runtime>>,
+        metrics: Arc<Metrics>,
+        initial: Option<Snapshot>,
+    ) -> Self {
         Self {
             path,
             runtime,
             metrics,
+            initial,
         }
     }
 
-    fn reload_logged(&self, why: &str) {
-        match reload(&self.path, &self.runtime, &self.metrics) {
+    fn log(&self, why: &str, result: Result<Carried, ReloadError>) {
+        match result {
             Ok(c) => log::info!(
                 "config reloaded ({why}) from {}: {} limit states kept, {} fresh, {} dropped",
                 self.path.display(),
@@ -136,28 +394,101 @@ impl Reloader {
                 c.fresh,
                 c.dropped
             ),
+            Err(e @ ReloadError::Partial { .. }) => log::warn!("{e}"),
             Err(e) => log::error!("{e}"),
         }
     }
 
-    /// Starts watching the config file's directory; events for the file are sent on `tx`.
+    /// SIGHUP: read once and apply as it is.
+    fn on_signal(&self, seen: &mut Seen) {
+        match Snapshot::read(&self.path) {
+            Ok(snapshot) => {
+                let result = apply(
+                    &self.path,
+                    &snapshot,
+                    Arrival::Signal,
+                    &self.runtime,
+                    &self.metrics,
+                );
+                if result.is_ok() {
+                    *seen = Seen::of(&snapshot);
+                } else {
+                    seen.last = Some(snapshot);
+                }
+                self.log("SIGHUP", result);
+            }
+            Err(e) => self.log("SIGHUP", reload_read_error(&self.path, e, &self.metrics)),
+        }
+    }
+
+    /// One read of a changed file. Returns whether to keep settling.
+    fn settle_step(&self, settling: &mut Settling, seen: &mut Seen) -> bool {
+        let snapshot = match Snapshot::read(&self.path) {
+            Ok(s) => s,
+            Err(e) => {
+                // Gone or unreadable: wait for it to come back, unless that persists.
+                settling.reads += 1;
+                if settling.reads >= MAX_SETTLE_READS {
+                    self.log(
+                        "file changed",
+                        reload_read_error(&self.path, e, &self.metrics),
+                    );
+                    return false;
+                }
+                settling.last = None;
+                settling.due = Instant::now() + SETTLE;
+                return true;
+            }
+        };
+        settling.reads += 1;
+        let first = settling.last.is_none() && settling.reads == 1;
+        if first && seen.last.as_ref() == Some(&snapshot) {
+            // Something else in the directory changed.
+            return false;
+        }
+        if settling.last.as_ref() != Some(&snapshot) {
+            if settling.reads >= MAX_SETTLE_READS {
+                log::warn!(
+                    "{} is still changing after {} reads {} ms apart; it will be read again at its next change",
+                    self.path.display(),
+                    settling.reads,
+                    SETTLE.as_millis()
+                );
+                seen.last = Some(snapshot);
+                return false;
+            }
+            settling.last = Some(snapshot);
+            settling.due = Instant::now() + SETTLE;
+            return true;
+        }
+        // Two reads agree: the file has settled.
+        let how = if seen.inode == Some(snapshot.inode) {
+            Arrival::InPlace {
+                had_final_newline: seen.final_newline,
+            }
+        } else {
+            Arrival::Replaced
+        };
+        let result = apply(&self.path, &snapshot, how, &self.runtime, &self.metrics);
+        if result.is_ok() {
+            *seen = Seen::of(&snapshot);
+        } else {
+            seen.last = Some(snapshot);
+        }
+        self.log("file changed", result);
+        false
+    }
+
+    /// Starts watching the config file's directory; any change in it is sent on `tx`.
     fn watch(
         &self,
         tx: tokio::sync::mpsc::Sender<()>,
     ) -> notify::Result<notify::RecommendedWatcher> {
-        let name = self.path.file_name().map(|n| n.to_os_string());
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let Ok(event) = event else { return };
-                if event.kind.is_access() {
-                    return;
-                }
-                if event
-                    .paths
-                    .iter()
-                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-                {
-                    // A full channel already holds a pending reload.
+                if !event.kind.is_access() {
+                    // A full channel already holds a pending wake-up.
                     let _ = tx.try_send(());
                 }
             })?;
@@ -170,9 +501,30 @@ impl Reloader {
     }
 }
 
+/// Counts and returns a read failure.
+fn reload_read_error(
+    path: &Path,
+    source: std::io::Error,
+    metrics: &Metrics,
+) -> Result<Carried, ReloadError> {
+    attempt(metrics, || {
+        Err(ConfigError::Read {
+            file: path.display().to_string(),
+            source,
+        }
+        .into())
+    })
+}
+
 #[async_trait]
 impl BackgroundService for Reloader {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    /// Ready once SIGHUP is handled and the directory is watched: an edit made after
+    /// that is seen.
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
         use tokio::signal::unix::{signal, SignalKind};
         let mut hup = match signal(SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -192,18 +544,267 @@ impl BackgroundService for Reloader {
                 None
             }
         };
+        log::info!(
+            "config reloader ready: SIGHUP or a change to {} reloads it",
+            self.path.display()
+        );
+        ready.notify_ready();
+        let mut seen = self.initial.as_ref().map(Seen::of).unwrap_or_default();
+        let mut settling: Option<Settling> = None;
         loop {
+            let due = settling.as_ref().map(|s| s.due);
             tokio::select! {
                 _ = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                    self.reload_logged("SIGHUP");
+                    settling = None;
+                    self.on_signal(&mut seen);
                 }
                 Some(()) = rx.recv() => {
-                    tokio::time::sleep(DEBOUNCE).await;
-                    while rx.try_recv().is_ok() {}
-                    self.reload_logged("file changed");
+                    if settling.is_none() {
+                        settling = Some(Settling { due: Instant::now() + DEBOUNCE, last: None, reads: 0 });
+                    }
+                }
+                _ = async { match due { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    if let Some(mut s) = settling.take() {
+                        if self.settle_step(&mut s, &mut seen) {
+                            settling = Some(s);
+                        }
+                    }
                 }
                 _ = shutdown.changed() => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file containing this line makes its reload panic: the fault the reloader must
+    /// survive (a bug in a build step, say), injected in tests only.
+    const PANIC_MARKER: &str = "# test: panic while reloading";
+
+    pub(super) fn fault(snapshot: &Snapshot) {
+        let text = String::from_utf8_lossy(&snapshot.bytes);
+        if text.contains(PANIC_MARKER) {
+            panic!("injected fault");
+        }
+    }
+
+    fn origin(name: &str, extra: &str) -> String {
+        format!(
+            "  {name}:\n    hosts: [{name}.test, www.{name}.test]\n    upstreams: [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n{extra}"
+        )
+    }
+
+    const LIMITS: &str = "    limits:\n      r:\n        kind: rate\n        max: 5\n        per: 1s\n        overrides:\n          - match: {customer: x}\n            max: 1\n          - match: {customer: y}\n            max: 2\n      t:\n        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n";
+
+    fn config(text: &str) -> Config {
+        match config::parse_str(text, "t.yaml") {
+            Ok(l) => l.config,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn full() -> String {
+        format!("origins:\n{}{}", origin("a", LIMITS), origin("b", ""))
+    }
+
+    #[test]
+    fn removals_name_everything_a_cut_can_lose() {
+        let old = config(&full());
+        assert_eq!(removals(&old, &old), Vec::<String>::new());
+        let text = full();
+        // Every line-boundary prefix that still parses loses something, or is the whole.
+        let mut valid_prefixes = 0;
+        for (cut, _) in text.match_indices('\n') {
+            let prefix = &text[..=cut];
+            if let Ok(l) = config::parse_str(prefix, "t.yaml") {
+                valid_prefixes += 1;
+                if prefix.len() < text.len() {
+                    assert!(
+                        !removals(&old, &l.config).is_empty() || prefix_keeps_all(prefix),
+                        "a cut after byte {cut} loses nothing:\n{prefix}"
+                    );
+                }
+            }
+        }
+        assert!(valid_prefixes >= 3);
+
+        let cut_b = config(&format!("origins:\n{}", origin("a", LIMITS)));
+        assert_eq!(removals(&old, &cut_b), ["origin `b`"]);
+        let fewer = full()
+            .replace(", www.a.test]", "]")
+            .replace(", \"127.0.0.1:2\"]\n    limits", "]\n    limits")
+            .replace("          - match: {customer: y}\n            max: 2\n", "")
+            .replace("      t:\n        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n", "");
+        assert_eq!(
+            removals(&old, &config(&fewer)),
+            [
+                "host `www.a.test` of origin `a`",
+                "upstream `127.0.0.1:2` of origin `a`",
+                "1 override(s) of limit `r` of origin `a`",
+                "limit `t` of origin `a`"
+            ]
+        );
+        // Additions and changed values are not removals.
+        let more = full().replace("max: 5", "max: 50") + &origin("c", "");
+        assert_eq!(removals(&old, &config(&more)), Vec::<String>::new());
+    }
+
+    /// A prefix that only lost trailing fields that do not remove anything (e.g. the
+    /// second override's `max`, which then falls back to the limit's): the line-break
+    /// and settle rules are what cover those.
+    fn prefix_keeps_all(prefix: &str) -> bool {
+        prefix.ends_with("- match: {customer: y}\n")
+    }
+
+    fn snapshot(text: &str) -> Snapshot {
+        Snapshot {
+            inode: (1, 1),
+            len: text.len() as u64,
+            modified: None,
+            bytes: text.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_in_place_rewrites_are_held() {
+        let old = config(&full());
+        let cut_text = format!("origins:\n{}", origin("a", LIMITS));
+        let cut = config(&cut_text);
+        let in_place = Arrival::InPlace {
+            had_final_newline: true,
+        };
+        let why = looks_partial(in_place, &snapshot(&cut_text), &old, &cut);
+        assert_eq!(why.as_deref(), Some("the new text removes origin `b`"));
+        for how in [Arrival::Signal, Arrival::Replaced] {
+            assert_eq!(looks_partial(how, &snapshot(&cut_text), &old, &cut), None);
+        }
+        // A cut inside the last line: nothing removed, but the final line break is gone.
+        let text = full();
+        let mid_line = text.trim_end_matches('\n');
+        let new = config(mid_line);
+        assert_eq!(
+            looks_partial(in_place, &snapshot(mid_line), &old, &new).as_deref(),
+            Some("the new text does not end with a line break, as the running one did")
+        );
+        let without = Arrival::InPlace {
+            had_final_newline: false,
+        };
+        assert_eq!(
+            looks_partial(without, &snapshot(mid_line), &old, &new),
+            None
+        );
+    }
+
+    fn counted(metrics: &Metrics, result: &str) -> u64 {
+        metrics
+            .config_reloads_total
+            .with_label_values(&[result])
+            .get()
+    }
+
+    #[test]
+    fn a_panicking_attempt_is_a_counted_failure() {
+        let metrics = Metrics::new().unwrap();
+        let result = attempt(&metrics, || panic!("boom {}", 7));
+        assert!(
+            matches!(&result, Err(ReloadError::Panicked(m)) if m == "boom 7"),
+            "{result:?}"
+        );
+        assert_eq!(counted(&metrics, "failure"), 1);
+        assert_eq!(counted(&metrics, "success"), 0);
+        assert!(attempt(&metrics, || Ok(Carried::default())).is_ok());
+        assert_eq!(counted(&metrics, "success"), 1);
+    }
+
+    /// Polls `cond` every 20 ms, at most `tries` times.
+    async fn eventually(what: &str, tries: usize, cond: impl Fn() -> bool) {
+        for _ in 0..tries {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    fn write_in_place(path: &Path, text: &str) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f.sync_all().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reloader_survives_a_panic_and_reads_the_next_edit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tollgate.yaml");
+        let one = format!("origins:\n{}", origin("a", LIMITS));
+        std::fs::write(&path, &one).unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let initial = Snapshot::read(&path).unwrap();
+        let loaded = initial.parse(&path).unwrap();
+        let (rt, _) = Runtime::build(Arc::new(loaded.config), None, &metrics).unwrap();
+        let runtime = Arc::new(ArcSwap::from_pointee(rt));
+        let reloader = Reloader::new(
+            path.clone(),
+            runtime.clone(),
+            metrics.clone(),
+            Some(initial),
+        );
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let (ready, mut is_ready) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let ready = ServiceReadyNotifier::new(ready);
+            reloader.start_with_ready_notifier(shutdown, ready).await
+        });
+        // Edits made before the directory is watched would go unseen.
+        is_ready.wait_for(|r| *r).await.unwrap();
+        let origins = || runtime.load().config.origins.len();
+        let (m, failures, successes) = (&metrics, "failure", "success");
+
+        // 1. An edit whose reload panics: a counted failure, nothing changes.
+        write_in_place(&path, &format!("{one}{PANIC_MARKER}\n{}", origin("b", "")));
+        eventually("the panic was counted", 1_000, || counted(m, failures) == 1).await;
+        assert_eq!(origins(), 1);
+
+        // 2. The next edit is still read, and applies.
+        write_in_place(&path, &format!("{one}{}", origin("b", "")));
+        eventually("the next edit applied", 1_000, || {
+            counted(m, successes) == 1
+        })
+        .await;
+        assert_eq!(origins(), 2);
+
+        // 3. Rewritten in place without `b`: held (a failure), `b` keeps serving.
+        write_in_place(&path, &one);
+        eventually("the removal was held", 1_000, || counted(m, failures) == 2).await;
+        assert_eq!(origins(), 2);
+
+        // 4. The same text saved by renaming a new file over it: applied.
+        let tmp = dir.path().join("tollgate.yaml.tmp");
+        std::fs::write(&tmp, &one).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        eventually("the rename applied", 1_000, || counted(m, successes) == 2).await;
+        assert_eq!(origins(), 1);
+
+        // 5. The renamed-in file is now the one rewritten in place: an addition applies.
+        std::fs::write(dir.path().join("other.txt"), "x").unwrap();
+        write_in_place(&path, &format!("{one}{}", origin("c", "")));
+        eventually("the next edit applied", 1_000, || {
+            counted(m, successes) == 3
+        })
+        .await;
+        assert_eq!(counted(m, failures), 2);
+        assert_eq!(origins(), 2);
+
+        stop.send(true).unwrap();
+        task.await.unwrap();
     }
 }

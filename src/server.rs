@@ -13,12 +13,12 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::config::{self, ConfigError};
+use crate::config::ConfigError;
 use crate::metrics::{Metrics, MetricsError};
 use crate::proxy::demo::DemoUpstream;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
-use crate::reload::{unix_now, Reloader};
+use crate::reload::{unix_now, Reloader, Snapshot};
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::{BuildError, Runtime};
 
@@ -57,7 +57,12 @@ pub enum StartError {
 
 /// Loads the config and builds a bootstrapped server ready for `run_forever`.
 pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
-    let loaded = config::load(&opts.config)?;
+    // Read once, as the reloader reads: it compares later reads with this one.
+    let snapshot = Snapshot::read(&opts.config).map_err(|source| ConfigError::Read {
+        file: opts.config.display().to_string(),
+        source,
+    })?;
+    let loaded = snapshot.parse(&opts.config)?;
     for warning in &loaded.warnings {
         log::warn!("{warning}");
     }
@@ -111,7 +116,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     }
     server.add_service(background_service(
         "config reloader",
-        Reloader::new(opts.config.clone(), runtime, metrics),
+        Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
     ));
     Ok(server)
 }

@@ -4,6 +4,7 @@
 //! required, and what the defaults are is decided after merging, in [`super::resolve`],
 //! because an origin's limit may take its kind from a default of the same name.
 
+use crate::config::bounds;
 use crate::config::model::{HeadersMode, Kind, Mode};
 use crate::config::names::{is_label, key_part, label_message};
 use crate::config::overrides;
@@ -90,7 +91,7 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
         }
         "sketch" => (spec.hashes, spec.slots) = params::sketch(r, v, path),
         "max_keys" => {
-            spec.max_keys = scalar::int(r, v, path, 1, u64::MAX)
+            spec.max_keys = scalar::int(r, v, path, 1, bounds::MAX_KEYS as u64)
                 .and_then(|n| usize::try_from(n).ok())
                 .map(located(v.pos, path));
         }
@@ -110,6 +111,11 @@ fn key(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<At<KeyPart>>>> 
             path,
             "a key needs at least one part, e.g. `[client_ip]`",
         );
+        return None;
+    }
+    if items.len() > bounds::MAX_KEY_PARTS {
+        let message = bounds::too_many("key parts", items.len(), bounds::MAX_KEY_PARTS);
+        r.error(node.pos, path, message);
         return None;
     }
     let mut parts = Vec::with_capacity(items.len());

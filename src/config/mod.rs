@@ -8,6 +8,7 @@ pub mod effective;
 pub mod model;
 pub mod parse;
 
+mod bounds;
 mod limit;
 mod merge;
 mod names;
@@ -20,6 +21,7 @@ mod scalar;
 mod server;
 mod spec;
 mod suggest;
+mod text;
 mod validate;
 mod yaml;
 
@@ -27,4 +29,5 @@ mod yaml;
 pub(crate) mod tests;
 
 pub use model::*;
-pub use parse::{load, parse_str, ConfigError, Loaded};
+pub use parse::{load, parse_bytes, parse_str, ConfigError, Loaded};
+pub use text::MAX_FILE_BYTES;

@@ -4,6 +4,7 @@
 //! It sits below [`super::limit`] and [`super::overrides`], which both read key parts, so
 //! that neither has to import the other.
 
+use crate::config::bounds::MAX_KEY_PART_BYTES;
 use crate::config::report::{Pos, Report};
 use crate::config::suggest;
 use crate::limits::key::KeyPartError;
@@ -26,6 +27,14 @@ pub(crate) fn label_message(what: &str, name: &str) -> String {
 
 /// Parses a key part written at `pos`, with a suggestion for a misspelt one.
 pub(crate) fn key_part(r: &mut Report, text: &str, pos: Pos, path: &str) -> Option<KeyPart> {
+    if text.len() > MAX_KEY_PART_BYTES {
+        let message = format!(
+            "a key part may be at most {MAX_KEY_PART_BYTES} bytes, this one is {}",
+            text.len()
+        );
+        r.error(pos, path, message);
+        return None;
+    }
     match KeyPart::parse(text) {
         Ok(part) => Some(part),
         Err(err) => {

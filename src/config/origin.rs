@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::config::bounds;
 use crate::config::limit::parse_limits;
 use crate::config::model::Upstream;
 use crate::config::names::{is_label, label_message};
@@ -38,6 +39,8 @@ const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration:
 pub(crate) struct OriginDraft {
     /// The origin's name.
     pub name: String,
+    /// Where the origin's name was written.
+    pub pos: Pos,
     /// Host patterns, lower-cased and located.
     pub hosts: Vec<At<String>>,
     /// Upstream addresses and names.
@@ -66,6 +69,11 @@ pub(crate) fn parse_origins(r: &mut Report, node: &Node) -> Vec<OriginDraft> {
     if entries.is_empty() {
         r.error(node.pos, "origins", "at least one origin is needed");
     }
+    if entries.len() > bounds::MAX_ORIGINS {
+        let message = bounds::too_many("origins", entries.len(), bounds::MAX_ORIGINS);
+        r.error(node.pos, "origins", message);
+        return Vec::new();
+    }
     entries.iter().map(|e| parse_origin(r, e)).collect()
 }
 
@@ -73,6 +81,7 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
     let path = child("origins", &entry.key);
     let mut o = OriginDraft {
         name: entry.key.clone(),
+        pos: entry.key_pos,
         hosts: Vec::new(),
         upstreams: Vec::new(),
         tls: false,
@@ -94,18 +103,17 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
         let sub = child(&path, &e.key);
         let v = &e.value;
         match e.key.as_str() {
-            "hosts" => o.hosts = list(r, v, &sub, "`hosts` needs at least one host name", host),
+            "hosts" => {
+                let empty = "`hosts` needs at least one host name";
+                o.hosts = list(r, v, &sub, empty, ("host names", bounds::MAX_HOSTS), host);
+            }
             "upstreams" => {
-                o.upstreams = list(
-                    r,
-                    v,
-                    &sub,
-                    "`upstreams` needs at least one address",
-                    upstream,
-                )
-                .into_iter()
-                .map(|a| a.v)
-                .collect();
+                let empty = "`upstreams` needs at least one address";
+                let max = ("upstreams", bounds::MAX_UPSTREAMS);
+                o.upstreams = list(r, v, &sub, empty, max, upstream)
+                    .into_iter()
+                    .map(|a| a.v)
+                    .collect();
             }
             "tls" => {
                 o.tls = scalar::boolean(r, v, &sub).unwrap_or(false);
@@ -176,12 +184,14 @@ fn tls_and_sni(
     }
 }
 
-/// A non-empty list whose items `parse` checks, each error located at its item.
+/// A non-empty list of at most `max.1` `max.0` whose items `parse` checks, each error
+/// located at its item.
 fn list<T>(
     r: &mut Report,
     node: &Node,
     path: &str,
     empty: &str,
+    max: (&str, usize),
     parse: fn(&str) -> Result<T, String>,
 ) -> Vec<At<T>> {
     let Some(items) = scalar::seq(r, node, path) else {
@@ -189,6 +199,10 @@ fn list<T>(
     };
     if items.is_empty() {
         r.error(node.pos, path, empty);
+    }
+    if items.len() > max.1 {
+        r.error(node.pos, path, bounds::too_many(max.0, items.len(), max.1));
+        return Vec::new();
     }
     let mut out = Vec::new();
     for (i, n) in items.iter().enumerate() {

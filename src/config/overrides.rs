@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 
+use crate::config::bounds;
 use crate::config::model::Mode;
 use crate::config::names::key_part;
 use crate::config::params;
@@ -20,6 +21,11 @@ use crate::limits::{KeyPart, MatchValue, Matcher};
 /// Reads the `overrides:` list at `path`.
 pub(crate) fn parse_list(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<OverrideSpec>>> {
     let items = scalar::seq(r, node, path)?;
+    if items.len() > bounds::MAX_OVERRIDES {
+        let message = bounds::too_many("overrides", items.len(), bounds::MAX_OVERRIDES);
+        r.error(node.pos, path, message);
+        return None;
+    }
     let list = items
         .iter()
         .enumerate()
@@ -97,6 +103,11 @@ fn matchers(r: &mut Report, node: &Node, path: &str) -> Vec<At<Matcher>> {
             path,
             "`match` needs at least one condition, e.g. `{customer: bigco}`",
         );
+    }
+    if entries.len() > bounds::MAX_MATCH {
+        let message = bounds::too_many("conditions", entries.len(), bounds::MAX_MATCH);
+        r.error(node.pos, path, message);
+        return Vec::new();
     }
     entries.iter().filter_map(|e| matcher(r, e, path)).collect()
 }

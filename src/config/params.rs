@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::config::bounds;
 use crate::config::model::Cost;
 use crate::config::report::{child, located, At, Pos, Report};
 use crate::config::scalar;
@@ -154,8 +155,8 @@ pub(crate) fn sketch(
                 .map(|n| At::new(n, v.pos, &sub))
         };
         match e.key.as_str() {
-            "hashes" => hashes = read(r, 1, 16),
-            "slots" => slots = read(r, 16, 16_777_216),
+            "hashes" => hashes = read(r, 1, bounds::MAX_HASHES as u64),
+            "slots" => slots = read(r, 16, bounds::MAX_SLOTS as u64),
             other => r.error(
                 e.key_pos,
                 &sub,

@@ -8,15 +8,17 @@
 
 use std::path::Path;
 
+use crate::config::bounds;
 use crate::config::limit::parse_limits;
 use crate::config::merge;
-use crate::config::model::{Config, Diagnostic, Origin, Severity};
-use crate::config::origin;
-use crate::config::report::{Pos, Report};
+use crate::config::model::{Config, Diagnostic, Limit, Origin, Severity};
+use crate::config::origin::{self, OriginDraft};
+use crate::config::report::{At, Pos, Report};
 use crate::config::scalar;
 use crate::config::server;
 use crate::config::spec::LimitSpec;
 use crate::config::suggest;
+use crate::config::text;
 use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
@@ -52,15 +54,59 @@ pub enum ConfigError {
 /// Reads and parses the file at `path`.
 pub fn load(path: &Path) -> Result<Loaded, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let bytes = read_bounded(path).map_err(|source| ConfigError::Read {
         file: file.clone(),
         source,
     })?;
-    parse_str(&text, &file)
+    parse_bytes(&bytes, &file)
+}
+
+/// The file's bytes, at most one more than [`text::MAX_FILE_BYTES`]: enough to tell that
+/// it is too large without reading all of it.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let limit = u64::try_from(text::MAX_FILE_BYTES).unwrap_or(u64::MAX);
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Parses a file's raw `bytes`, naming `file` in diagnostics: its size and encoding are
+/// checked first (UTF-8, a leading byte-order mark dropped), each problem located.
+pub fn parse_bytes(bytes: &[u8], file: &str) -> Result<Loaded, ConfigError> {
+    if let Some(problem) = text::size(bytes.len()) {
+        return Err(text_errors(file, vec![problem]));
+    }
+    match text::decode(bytes) {
+        Ok(text) => parse_str(text, file),
+        Err(problems) => Err(text_errors(file, problems)),
+    }
+}
+
+fn text_errors(file: &str, problems: Vec<text::TextProblem>) -> ConfigError {
+    let mut r = Report::new(file);
+    for (pos, message) in problems {
+        r.error(pos, text::PATH, message);
+    }
+    ConfigError::Invalid(r.finish().0)
 }
 
 /// Parses `text`, naming `file` in diagnostics.
+///
+/// A leading byte-order mark is dropped. Text with control characters (other than tab,
+/// line feed and carriage return) is refused before any YAML is read: the YAML scanner
+/// would take a NUL for the end of the file.
 pub fn parse_str(text: &str, file: &str) -> Result<Loaded, ConfigError> {
+    if let Some(problem) = text::size(text.len()) {
+        return Err(text_errors(file, vec![problem]));
+    }
+    let text = text::strip_bom(text);
+    let controls = text::control_characters(text);
+    if !controls.is_empty() {
+        return Err(text_errors(file, controls));
+    }
     let mut r = Report::new(file);
     let doc = yaml::parse(text);
     let syntax_failed = !doc.errors.is_empty() && doc.root.is_none();
@@ -125,6 +171,8 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
     let default_specs = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
+    let default_count = default_specs.len();
+    let defaults_pos = section("defaults").map_or(start, |n| n.pos);
     let defaults = merge::resolve_defaults(r, default_specs);
     let drafts = match section("origins") {
         Some(node) => origin::parse_origins(r, node),
@@ -136,10 +184,32 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
     };
     validate::hosts(r, &drafts);
     validate::listeners(r, &server.binds);
-    let origins = drafts
+    let too_many_defaults = default_count > bounds::MAX_LIMITS;
+    if too_many_defaults {
+        let message = bounds::too_many("default limits", default_count, bounds::MAX_LIMITS);
+        r.error(defaults_pos, "defaults.limits", message);
+    }
+    let merged: Vec<(OriginDraft, Vec<At<Limit>>)> = drafts
         .into_iter()
         .map(|d| {
             let limits = merge::origin_limits(r, &defaults, &d.limits);
+            if limits.len() > bounds::MAX_LIMITS && !too_many_defaults {
+                let message = format!(
+                    "origin `{}` runs {} limits (defaults included); at most {} are allowed",
+                    d.name,
+                    limits.len(),
+                    bounds::MAX_LIMITS
+                );
+                r.error(d.pos, &format!("origins.{}", d.name), message);
+            }
+            (d, limits)
+        })
+        .collect();
+    bounds::state_budget(r, merged.iter().flat_map(|(_, limits)| limits));
+    let origins = merged
+        .into_iter()
+        .map(|(d, limits)| {
+            let limits: Vec<Limit> = limits.into_iter().map(|l| l.v).collect();
             (d, limits)
         })
         .map(|(d, limits)| Origin {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::config::bounds;
 use crate::config::model::{Cost, Kind, Limit, LimitParams, Mode, Override};
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
@@ -65,6 +66,9 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
         if let Some(o) = resolve_override(r, kind, spec, o, mode) {
             overrides.push(o);
         }
+    }
+    if let Some(LimitParams::Inflight { sketch, .. } | LimitParams::Rate { sketch, .. }) = &params {
+        sketch_fits(r, spec, *sketch);
     }
     if let Some(LimitParams::TokenBucket { bucket, .. }) = &params {
         let (pos, path) = fill_anchor(spec);
@@ -260,6 +264,30 @@ fn cost_fits(r: &mut Report, params: &LimitParams, anchor: Option<(Pos, &String)
             ),
         );
     }
+}
+
+/// A sketch of more than [`bounds::MAX_COUNTERS`] counters is an error at the field that
+/// made it so (`slots`, else `hashes`).
+fn sketch_fits(r: &mut Report, spec: &LimitSpec, sketch: SketchSize) {
+    if sketch.counters() <= bounds::MAX_COUNTERS {
+        return;
+    }
+    let anchor = (spec.slots.as_ref().map(|s| (s.pos, s.path.as_str())))
+        .or_else(|| spec.hashes.as_ref().map(|h| (h.pos, h.path.as_str())))
+        .unwrap_or((spec.pos, spec.path.as_str()));
+    r.error(
+        anchor.0,
+        anchor.1,
+        format!(
+            "a sketch of {} hashes × {} slots has {} counters ({}); at most {} counters ({}) are allowed: lower `slots` or `hashes`",
+            sketch.hashes,
+            sketch.slots,
+            sketch.counters(),
+            bounds::human(sketch.bytes() as u128),
+            bounds::MAX_COUNTERS,
+            bounds::human((bounds::MAX_COUNTERS * SketchSize::COUNTER_BYTES) as u128),
+        ),
+    );
 }
 
 fn raise_warning(r: &mut Report, field: &str, base: &At<u64>, new: &At<u64>) {

@@ -144,8 +144,18 @@ pub(crate) fn int(r: &mut Report, node: &Node, path: &str, lo: u64, hi: u64) -> 
         mismatch(r, node, path, "an integer");
         return None;
     };
+    // `None`: beyond 128 bits, so far above any bound.
+    let too_large = value.is_none_or(|v| v > i128::from(hi));
     match value.and_then(|v| u64::try_from(v).ok()) {
         Some(v) if (lo..=hi).contains(&v) => Some(v),
+        _ if too_large => {
+            r.error(
+                node.pos,
+                path,
+                format!("too large: must be at most {hi}, found {}", s.text),
+            );
+            None
+        }
         _ => {
             let range = if hi == u64::MAX {
                 format!("must be at least {lo}")
@@ -191,13 +201,25 @@ pub(crate) fn duration(
         mismatch(r, node, path, "a duration such as `1s`");
         return None;
     }
-    let Ok(d) = humantime::parse_duration(t) else {
-        r.error(
-            node.pos,
-            path,
-            format!("`{t}` is not a duration; write e.g. `250ms`, `1s`, `5m`, `1h` or `1d`"),
-        );
-        return None;
+    let d = match humantime::parse_duration(t) {
+        Ok(d) => d,
+        Err(humantime::DurationError::NumberOverflow) => {
+            let (_, hi) = names;
+            r.error(
+                node.pos,
+                path,
+                format!("duration `{t}` is too large: must be at most {hi}"),
+            );
+            return None;
+        }
+        Err(_) => {
+            r.error(
+                node.pos,
+                path,
+                format!("`{t}` is not a duration; write e.g. `250ms`, `1s`, `5m`, `1h` or `1d`"),
+            );
+            return None;
+        }
     };
     if d < lo || d > hi {
         let (lo, hi) = names;

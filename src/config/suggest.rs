@@ -4,16 +4,30 @@
 //! messages share one shape: a suggestion when a known name is close, the full list
 //! otherwise.
 
+/// Names longer than this get no suggestion (every known name is far shorter).
+const MAX_COMPARED: usize = 64;
+
 /// The known name closest to `found`, when it is close enough to be a likely typo:
 /// normalized Damerau-Levenshtein similarity of at least 0.7, or at most two edits that
 /// leave more than half of the word intact.
+///
+/// A name of more than [`MAX_COMPARED`] bytes is never close to a known one, and comparing
+/// it would cost its length times each candidate's: it gets no suggestion.
 pub(crate) fn closest<'a>(found: &str, known: &[&'a str]) -> Option<&'a str> {
+    if found.len() > MAX_COMPARED {
+        return None;
+    }
     let found_lower = found.to_ascii_lowercase();
     let mut best: Option<(usize, f64, &'a str)> = None;
     for &candidate in known {
         let distance = strsim::damerau_levenshtein(&found_lower, candidate);
-        let similarity = strsim::normalized_damerau_levenshtein(&found_lower, candidate);
         let longest = found_lower.chars().count().max(candidate.chars().count());
+        // strsim's normalized similarity, without computing the distance a second time.
+        let similarity = if longest == 0 {
+            1.0
+        } else {
+            1.0 - distance as f64 / longest as f64
+        };
         let close = similarity >= 0.7 || (distance <= 2 && distance * 2 < longest);
         if close && best.is_none_or(|(d, s, _)| distance < d || (distance == d && similarity > s)) {
             best = Some((distance, similarity, candidate));
@@ -48,6 +62,7 @@ mod tests {
         assert_eq!(closest("Kind", &known), Some("kind"));
         assert_eq!(closest("a", &known), None);
         assert_eq!(closest("zzzzzz", &known), None);
+        assert_eq!(closest(&"capacity".repeat(100), &known), None);
         assert_eq!(
             unknown("kind", "zzz", &["rate", "inflight"]),
             "unknown kind `zzz`; expected one of rate, inflight"

@@ -7,14 +7,29 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
+use crate::config::bounds::MAX_WILDCARDS;
 use crate::config::origin::OriginDraft;
 use crate::config::report::{At, Report};
 
 /// Every host appears once, across all origins.
+///
+/// At most [`MAX_WILDCARDS`] hosts are `*.suffix` wildcards; the first one beyond is an
+/// error.
 pub(crate) fn hosts(r: &mut Report, origins: &[OriginDraft]) {
     let mut seen: HashMap<&str, &str> = HashMap::new();
+    let mut wildcards = 0usize;
     for origin in origins {
         for host in &origin.hosts {
+            if host.v.starts_with("*.") {
+                wildcards += 1;
+                if wildcards == MAX_WILDCARDS + 1 {
+                    r.error(
+                        host.pos,
+                        &host.path,
+                        format!("more than {MAX_WILDCARDS} wildcard hosts in the config; a request for a host without an exact match tries each in turn"),
+                    );
+                }
+            }
             match seen.get(host.v.as_str()) {
                 Some(&first) if first == origin.name => r.error(
                     host.pos,

@@ -6,6 +6,8 @@
 //! turns a syntax error into a located message. Typing of scalars is left to
 //! [`super::scalar`], because YAML's `10` is an integer for `max` but text for `customer`.
 
+use std::collections::HashMap;
+
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
@@ -124,9 +126,29 @@ enum Frame {
     Map {
         pos: Pos,
         entries: Vec<Entry>,
+        keys: KeyIndex,
         slot: Slot,
         bad: bool,
     },
+}
+
+/// The keys of one mapping so far, with where each was first written: the duplicate check
+/// costs one hash lookup per key, so a mapping of `n` keys is read in O(n), not O(n²).
+#[derive(Debug, Default)]
+struct KeyIndex {
+    first: HashMap<String, Pos>,
+}
+
+impl KeyIndex {
+    /// Records `key` written at `pos`. A repeat is not recorded again: where the key was
+    /// first written is returned instead.
+    fn insert(&mut self, key: &str, pos: Pos) -> Option<Pos> {
+        if let Some(&first) = self.first.get(key) {
+            return Some(first);
+        }
+        self.first.insert(key.to_string(), pos);
+        None
+    }
 }
 
 #[derive(Debug, Default)]
@@ -225,6 +247,7 @@ impl Builder {
             Frame::Seq { items, .. } => items.push(node),
             Frame::Map {
                 entries,
+                keys,
                 slot,
                 pos: map_pos,
                 ..
@@ -234,7 +257,7 @@ impl Builder {
                         // A block mapping's start mark lies after its first key.
                         *map_pos = node.pos;
                     }
-                    let (next, problem) = key_slot(entries, node, &path);
+                    let (next, problem) = key_slot(keys, node, &path);
                     *slot = next;
                     if let Some((pos, path, message)) = problem {
                         self.error(pos, path, message);
@@ -254,13 +277,13 @@ impl Builder {
 type Problem = (Pos, String, String);
 
 /// Decides what a key node means for the value that follows it.
-fn key_slot(entries: &[Entry], key: Node, path: &str) -> (Slot, Option<Problem>) {
+fn key_slot(keys: &mut KeyIndex, key: Node, path: &str) -> (Slot, Option<Problem>) {
     match key.value {
         Value::Scalar(scalar) => {
-            if let Some(first) = entries.iter().find(|e| e.key == scalar.text) {
+            if let Some(first) = keys.insert(&scalar.text, key.pos) {
                 let message = format!(
                     "duplicate key `{}` (first defined at line {})",
-                    scalar.text, first.key_pos.line
+                    scalar.text, first.line
                 );
                 (
                     Slot::Skip,
@@ -332,6 +355,7 @@ impl MarkedEventReceiver for Builder {
                 let frame = Frame::Map {
                     pos,
                     entries: Vec::new(),
+                    keys: KeyIndex::default(),
                     slot: Slot::Key,
                     bad,
                 };
@@ -340,5 +364,63 @@ impl MarkedEventReceiver for Builder {
             Event::SequenceEnd | Event::MappingEnd => self.close(),
             Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentEnd => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(line: usize) -> Pos {
+        Pos { line, col: 1 }
+    }
+
+    #[test]
+    fn key_index_reports_the_first_position_of_a_repeat() {
+        let mut keys = KeyIndex::default();
+        assert_eq!(keys.insert("a", at(1)), None);
+        assert_eq!(keys.insert("b", at(2)), None);
+        assert_eq!(keys.insert("a", at(3)), Some(at(1)));
+        // A repeat is not recorded: a third `a` still names the first.
+        assert_eq!(keys.insert("a", at(4)), Some(at(1)));
+        assert_eq!(keys.first.len(), 2);
+    }
+
+    #[test]
+    fn key_index_is_a_hash_map_not_a_list() {
+        // The structural property that makes a mapping linear to read: every key is one
+        // hash-map entry, found by hashing, whatever the number of keys before it.
+        let mut keys = KeyIndex::default();
+        for i in 0..100_000 {
+            assert_eq!(keys.insert(&format!("k{i}"), at(i + 1)), None);
+        }
+        assert_eq!(keys.first.len(), 100_000);
+        assert_eq!(keys.insert("k99999", at(1)), Some(at(100_000)));
+    }
+
+    #[test]
+    fn duplicates_in_a_large_mapping_are_each_reported_once() {
+        let mut text = String::from("m:\n");
+        for i in 0..50_000 {
+            text.push_str(&format!("  k{i}: 1\n"));
+        }
+        text.push_str("  k7: 2\n  k49999: 3\n");
+        let doc = parse(&text);
+        let messages: Vec<&str> = doc.errors.iter().map(|e| e.2.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "duplicate key `k7` (first defined at line 9)",
+                "duplicate key `k49999` (first defined at line 50001)"
+            ]
+        );
+        let Some(Node {
+            value: Value::Map(root),
+            ..
+        }) = &doc.root
+        else {
+            panic!("root is not a mapping")
+        };
+        assert!(matches!(&root[0].value.value, Value::Map(m) if m.len() == 50_000));
     }
 }

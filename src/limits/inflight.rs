@@ -41,11 +41,14 @@ pub struct InflightGuard {
 impl InflightLimiter {
     /// A limiter with a sketch of `size`.
     ///
-    /// A zero dimension is raised to 1, so a bad size degrades accuracy instead of
-    /// panicking on the hot path.
+    /// The size is [`SketchSize::clamped`]: a zero dimension is raised to 1, so a bad size
+    /// degrades accuracy instead of panicking on the hot path, and an oversized one is cut
+    /// to at most [`SketchSize::MAX_COUNTERS`] counters, so no value can make it allocate
+    /// more than 128 MiB (the config refuses such sizes anyway).
     pub fn new(size: SketchSize) -> Self {
+        let size = size.clamped();
         Self {
-            estimator: Arc::new(Estimator::new(size.hashes.max(1), size.slots.max(1))),
+            estimator: Arc::new(Estimator::new(size.hashes, size.slots)),
         }
     }
 
@@ -105,6 +108,19 @@ mod tests {
             hashes: 4,
             slots: 1024,
         })
+    }
+
+    #[test]
+    fn an_oversized_sketch_is_clamped_not_allocated() {
+        // usize::MAX rows of one slot would overflow a Vec's capacity (a panic); clamped,
+        // it is 16 rows of one slot, and still counts.
+        let l = InflightLimiter::new(SketchSize {
+            hashes: usize::MAX,
+            slots: 1,
+        });
+        let (_guard, estimate) = l.acquire(7, 1).unwrap();
+        assert_eq!(estimate, 1);
+        assert!(l.acquire(8, 1).is_err(), "one slot: every key collides");
     }
 
     #[test]

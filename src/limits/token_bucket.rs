@@ -94,13 +94,28 @@ struct Slot {
 struct Evictions(AtomicU64);
 
 impl TokenBucket {
+    /// The most keys one table may hold: 2²⁴, 16 777 216 keys in 400 MiB.
+    pub const MAX_KEYS: usize = 1 << 24;
+
+    /// The bytes [`TokenBucket::new`] allocates for `max_keys` (after the same clamping):
+    /// whole sets of 8 slots, 25 bytes a key.
+    pub fn table_bytes(max_keys: usize) -> usize {
+        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
+    }
+
+    fn sets_for(max_keys: usize) -> usize {
+        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
+    }
+
     /// Buckets with `params`, holding state for at most `max_keys` keys (see the module doc
     /// for the memory this allocates up front and for how eviction starts).
     ///
     /// `amount`, `every` and `max_keys` of 0 are raised to 1, so bad parameters degrade the
     /// limit instead of panicking on the hot path (the config rejects them anyway).
+    /// `max_keys` above [`Self::MAX_KEYS`] is cut to it, so no value can make the table
+    /// allocate more than 400 MiB (the config refuses such values too).
     pub fn new(params: TokenBucketParams, max_keys: usize) -> Self {
-        let sets = max_keys.max(1).div_ceil(WAYS);
+        let sets = Self::sets_for(max_keys);
         Self {
             params: TokenBucketParams {
                 amount: params.amount.max(1),
@@ -333,6 +348,28 @@ mod tests {
     /// Spreads small test keys over the sets, as real (hashed) keys are.
     fn spread(i: u64) -> u64 {
         i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    #[test]
+    fn the_table_never_exceeds_max_keys() {
+        let p = params(5, 1, SEC, false);
+        // Valid sizes are kept exactly: whole sets of 8, 25 bytes a key.
+        assert_eq!(TokenBucket::new(p, 1000).sets.len(), 125);
+        assert_eq!(TokenBucket::new(p, 1001).sets.len(), 126);
+        assert_eq!(TokenBucket::table_bytes(100_000), 2_500_000);
+        assert_eq!(
+            TokenBucket::table_bytes(TokenBucket::MAX_KEYS),
+            400 << 20,
+            "the largest table is 400 MiB"
+        );
+        // Anything larger is cut to the bound instead of overflowing or allocating
+        // terabytes (building that table here would touch 400 MiB, so the size it would
+        // take is checked through the same function `new` uses).
+        for huge in [TokenBucket::MAX_KEYS + 1, 1_000_000_000_000, usize::MAX] {
+            assert_eq!(TokenBucket::sets_for(huge), TokenBucket::MAX_KEYS / WAYS);
+            assert_eq!(TokenBucket::table_bytes(huge), 400 << 20);
+        }
+        assert_eq!(TokenBucket::new(p, 0).sets.len(), 1);
     }
 
     #[test]

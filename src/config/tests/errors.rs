@@ -17,7 +17,7 @@ macro_rules! limit {
 }
 
 /// Every diagnostic for `text`, rendered; empty when it parsed.
-pub(super) fn errors(text: &str) -> Vec<String> {
+pub(crate) fn errors(text: &str) -> Vec<String> {
     match parse_str(text, "t.yaml") {
         Ok(_) => Vec::new(),
         Err(ConfigError::Invalid(list)) => list.iter().map(|d| d.to_string()).collect(),
@@ -98,8 +98,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("headers unknown", limit!("        kind: inflight\n        max: 1\n        headers: never\n"), "t.yaml:9:18: origins.a.limits.l.headers: unknown `headers` value `never`; expected one of on_reject, always"),
     ("cost garbage", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n        cost: lots\n"), "t.yaml:10:15: origins.a.limits.l.cost: expected an integer of at least 1 or `header:NAME`, found `lots`"),
     ("cost bad header", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n        cost: \"header:a b\"\n"), "t.yaml:10:15: origins.a.limits.l.cost: `header:a b` needs a valid header name after `header:`"),
-    ("sketch hashes", limit!("        kind: inflight\n        max: 1\n        sketch: {hashes: 17, slots: 1024}\n"), "t.yaml:9:26: origins.a.limits.l.sketch.hashes: must be between 1 and 16, found 17"),
-    ("max_keys zero", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n        max_keys: 0\n"), "t.yaml:10:19: origins.a.limits.l.max_keys: must be at least 1, found 0"),
+    ("sketch hashes", limit!("        kind: inflight\n        max: 1\n        sketch: {hashes: 17, slots: 1024}\n"), "t.yaml:9:26: origins.a.limits.l.sketch.hashes: too large: must be at most 16, found 17"),
+    ("max_keys zero", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n        max_keys: 0\n"), "t.yaml:10:19: origins.a.limits.l.max_keys: must be between 1 and 16777216, found 0"),
     ("override without match", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - max: 5\n"), "t.yaml:10:13: origins.a.limits.l.overrides[0]: missing required field `match`"),
     ("override empty match", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - match: {}\n            max: 5\n"), "t.yaml:10:20: origins.a.limits.l.overrides[0].match: `match` needs at least one condition, e.g. `{customer: bigco}`"),
     ("override unknown part", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - match: {custmer: x}\n"), "t.yaml:10:21: origins.a.limits.l.overrides[0].match.custmer: unknown key part `custmer`; did you mean `customer`?"),

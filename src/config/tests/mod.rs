@@ -3,5 +3,6 @@
 mod errors;
 pub(crate) mod example;
 mod fuzz;
+mod hostile;
 mod origin_options;
 mod warnings;
