@@ -70,25 +70,40 @@
 //! renames it over the target, so a reader (a config reload) sees the old file or the new
 //! one, never a partial one.
 //!
-//! **Measured** (`cargo bench --bench segments`, release build with thin LTO, 2-core shared
-//! VM; heap is the live bytes of the loaded segment as mimalloc's usable sizes, the
-//! allocator the proxy runs with; lookups are half members, half not, in random order):
+//! **Measured** (`cargo bench --bench segments`; the 100 M row with
+//! `TOLLGATE_SEGMENTS_100M=1`). Heap is the loaded segment's live heap counted as mimalloc's
+//! usable block sizes (the proxy's allocator); times are CPU ns per lookup, throughput over a
+//! stream of probes (half members, half uniform in `[0, 2 × max]`), *cold* = 2 M probes in
+//! random order, *hot* = 1024 probes cycled. Taken on the shared 2-core VM at a load average
+//! of 15 to 19 (other builds), so times are inflated: the yardstick, a `binary_search` over
+//! the same IDs as a sorted `Vec<u64>` on the same probes, took 64 ns hot on 1 M IDs, which a
+//! quiet machine does in about 20.
 //!
 //! ```text
-//! IDs                     file bytes   bytes/ID   heap MB   contains ns   contains_bytes ns
-//! 1 M random 32-bit        2 524 296     2.52       3.2        ~31            ~41
-//! 10 M random 32-bit      20 524 296     2.05      22.9        ~79            ~92
-//! 100 M random 32-bit    200 524 296     2.01     202.6       ~123           ~135
-//! 10 M dense [0, 10 M)         1 230     0.0001     0.01        ~8            ~18
-//! 100 M dense [0, 100 M)      12 222     0.0001     0.1         ~9            ~19
+//! set                    IDs    file bytes  heap MB  load ms  contains  contains_bytes   sorted Vec
+//!                                                             cold ns   cold / hot ns   cold / hot ns
+//! random 32-bit          1 M     2 524 296     5.34      5      265       362 / 114       310 / 64
+//! random 32-bit         10 M    20 524 296    24.85     24      341       500 / 156       489 / 155
+//! random 32-bit        100 M   200 524 296   217.64    183      674       981 / 331      1128 / 315
+//! random in [0, 40 M)   10 M     5 010 208     6.28      7       66       105 / 37        629 / 175
+//! random 64-bit          1 M    21 998 652    91.39    144      638       690 / 237       301 / 86
+//! dense [0, n)           1 M           230     0.00      0       12        16 / 16        279 / 69
+//! dense [0, n)          10 M         2 166     0.01      0       19        23 / 23        592 / 167
+//! dense [0, n)         100 M        21 559     0.08      0       27        34 / 34       1200 / 546
 //! ```
 //!
-//! The 10 M random set fits the 25 MB target (22.9 MB). Membership meets the 50 ns target
-//! while the segment stays in cache (1 M random IDs, any dense range); a 10 M or 100 M random
-//! set is 20 to 200 MB that no cache holds, and a lookup of a random ID then costs two or
-//! three cache misses (container directory, then container), which no in-memory layout of
-//! that many random IDs avoids. In the proxy, lookups repeat the same hot customers, which
-//! stay cached.
+//! - **Size.** Random 32-bit IDs take 2.0 to 2.5 bytes each on disk (array containers, plus
+//!   16 bytes of header per container) and 2.2 to 2.5 in memory (per-container bookkeeping and
+//!   allocator size classes): 10 M take 24.85 MB (23.7 MiB), inside the 25 MB target but with
+//!   little to spare. Dense ranges are run containers: 100 M consecutive IDs in 21 kB. IDs
+//!   spread over the whole 64-bit space cost ~22 bytes on disk and ~91 in memory each (one
+//!   bucket per ID): segments keyed by 64-bit hashes or random 64-bit IDs are a poor fit.
+//! - **Membership.** Dense and clustered sets meet the 50 ns target even on the loaded machine
+//!   (16 to 37 ns). Large random sets do not: a lookup binary-searches up to 65 536
+//!   containers, then an array, each a likely cache miss once the set is tens of MB, and it
+//!   costs about what the sorted-Vec yardstick costs (memory-latency bound, not parsing: the
+//!   decimal parse adds ~4 ns on dense sets). The figures above are throughput (independent
+//!   lookups overlap); one lookup per request sees the full latency.
 
 use std::fmt;
 use std::fs::{File, Permissions};
@@ -342,16 +357,22 @@ impl Segment {
 
     /// [`Segment::from_ids`] for IDs already sorted and without duplicates.
     fn from_sorted_unique(ids: &[u64]) -> Segment {
-        let mut set = match RoaringTreemap::from_sorted_iter(ids.iter().copied()) {
+        let set = match RoaringTreemap::from_sorted_iter(ids.iter().copied()) {
             Ok(set) => set,
             // Unreachable for sorted unique input; insert one by one rather than lose IDs.
             Err(_) => ids.iter().copied().collect(),
         };
+        Segment::from_treemap(set)
+    }
+
+    /// Wraps a set built with the roaring crate's own API (ranges, set operations),
+    /// compacting it like [`Segment::from_ids`] does and choosing the format the same way.
+    pub fn from_treemap(mut ids: RoaringTreemap) -> Segment {
         // Run containers where smaller; also drops empty buckets.
-        set.optimize();
-        let format = SegmentFormat::for_max(set.max());
+        ids.optimize();
+        let format = SegmentFormat::for_max(ids.max());
         let mut segment = Segment {
-            ids: set,
+            ids,
             format,
             bytes: 0,
         };
