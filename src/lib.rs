@@ -8,7 +8,7 @@
 //!   both read and build [`runtime`] state, neither knows the other.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
-//!   Pingora types), [`metrics`] and [`ratelog`].
+//!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
 
 pub mod config;
 pub mod limits;
@@ -17,4 +17,5 @@ pub mod proxy;
 pub mod ratelog;
 pub mod reload;
 pub mod runtime;
+pub mod segments;
 pub mod server;
