@@ -202,7 +202,10 @@ mod tests {
         let e = connections("  header_timeout: 10ms\n").unwrap_err();
         assert_eq!(e, ["t.yaml:2:19: server.header_timeout: duration `10ms` is out of range: must be between 100ms and 1h"]);
         let e = connections("  max_connections: 0\n").unwrap_err();
-        assert_eq!(e, ["t.yaml:2:20: server.max_connections: must be between 1 and 1000000, found 0"]);
+        assert_eq!(
+            e,
+            ["t.yaml:2:20: server.max_connections: must be between 1 and 1000000, found 0"]
+        );
         let e = connections("  max_conections: 5\n").unwrap_err();
         assert!(e[0].contains("did you mean `max_connections`"), "{e:?}");
     }
