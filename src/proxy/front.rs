@@ -231,8 +231,13 @@ impl Front {
     fn refused(&self, peer: Option<IpAddr>, code: u16) {
         self.runtime.load().unmatched.inc(code);
         if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
+            let what = if code == 405 {
+                "refused a CONNECT request"
+            } else {
+                "Pingora's HTTP parser refused a request"
+            };
             log::info!(
-                "refused a malformed request from {} with {code} before routing (RUST_LOG=pingora_proxy=debug says why){}",
+                "{what} from {} with {code}, before routing (RUST_LOG=pingora_proxy=debug says why){}",
                 show(peer),
                 suppressed_note(suppressed)
             );

@@ -82,9 +82,13 @@ impl Tollgate {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map_or_else(String::new, |a| a.ip().to_string());
+        let answer = match code {
+            0 => "no response sent".to_string(),
+            code => format!("answered {code}"),
+        };
         log::log!(
             level,
-            "request failed ({whose}): {e}; answered {code}, origin `{origin}`, client {client}, {}{}",
+            "request failed ({whose}): {e}; {answer}, origin `{origin}`, client {client}, {}{}",
             session.as_downstream().request_summary(),
             suppressed_note(suppressed)
         );
