@@ -1,0 +1,108 @@
+//! Hardening item 8: log lines that clients cause are not errors and cannot flood the log.
+//! A client that aborts while its request is proxied, or while it is still sending its
+//! header, costs at most a few `info` lines a second, and the next line let through says
+//! how many were left out; nothing is logged at `ERROR`.
+
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{eventually, Tollgate, Upstream, SERVER};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const FLOOD: usize = 40;
+
+fn config(up: SocketAddr) -> String {
+    format!("{SERVER}origins:\n  app:\n    hosts: [\"app.test\"]\n    upstreams: [\"{up}\"]\n")
+}
+
+/// Opens `n` connections and sends `bytes` on each; the caller drops them to abort.
+async fn send_all(addr: SocketAddr, n: usize, bytes: &[u8]) -> Vec<TcpStream> {
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(bytes).await.unwrap();
+        conns.push(s);
+    }
+    conns
+}
+
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(needle)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_aborts_are_info_lines_within_a_budget() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let t = Tollgate::start(&config(up.addr)).await;
+    let held = b"GET /hold HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    let partial = b"GET / HTTP/1.1\r\nHost: app.te";
+
+    // A flood of aborts of each kind: mid-proxy (the upstream holds the request) and
+    // mid-header.
+    let proxied = send_all(t.listen, FLOOD, held).await;
+    eventually("the upstream holds every request", 500, || async {
+        up.held() == FLOOD
+    })
+    .await;
+    drop(proxied);
+    let headers = send_all(t.listen, FLOOD, partial).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(headers);
+    eventually("every proxied request was abandoned", 500, || async {
+        up.held() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // One more of each in a later second: its line reports what was left out.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let late = send_all(t.listen, 1, held).await;
+    eventually("the upstream holds the late request", 500, || async {
+        up.held() == 1
+    })
+    .await;
+    drop(late);
+    drop(send_all(t.listen, 1, partial).await);
+    eventually("the late aborts are logged", 500, || async {
+        lines_with(&t.log_text(), "similar lines suppressed").len() >= 2
+    })
+    .await;
+
+    let log = t.log_text();
+    let errors = lines_with(&log, " ERROR ");
+    assert!(
+        errors.is_empty(),
+        "client aborts logged as errors:\n{}",
+        errors.join("\n")
+    );
+    let mid_proxy = lines_with(&log, "request failed (client)");
+    let mid_header = lines_with(&log, "Fail to proxy");
+    eprintln!(
+        "{} aborts mid-proxy and {} mid-header wrote {} and {} lines",
+        FLOOD + 1,
+        FLOOD + 1,
+        mid_proxy.len(),
+        mid_header.len()
+    );
+    for lines in [&mid_proxy, &mid_header] {
+        assert!(!lines.is_empty(), "{log}");
+        // Five a second; the flood may straddle a second boundary; then the late one.
+        assert!(lines.len() <= 11, "{}", lines.join("\n"));
+        assert!(
+            lines.iter().all(|l| l.contains(" INFO ")),
+            "{}",
+            lines.join("\n")
+        );
+        assert!(
+            lines.last().unwrap().contains("similar lines suppressed"),
+            "{}",
+            lines.join("\n")
+        );
+    }
+}
