@@ -106,3 +106,46 @@ async fn client_aborts_are_info_lines_within_a_budget() {
         );
     }
 }
+
+/// A client can make every request fail upstream (an origin whose server is down): each
+/// failure (and each attempt Pingora retries) is a warning, not tollgate's error, and
+/// there are a few a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_upstream_costs_a_few_warnings_a_second() {
+    const REQUESTS: usize = 30;
+    // Nothing listens on 127.0.0.3 (other tests bind 127.0.0.1 only): connect is refused.
+    let dead = common::free_port();
+    let t = Tollgate::start(&format!(
+        "{SERVER}origins:\n  app:\n    hosts: [\"app.test\"]\n    upstreams: [\"127.0.0.3:{dead}\"]\n"
+    ))
+    .await;
+    for _ in 0..REQUESTS {
+        let resp = common::raw::exchange(t.listen, &common::raw::get("app.test", "/"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status, 502);
+    }
+    t.wait_metric(
+        "tollgate_requests_total{code=\"502\",origin=\"app\"}",
+        REQUESTS as f64,
+    )
+    .await;
+    let log = t.log_text();
+    let retries = lines_with(&log, "retrying");
+    let failures = lines_with(&log, "request failed (upstream)");
+    eprintln!(
+        "{REQUESTS} requests to a dead upstream wrote {} retry and {} failure lines",
+        retries.len(),
+        failures.len()
+    );
+    assert!(lines_with(&log, " ERROR ").is_empty(), "{log}");
+    assert!(!failures.is_empty(), "{log}");
+    for lines in [&retries, &failures] {
+        assert!(lines.len() <= 15, "{}", lines.join("\n"));
+        assert!(
+            lines.iter().all(|l| l.contains(" WARN ")),
+            "{}",
+            lines.join("\n")
+        );
+    }
+}

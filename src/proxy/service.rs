@@ -17,7 +17,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
-use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
 use crate::proxy::conn::{mark_request_started, Drain};
@@ -40,6 +40,8 @@ pub struct Tollgate {
     client_errors: LogBudget,
     /// Requests that failed because the upstream did.
     upstream_errors: LogBudget,
+    /// Upstream attempts that failed and are retried (one request can make many).
+    upstream_retries: LogBudget,
     /// Requests that failed inside tollgate.
     internal_errors: LogBudget,
 }
@@ -54,6 +56,7 @@ impl Tollgate {
             clock: MonotonicClock::new(),
             client_errors: LogBudget::new(),
             upstream_errors: LogBudget::new(),
+            upstream_retries: LogBudget::new(),
             internal_errors: LogBudget::new(),
         }
     }
@@ -410,6 +413,28 @@ impl ProxyHttp for Tollgate {
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
         // Rejections are logged where they are decided, every other failure by `logging`,
         // at its own level and within a budget: Pingora's line is an `error` for each.
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        ctx: &Ctx,
+        error: &Error,
+        context: ProxyWarnLogContext,
+    ) -> bool {
+        // Pingora's line for each failed attempt, written here within a budget: with an
+        // upstream down, every request would otherwise write one per retry.
+        if let Some(suppressed) = self.upstream_retries.admit(self.clock.now()) {
+            let origin = match (ctx.rt.as_ref(), ctx.origin) {
+                (Some(rt), Some(i)) => rt.origins[i].name.as_str(),
+                _ => crate::metrics::UNMATCHED_ORIGIN,
+            };
+            log::warn!(
+                "upstream attempt failed ({context:?}), retrying: {error}; origin `{origin}`{}",
+                suppressed_note(suppressed)
+            );
+        }
         true
     }
 
