@@ -1,9 +1,9 @@
 //! The connection handler in front of Pingora's HTTP proxy: it owns each downstream
 //! connection's life, where Pingora's own loop leaves three gaps open to slow clients.
 //!
-//! - **Header deadline** (`server.header_timeout`): Pingora times each header read (60 s)
-//!   but not the whole header, so a client sending a header line every few seconds held a
-//!   connection for minutes. Here the whole header must arrive within the deadline,
+//! - **Header deadline** (`server.header_timeout`): Pingora times each header read (60 s
+//!   on a new connection, not at all on a kept-alive one) but never the whole header, so a
+//!   client sending a header line every few seconds held a connection for minutes. Here the whole header must arrive within the deadline,
 //!   counted from the accept for a connection's first request and from the first byte for
 //!   later ones; the connection is closed otherwise (nginx closes it the same way, without
 //!   a response), counted in `tollgate_connection_timeouts_total{timeout="header"}`.
@@ -14,11 +14,11 @@
 //!   request (new and silent, or kept alive) closes when the connection cap is reached
 //!   ([`Connections::reclaim`]), so only clients in the middle of a header hold slots.
 //!   The wait is a one-byte peek, so nothing is consumed before Pingora reads it.
-//! - **Draining** ([`super::conn::Drain`]): after a graceful upgrade hands the listeners over, every
-//!   response says `Connection: close` (the proxy hooks see to that), so a busy keep-alive
-//!   connection moves to the new process after its current request. An idle one keeps
-//!   waiting for its next request, which it is answered with `Connection: close` too, until
-//!   the process stops listening (Pingora: 5 s after SIGQUIT; at once on SIGTERM); only
+//! - **Draining** ([`super::conn::Drain`]): once a graceful upgrade hands the listeners
+//!   over, every response says `Connection: close` (the proxy hooks see to that), so a busy
+//!   keep-alive connection moves to the new process after its current request. An idle one
+//!   keeps waiting for its next request, which is answered with `Connection: close` too,
+//!   until the process stops listening (Pingora: 5 s after SIGQUIT; at once on SIGTERM); only
 //!   then is it closed. Closing idle connections at the handover would race every client
 //!   that is sending its next request at that moment, which is what lost requests before.
 //!
