@@ -29,8 +29,11 @@
 //! The connection caps are applied before this handler runs, by the listener's filter
 //! ([`super::connections`]); the handler holds the connection's slot.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -150,10 +153,15 @@ impl Front {
             state.reset();
             let request = self.proxy.process_new_http(session, shutdown);
             tokio::pin!(request);
-            let raced = tokio::select! {
-                biased;
-                reused = &mut request => Some(reused),
-                () = tokio::time::sleep_until(header_start + limits.header_timeout) => None,
+            // Usually the whole header is there by the first poll: no timer is needed then.
+            let raced = match poll_once(request.as_mut()).await {
+                Poll::Ready(reused) => Some(reused),
+                Poll::Pending if state.started() => None,
+                Poll::Pending => tokio::select! {
+                    biased;
+                    reused = &mut request => Some(reused),
+                    () = tokio::time::sleep_until(header_start + limits.header_timeout) => None,
+                },
             };
             let reused = match raced {
                 Some(reused) => reused,
@@ -191,15 +199,22 @@ impl Front {
                 (Instant::now() + idle, true)
             }
         };
+        let mut byte = [0u8; 1];
+        let peek = stream.try_peek(&mut byte);
+        tokio::pin!(peek);
+        // Data, or a stream that cannot peek: the header deadline bounds the rest.
+        let peeked = |peeked: std::io::Result<bool>| match peeked {
+            Ok(_) => Idle::Request,
+            Err(_) => Idle::Close,
+        };
+        // Under load the request is often there already: no timer is needed then.
+        if let Poll::Ready(p) = poll_once(peek.as_mut()).await {
+            return peeked(p);
+        }
         let mut stopping = shutdown.clone();
         let reclaim = self.connections.reclaim();
-        let mut byte = [0u8; 1];
         tokio::select! {
-            peeked = stream.try_peek(&mut byte) => match peeked {
-                // Data, or a stream that cannot peek: the header deadline bounds the rest.
-                Ok(_) => Idle::Request,
-                Err(_) => Idle::Close,
-            },
+            p = &mut peek => peeked(p),
             () = tokio::time::sleep_until(deadline) => if next {
                 self.keepalive_timeouts.inc();
                 log::debug!("closed a keep-alive connection: idle for {:?}", wait.idle());
@@ -243,6 +258,11 @@ impl Front {
             );
         }
     }
+}
+
+/// Polls `fut` once.
+async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
 }
 
 fn show(peer: Option<IpAddr>) -> String {
