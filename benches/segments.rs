@@ -25,6 +25,9 @@
 //! `cargo test --all-targets` runs this binary without `--bench`, as a smoke test on tiny
 //! sets.
 
+// A benchmark may unwrap: a failure aborts the measurement, not a user's request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 use std::hint::black_box;

@@ -139,8 +139,10 @@ fn main() -> ExitCode {
             upgrade_sock,
             pid_file,
         } => {
-            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-                .init();
+            // env_logger, with Pingora's client-caused lines levelled and budgeted.
+            if let Err(e) = tollgate::proxy::pingora_log::Logger::init() {
+                eprintln!("tollgate: cannot set up logging: {e}");
+            }
             let opts = RunOptions {
                 config,
                 daemon,

@@ -33,6 +33,14 @@ pub struct Metrics {
     pub config_reloads_total: IntCounterVec,
     /// `tollgate_config_last_reload_success_timestamp_seconds`.
     pub config_last_reload_success: Gauge,
+    /// `tollgate_connections_open`: downstream connections open now.
+    pub connections_open: IntGauge,
+    /// `tollgate_connections_limited_total{limit}`: connections that met a connection cap
+    /// (`max_connections`: the accept waited for a slot; `max_connections_per_ip`: closed).
+    pub connections_limited_total: IntCounterVec,
+    /// `tollgate_connection_timeouts_total{timeout}`: connections closed by a timeout
+    /// (`header`: the request header did not arrive in time; `keepalive`: idle too long).
+    pub connection_timeouts_total: IntCounterVec,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -88,15 +96,42 @@ impl Metrics {
             "tollgate_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful config load or reload.",
         )?;
+        let connections_open = IntGauge::new(
+            "tollgate_connections_open",
+            "Downstream (client) connections open now.",
+        )?;
+        let connections_limited_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_connections_limited_total",
+                "Connections that met a connection cap: max_connections (accepting waited for a slot), max_connections_per_ip (closed at once).",
+            ),
+            &["limit"],
+        )?;
+        let connection_timeouts_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_connection_timeouts_total",
+                "Downstream connections closed by a timeout: header (the request header was not complete within header_timeout), keepalive (idle longer than keepalive_timeout).",
+            ),
+            &["timeout"],
+        )?;
         registry.register(Box::new(requests_total.clone()))?;
         registry.register(Box::new(limit_decisions_total.clone()))?;
         registry.register(Box::new(inflight_requests.clone()))?;
         registry.register(Box::new(request_duration_seconds.clone()))?;
         registry.register(Box::new(config_reloads_total.clone()))?;
         registry.register(Box::new(config_last_reload_success.clone()))?;
-        // Both results exist from the start, so `rate()` and alerts see a 0, not a gap.
+        registry.register(Box::new(connections_open.clone()))?;
+        registry.register(Box::new(connections_limited_total.clone()))?;
+        registry.register(Box::new(connection_timeouts_total.clone()))?;
+        // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
+        for limit in ["max_connections", "max_connections_per_ip"] {
+            connections_limited_total.with_label_values(&[limit]);
+        }
+        for timeout in ["header", "keepalive"] {
+            connection_timeouts_total.with_label_values(&[timeout]);
+        }
         Ok(Self {
             registry,
             requests_total,
@@ -105,6 +140,9 @@ impl Metrics {
             request_duration_seconds,
             config_reloads_total,
             config_last_reload_success,
+            connections_open,
+            connections_limited_total,
+            connection_timeouts_total,
         })
     }
 
@@ -229,6 +267,11 @@ mod tests {
             "tollgate_request_duration_seconds_count{origin=\"shop\"} 1",
             "tollgate_config_reloads_total{result=\"failure\"} 0",
             "tollgate_config_last_reload_success_timestamp_seconds 0",
+            "tollgate_connections_open 0",
+            "tollgate_connections_limited_total{limit=\"max_connections\"} 0",
+            "tollgate_connections_limited_total{limit=\"max_connections_per_ip\"} 0",
+            "tollgate_connection_timeouts_total{timeout=\"header\"} 0",
+            "tollgate_connection_timeouts_total{timeout=\"keepalive\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

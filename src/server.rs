@@ -1,6 +1,12 @@
 //! The composition root: assembles the Pingora server from a config, with the proxy
 //! service on every listener, the metrics and demo services, and the reloader.
 //!
+//! The proxy service is Pingora's `HttpProxy` behind tollgate's connection handler
+//! ([`Front`]), with the connection caps as the listeners' filter ([`AcceptFilter`]).
+//! Starting raises the soft open-file limit to the hard one and derives the default
+//! `max_connections` from it ([`safe_max_connections`]); a watcher of Pingora's execution
+//! phases starts draining when a graceful upgrade or shutdown begins ([`Drain`]).
+//!
 //! It is the only module that knows every other one; nothing imports it but `main`. See the
 //! module map in `docs/architecture.md`.
 
@@ -8,14 +14,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use parking_lot::Mutex;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
-use pingora::services::background::background_service;
+use pingora::server::{ExecutionPhase, Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
+use tokio::sync::broadcast;
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Connections as ConnectionBounds};
 use crate::metrics::{Metrics, MetricsError};
+use crate::proxy::conn::Drain;
+use crate::proxy::connections::{AcceptFilter, Caps, Connections};
 use crate::proxy::demo::DemoUpstream;
+use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Reloader, Snapshot};
@@ -74,6 +86,8 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     metrics.register(Box::new(RuntimeCollector::new(runtime.clone())?))?;
 
     let server_cfg = &config.server;
+    let derived_max = safe_max_connections(raise_open_file_limit());
+    check_max_connections(&server_cfg.connections, derived_max);
     let grace =
         server_cfg.grace_period.as_secs() + u64::from(server_cfg.grace_period.subsec_nanos() > 0);
     let conf = ServerConf {
@@ -82,6 +96,9 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         graceful_shutdown_timeout_seconds: Some(grace.max(1)),
         upgrade_sock: opts.upgrade_sock.clone(),
         pid_file: opts.pid_file.clone(),
+        // Idle pooled upstream connections hold descriptors too: never more of them than
+        // the derived connection cap allows for (`safe_max_connections`).
+        upstream_keepalive_pool_size: UPSTREAM_POOL.min(derived_max as usize),
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -92,14 +109,29 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
-        &server.configuration,
-        Tollgate::new(runtime.clone()),
-        "tollgate proxy",
+    let drain = Arc::new(Drain::new());
+    server.add_service(background_service(
+        "drain watcher",
+        DrainWatch {
+            phases: Mutex::new(Some(server.watch_execution_phase())),
+            drain: drain.clone(),
+        },
+    ));
+    let caps_runtime = runtime.clone();
+    let connections = Connections::new(&metrics, move || {
+        caps(&caps_runtime.load().config.server.connections, derived_max)
+    });
+    let front = Front::new(
+        pingora_proxy::http_proxy(&server.configuration, Tollgate::new(runtime.clone(), drain)),
+        runtime.clone(),
+        connections.clone(),
+        &metrics,
     );
+    let mut proxy = Service::new("tollgate proxy".to_string(), front);
     for addr in &server_cfg.listen {
         proxy.add_tcp(&addr.to_string());
     }
+    proxy.set_connection_filter(Arc::new(AcceptFilter(connections)));
     server.add_service(proxy);
 
     if let Some(addr) = server_cfg.metrics {
@@ -119,4 +151,130 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
     ));
     Ok(server)
+}
+
+/// Pingora's default size of the idle upstream connection pool.
+const UPSTREAM_POOL: usize = 128;
+
+/// Descriptors kept out of the connection budget: stdio, listeners, the runtimes' epoll
+/// and event descriptors, the config watcher (about 35 with two threads) and headroom.
+const RESERVED_FDS: u64 = 64;
+
+/// The `max_connections` that `nofile` descriptors carry safely: each connection may hold
+/// three (itself, its upstream connection, and one idle in the upstream pool, which is
+/// sized to match), after [`RESERVED_FDS`]; at most
+/// [`ConnectionBounds::DEFAULT_MAX_CONNECTIONS`], at least 1. Unknown limit: the ceiling.
+pub fn safe_max_connections(nofile: Option<u64>) -> u32 {
+    let ceiling = ConnectionBounds::DEFAULT_MAX_CONNECTIONS;
+    nofile.map_or(ceiling, |n| {
+        let fit = n.saturating_sub(RESERVED_FDS) / 3;
+        u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, ceiling)
+    })
+}
+
+/// The caps in force: the configured ones, `max_connections` defaulting to `derived_max`.
+fn caps(bounds: &ConnectionBounds, derived_max: u32) -> Caps {
+    Caps {
+        max: bounds.max_connections.unwrap_or(derived_max) as usize,
+        per_ip: bounds.max_connections_per_ip,
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (tollgate uses epoll, never `select`,
+/// so descriptors above 1024 are fine, as Go's runtime assumes too) and returns the limit
+/// in force; `None` if it cannot be read.
+fn raise_open_file_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft >= hard {
+        return Some(soft);
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => {
+            log::info!("raised the open-file limit from {soft} to {hard}");
+            Some(hard)
+        }
+        Err(e) => {
+            log::warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
+            Some(soft)
+        }
+    }
+}
+
+/// Warns when a configured `max_connections` is more than the open-file limit carries.
+fn check_max_connections(bounds: &ConnectionBounds, derived_max: u32) {
+    match bounds.max_connections {
+        Some(max) if max > derived_max => log::warn!(
+            "server.max_connections is {max}, but the open-file limit carries about {derived_max} connections safely (three descriptors each); past that, accept() fails with EMFILE and proxying fails: raise the limit (ulimit -n, LimitNOFILE=) or lower max_connections"
+        ),
+        Some(_) => {}
+        None => log::info!(
+            "server.max_connections not set: at most {derived_max} connections (from the open-file limit)"
+        ),
+    }
+}
+
+/// Starts draining ([`Drain`]) when Pingora begins a graceful upgrade (the listeners are
+/// being handed over) or a graceful shutdown.
+struct DrainWatch {
+    phases: Mutex<Option<broadcast::Receiver<ExecutionPhase>>>,
+    drain: Arc<Drain>,
+}
+
+#[async_trait]
+impl BackgroundService for DrainWatch {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(mut phases) = self.phases.lock().take() else {
+            return;
+        };
+        loop {
+            let why = tokio::select! {
+                phase = phases.recv() => match phase {
+                    Ok(ExecutionPhase::GracefulUpgradeTransferringFds) => "handing the listeners over",
+                    Ok(ExecutionPhase::GracefulTerminate) => "shutting down",
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = shutdown.wait_for(|stopping| *stopping) => "shutting down",
+            };
+            self.drain.start();
+            log::info!("draining ({why}): every response now closes its connection");
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_budget_follows_the_open_file_limit() {
+        // Three descriptors a connection after the reserve.
+        assert_eq!(safe_max_connections(Some(128)), 21);
+        assert_eq!(safe_max_connections(Some(1024)), 320);
+        assert_eq!(safe_max_connections(Some(1 << 20)), 4096);
+        assert_eq!(safe_max_connections(Some(10)), 1);
+        assert_eq!(safe_max_connections(None), 4096);
+        let bounds = ConnectionBounds::default();
+        assert_eq!(
+            caps(&bounds, 21),
+            Caps {
+                max: 21,
+                per_ip: None
+            }
+        );
+        let set = ConnectionBounds {
+            max_connections: Some(7),
+            max_connections_per_ip: Some(2),
+            ..bounds
+        };
+        assert_eq!(
+            caps(&set, 21),
+            Caps {
+                max: 7,
+                per_ip: Some(2)
+            }
+        );
+    }
 }

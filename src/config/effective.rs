@@ -72,6 +72,13 @@ struct EffServer {
     customer_header: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     demo_upstream: Option<String>,
+    header_timeout: String,
+    keepalive_timeout: String,
+    /// Absent: derived from the open-file limit when tollgate starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections_per_ip: Option<u32>,
 }
 
 impl EffServer {
@@ -84,6 +91,10 @@ impl EffServer {
             trusted_proxies: s.trusted_proxies.iter().map(ToString::to_string).collect(),
             customer_header: s.customer_header.clone(),
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
+            header_timeout: span(s.connections.header_timeout),
+            keepalive_timeout: span(s.connections.keepalive_timeout),
+            max_connections: s.connections.max_connections,
+            max_connections_per_ip: s.connections.max_connections_per_ip,
         }
     }
 }

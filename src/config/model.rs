@@ -38,6 +38,51 @@ pub struct Server {
     pub customer_header: Option<String>,
     /// Where tollgate serves its built-in demo upstream (`server.demo_upstream`), if at all.
     pub demo_upstream: Option<SocketAddr>,
+    /// How long a downstream connection may take and how many may be open.
+    pub connections: Connections,
+}
+
+/// The bounds on downstream connections (`server.header_timeout`, `keepalive_timeout`,
+/// `max_connections`, `max_connections_per_ip`): what keeps slow or idle clients from
+/// holding file descriptors and memory (see the README's "Limits and defaults under
+/// attack"). Every one applies live on reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// The whole request header must arrive within this time, counted from the accept
+    /// (first request) or from its first byte (later requests on a kept-alive connection);
+    /// the connection is closed otherwise. A total, not a per-read timeout, so a client
+    /// trickling a header line every few seconds cannot hold a connection. Default 60 s
+    /// (nginx's `client_header_timeout`).
+    pub header_timeout: Duration,
+    /// An idle kept-alive connection is closed after this long without a new request.
+    /// Zero turns keep-alive off (every response says `Connection: close`). Default 75 s
+    /// (nginx's `keepalive_timeout`).
+    pub keepalive_timeout: Duration,
+    /// Open downstream connections at most; at the cap tollgate stops accepting and new
+    /// connections wait in the kernel's listen backlog. `None`: derived at start from the
+    /// open-file limit (`RLIMIT_NOFILE`), at most [`Connections::DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: Option<u32>,
+    /// Open connections per client IP (the direct peer) at most; a connection above it is
+    /// closed at once. `None` (the default): no per-IP cap, since clients behind one NAT or
+    /// load balancer share an address.
+    pub max_connections_per_ip: Option<u32>,
+}
+
+impl Connections {
+    /// The ceiling of the derived `max_connections`: at the ~90 KB a connection costs,
+    /// about 370 MB.
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(75),
+            max_connections: None,
+            max_connections_per_ip: None,
+        }
+    }
 }
 
 /// One `origins.NAME` entry.

@@ -1,5 +1,6 @@
 //! The `server:` section: listeners, threads, shutdown window, trusted proxies, the
-//! customer header and the demo upstream, with their defaults.
+//! customer header, the demo upstream and the bounds on downstream connections, with their
+//! defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
@@ -7,14 +8,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::model::Server;
+use crate::config::model::{Connections, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-const SERVER_KEYS: [&str; 7] = [
+const SERVER_KEYS: [&str; 11] = [
     "listen",
     "metrics",
     "threads",
@@ -22,7 +23,15 @@ const SERVER_KEYS: [&str; 7] = [
     "trusted_proxies",
     "customer_header",
     "demo_upstream",
+    "header_timeout",
+    "keepalive_timeout",
+    "max_connections",
+    "max_connections_per_ip",
 ];
+
+/// The largest connection cap accepted: far above what any fd limit allows, low enough to
+/// catch a typo.
+const MAX_CONNECTIONS: u64 = 1_000_000;
 
 /// The listener used when `listen` is not given.
 const DEFAULT_LISTEN: SocketAddr =
@@ -47,6 +56,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
         trusted_proxies: Vec::new(),
         customer_header: None,
         demo_upstream: None,
+        connections: Connections::default(),
     };
     let mut binds = Vec::new();
     let entries = node
@@ -107,6 +117,27 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
                         .collect();
                 }
             }
+            "header_timeout" => {
+                let range = (Duration::from_millis(100), Duration::from_secs(3600));
+                if let Some(d) = scalar::duration(r, v, &path, range, ("100ms", "1h")) {
+                    server.connections.header_timeout = d;
+                }
+            }
+            "keepalive_timeout" => {
+                let range = (Duration::ZERO, Duration::from_secs(3600));
+                if let Some(d) = scalar::duration(r, v, &path, range, ("0s", "1h")) {
+                    server.connections.keepalive_timeout = d;
+                }
+            }
+            "max_connections" | "max_connections_per_ip" => {
+                let cap = scalar::int(r, v, &path, 1, MAX_CONNECTIONS)
+                    .and_then(|n| u32::try_from(n).ok());
+                if e.key == "max_connections" {
+                    server.connections.max_connections = cap;
+                } else {
+                    server.connections.max_connections_per_ip = cap;
+                }
+            }
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
                     if crate::limits::key::is_header_name(name) {
@@ -128,4 +159,54 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
         }
     }
     ServerDraft { server, binds }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::model::Connections;
+    use crate::config::{parse_str, ConfigError};
+
+    const ORIGIN: &str = "origins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n";
+
+    fn connections(server: &str) -> Result<Connections, Vec<String>> {
+        match parse_str(&format!("server:\n{server}{ORIGIN}"), "t.yaml") {
+            Ok(l) => Ok(l.config.server.connections),
+            Err(ConfigError::Invalid(d)) => Err(d.iter().map(ToString::to_string).collect()),
+            Err(e) => Err(vec![e.to_string()]),
+        }
+    }
+
+    #[test]
+    fn connection_bounds_default_to_nginx_like_values() {
+        let c = connections("  threads: 2\n").unwrap();
+        assert_eq!(c, Connections::default());
+        assert_eq!(c.header_timeout, Duration::from_secs(60));
+        assert_eq!(c.keepalive_timeout, Duration::from_secs(75));
+        assert_eq!(c.max_connections, None);
+        assert_eq!(c.max_connections_per_ip, None);
+    }
+
+    #[test]
+    fn connection_bounds_are_read_and_checked() {
+        let c = connections(
+            "  header_timeout: 1s\n  keepalive_timeout: 0s\n  max_connections: 100\n  max_connections_per_ip: 10\n",
+        )
+        .unwrap();
+        assert_eq!(c.header_timeout, Duration::from_secs(1));
+        assert_eq!(c.keepalive_timeout, Duration::ZERO);
+        assert_eq!(c.max_connections, Some(100));
+        assert_eq!(c.max_connections_per_ip, Some(10));
+
+        let e = connections("  header_timeout: 10ms\n").unwrap_err();
+        assert_eq!(e, ["t.yaml:2:19: server.header_timeout: duration `10ms` is out of range: must be between 100ms and 1h"]);
+        let e = connections("  max_connections: 0\n").unwrap_err();
+        assert_eq!(
+            e,
+            ["t.yaml:2:20: server.max_connections: must be between 1 and 1000000, found 0"]
+        );
+        let e = connections("  max_conections: 5\n").unwrap_err();
+        assert!(e[0].contains("did you mean `max_connections`"), "{e:?}");
+    }
 }

@@ -2,16 +2,22 @@
 //! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), the
 //! per-request context ([`ctx`]), the responses tollgate writes itself ([`problem`]), and
 //! two small HTTP side services: `/metrics` ([`metrics_app`]) and the demo upstream
-//! ([`demo`]).
+//! ([`demo`]). Around the proxy, each downstream connection's life: its caps
+//! ([`connections`]), its deadlines and draining ([`front`], [`conn`]); and Pingora's own
+//! log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
 //!
 //! It reads a [`crate::runtime::Runtime`] snapshot per request and asks the runtime for
 //! decisions; it never builds runtime state and never imports the reloader or the process
 //! assembly ([`crate::server`]), which sit above it.
 
+pub mod conn;
+pub mod connections;
 pub mod ctx;
 pub mod demo;
+pub mod front;
 pub mod identity;
 pub mod metrics_app;
+pub mod pingora_log;
 pub mod problem;
 pub mod route;
 pub mod service;

@@ -2,6 +2,11 @@
 //! phase. It routes, resolves who is asking, and asks the runtime's one decision loop
 //! ([`crate::runtime::decide`]) for each phase's limits; everything it writes itself is a
 //! [`Problem`].
+//!
+//! Errors are logged here, not by Pingora (`suppress_error_log`): each at the level of
+//! whose fault it is (a client that went away is `info`, a failing upstream `warn`, only
+//! tollgate's own failures `error`), within a [`LogBudget`] per cause, since clients can
+//! cause any number of them.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -12,31 +17,84 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
-use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
+use crate::proxy::conn::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::identity::{client_ip, is_trusted, RequestFacts};
 use crate::proxy::problem::{self, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
-use crate::ratelog::suppressed_note;
+use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::decide::{self, Decided, Phase};
 use crate::runtime::policy::{ceil_secs, limit_item};
 use crate::runtime::{OriginRt, Runtime};
 
-/// The proxy: a swappable runtime (which holds the metric handles) and a clock.
+/// The proxy: a swappable runtime (which holds the metric handles), the process's drain
+/// flag, a clock, and the log budgets of failed requests.
 pub struct Tollgate {
     runtime: Arc<ArcSwap<Runtime>>,
+    drain: Arc<Drain>,
     clock: MonotonicClock,
+    /// Requests that failed because the client went away or sent garbage.
+    client_errors: LogBudget,
+    /// Requests that failed because the upstream did.
+    upstream_errors: LogBudget,
+    /// Upstream attempts that failed and are retried (one request can make many).
+    upstream_retries: LogBudget,
+    /// Requests that failed inside tollgate.
+    internal_errors: LogBudget,
 }
 
 impl Tollgate {
-    /// A proxy reading its config from `runtime`, which the reloader swaps.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Self {
+    /// A proxy reading its config from `runtime`, which the reloader swaps; once `drain`
+    /// starts, every response closes its connection.
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, drain: Arc<Drain>) -> Self {
         Self {
             runtime,
+            drain,
             clock: MonotonicClock::new(),
+            client_errors: LogBudget::new(),
+            upstream_errors: LogBudget::new(),
+            upstream_retries: LogBudget::new(),
+            internal_errors: LogBudget::new(),
         }
+    }
+
+    /// Logs why a request failed, at the level of whose fault it was, within that
+    /// cause's budget.
+    fn log_failure(&self, session: &Session, ctx: &Ctx, e: &Error, code: u16) {
+        let (level, budget, whose) = match e.esource() {
+            ErrorSource::Downstream => (log::Level::Info, &self.client_errors, "client"),
+            ErrorSource::Upstream => (log::Level::Warn, &self.upstream_errors, "upstream"),
+            ErrorSource::Internal | ErrorSource::Unset => {
+                (log::Level::Error, &self.internal_errors, "internal")
+            }
+        };
+        if !log::log_enabled!(level) {
+            return;
+        }
+        let Some(suppressed) = budget.admit(self.clock.now()) else {
+            return;
+        };
+        let origin = match (ctx.rt.as_ref(), ctx.origin) {
+            (Some(rt), Some(i)) => rt.origins[i].name.as_str(),
+            _ => crate::metrics::UNMATCHED_ORIGIN,
+        };
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or_else(String::new, |a| a.ip().to_string());
+        let answer = match code {
+            0 => "no response sent".to_string(),
+            code => format!("answered {code}"),
+        };
+        log::log!(
+            level,
+            "request failed ({whose}): {e}; {answer}, origin `{origin}`, client {client}, {}{}",
+            session.as_downstream().request_summary(),
+            suppressed_note(suppressed)
+        );
     }
 
     /// Routes the request, resolves who is asking and runs the request-time limits.
@@ -212,15 +270,15 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: 
 
 /// Writes a response tollgate built itself. When the request has an unread body the
 /// connection is closed afterwards, so a keep-alive client never waits on a body nobody
-/// reads (Pingora issues 766 and 540).
-async fn send(session: &mut Session, problem: &Problem) -> Result<()> {
+/// reads (Pingora issues 766 and 540); so it is when `close` says the process drains.
+async fn send(session: &mut Session, problem: &Problem, close: bool) -> Result<()> {
     let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 2))?;
     resp.insert_header("content-type", "application/problem+json")?;
     resp.insert_header("content-length", problem.body.len().to_string())?;
     for (name, value) in &problem.headers {
         resp.insert_header(*name, value.as_str())?;
     }
-    if !session.is_body_empty() {
+    if close || !session.is_body_empty() {
         session.set_keepalive(None);
         resp.insert_header("connection", "close")?;
     }
@@ -238,16 +296,28 @@ impl ProxyHttp for Tollgate {
         Ctx::default()
     }
 
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        // The header is complete: the connection's header deadline no longer applies.
+        mark_request_started(session);
+        Ok(())
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         // One refcount increment per request: the snapshot moves into the context after
         // the decisions, which borrow it.
         let rt = self.runtime.load_full();
+        let close =
+            self.drain.is_draining() || rt.config.server.connections.keepalive_timeout.is_zero();
+        if close {
+            // Pingora then answers `Connection: close` and does not read another request.
+            session.set_keepalive(None);
+        }
         let answer = self.admit(session, ctx, &rt);
         ctx.rt = Some(rt);
         match answer {
             None => Ok(false),
             Some(problem) => {
-                send(session, &problem).await?;
+                send(session, &problem, close).await?;
                 Ok(true)
             }
         }
@@ -286,10 +356,14 @@ impl ProxyHttp for Tollgate {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if self.drain.is_draining() {
+            // Handed over while this request ran: its client moves on after this response.
+            session.set_keepalive(None);
+        }
         if ctx.notes.is_empty() {
             return Ok(());
         }
@@ -339,17 +413,41 @@ impl ProxyHttp for Tollgate {
         Ok(None)
     }
 
-    fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, _error: &Error) -> bool {
-        // A rejection is an info-level event, already logged.
-        ctx.rejection.is_some()
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+        // Rejections are logged where they are decided, every other failure by `logging`,
+        // at its own level and within a budget: Pingora's line is an `error` for each.
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        ctx: &Ctx,
+        error: &Error,
+        context: ProxyWarnLogContext,
+    ) -> bool {
+        // Pingora's line for each failed attempt, written here within a budget: with an
+        // upstream down, every request would otherwise write one per retry.
+        if let Some(suppressed) = self.upstream_retries.admit(self.clock.now()) {
+            let origin = match (ctx.rt.as_ref(), ctx.origin) {
+                (Some(rt), Some(i)) => rt.origins[i].name.as_str(),
+                _ => crate::metrics::UNMATCHED_ORIGIN,
+            };
+            log::warn!(
+                "upstream attempt failed ({context:?}), retrying: {error}; origin `{origin}`{}",
+                suppressed_note(suppressed)
+            );
+        }
+        true
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         ctx.release_upstream();
         if let Some(problem) = ctx.rejection.as_ref() {
             let status = problem.status;
-            let reuse = session.is_body_empty();
-            if let Err(err) = send(session, problem).await {
+            let close = self.drain.is_draining();
+            let reuse = !close && session.is_body_empty();
+            if let Err(err) = send(session, problem, close).await {
                 log::debug!("cannot send rejection downstream: {err}");
             }
             return FailToProxy {
@@ -377,6 +475,8 @@ impl ProxyHttp for Tollgate {
             _ => code,
         };
         if code > 0 {
+            // Not reused: say so, rather than `keep-alive` and a close.
+            session.set_keepalive(None);
             if let Err(err) = session.respond_error(code).await {
                 log::debug!("cannot send error response downstream: {err}");
             }
@@ -387,8 +487,11 @@ impl ProxyHttp for Tollgate {
         }
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let code = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let Some(e) = e.filter(|_| ctx.rejection.is_none()) {
+            self.log_failure(session, ctx, e, code);
+        }
         match (ctx.rt.as_ref(), ctx.origin) {
             (Some(rt), Some(i)) => {
                 let origin = &rt.origins[i];

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};
@@ -64,6 +65,11 @@ impl Tollgate {
     /// Writes `config` (with `{listen}` and `{metrics}` placeholders replaced by reserved
     /// ports) and starts tollgate on it, waiting until both listeners answer.
     pub async fn start(config: &str) -> Tollgate {
+        Self::start_with(config, |_| {}).await
+    }
+
+    /// [`Tollgate::start`], letting `configure` adjust the command first (e.g. limits).
+    pub async fn start_with(config: &str, configure: impl FnOnce(&mut Command)) -> Tollgate {
         let dir = tempfile::tempdir().expect("tempdir");
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -72,7 +78,12 @@ impl Tollgate {
             .replace("{metrics}", &metrics.to_string());
         let config_path = dir.path().join("tollgate.yaml");
         std::fs::write(&config_path, text).expect("write config");
-        let child = spawn(&config_path, &dir.path().join("upgrade.sock"), false);
+        let child = spawn_with(
+            &config_path,
+            &dir.path().join("upgrade.sock"),
+            false,
+            configure,
+        );
         let mut t = Tollgate {
             child,
             dir,
@@ -173,6 +184,16 @@ impl Tollgate {
 
 /// Starts the binary on `config` with its upgrade socket at `sock`.
 pub fn spawn(config: &std::path::Path, sock: &std::path::Path, upgrade: bool) -> Child {
+    spawn_with(config, sock, upgrade, |_| {})
+}
+
+/// [`spawn`], letting `configure` adjust the command first.
+pub fn spawn_with(
+    config: &std::path::Path,
+    sock: &std::path::Path,
+    upgrade: bool,
+    configure: impl FnOnce(&mut Command),
+) -> Child {
     let mut cmd = Command::new(binary());
     cmd.arg("run")
         .arg("--config")
@@ -188,6 +209,7 @@ pub fn spawn(config: &std::path::Path, sock: &std::path::Path, upgrade: bool) ->
     if upgrade {
         cmd.arg("--upgrade");
     }
+    configure(&mut cmd);
     cmd.spawn().expect("spawn tollgate")
 }
 

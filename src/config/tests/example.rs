@@ -89,6 +89,7 @@ fn parses_the_design_example() {
             trusted_proxies: vec!["127.0.0.1/32".parse().unwrap()],
             customer_header: Some("x-customer-id".into()),
             demo_upstream: None,
+            connections: Default::default(),
         }
     );
     assert_eq!(c.origins.len(), 2);

@@ -1,0 +1,271 @@
+//! What one downstream connection carries across Pingora's layers, and whether the whole
+//! process is draining.
+//!
+//! Pingora reads a request header before any `ProxyHttp` hook runs and writes its own
+//! error responses (400 for a header its parser refuses, 405 for `CONNECT`) without one.
+//! The connection handler ([`super::front`]) still has to know two things about each
+//! request it hands to Pingora: whether the header was complete (so that its header
+//! deadline stops applying) and, when no hook ran, which status Pingora wrote (so that the
+//! response is counted). [`Conn`] wraps the connection's stream to carry a [`ConnState`]
+//! that the first hook marks ([`mark_request_started`]) and that records the status line of
+//! the first response bytes written. It forwards every read and write unchanged: the cost
+//! is one more virtual call per socket operation and one atomic load per write.
+//!
+//! [`Drain`] says that this process is handing over to another (a graceful upgrade) or
+//! shutting down: from then on every response says `Connection: close`, so keep-alive
+//! clients move to the new process after their current request instead of losing the next
+//! one (see `docs/architecture.md`).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN, IO,
+};
+use pingora_proxy::Session;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Per-request facts about one connection, reset by the handler before each request.
+#[derive(Debug, Default)]
+pub struct ConnState {
+    /// A hook ran: Pingora read the whole header and handed the request to tollgate.
+    started: AtomicBool,
+    /// The status of the first response written since the reset; 0 while none was.
+    status: AtomicU16,
+}
+
+impl ConnState {
+    /// Forgets the previous request: called before the next one is read.
+    pub fn reset(&self) {
+        self.started.store(false, Ordering::Relaxed);
+        self.status.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether a hook saw the current request (its header was complete).
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    /// The status of the first response written for the current request, if any.
+    pub fn status(&self) -> Option<u16> {
+        Some(self.status.load(Ordering::Relaxed)).filter(|code| *code >= 100)
+    }
+
+    fn saw_write(&self, buf: &[u8]) {
+        if self.status.load(Ordering::Relaxed) == 0 {
+            // One response header is one write in Pingora; its first bytes are the status
+            // line. Anything else (an interim or short write) records 1, never parsed again.
+            self.status
+                .store(status_of(buf).unwrap_or(1), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The status code of an HTTP/1 status line at the start of `buf`.
+fn status_of(buf: &[u8]) -> Option<u16> {
+    let code = buf.strip_prefix(b"HTTP/1.")?.get(2..5)?;
+    if buf.get(8) != Some(&b' ') || !code.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(code.iter().fold(0, |n, d| n * 10 + u16::from(d - b'0')))
+}
+
+/// Marks the session's request as started: its header is complete and tollgate has it.
+/// Called by the first hook; a no-op on a stream tollgate did not wrap.
+pub fn mark_request_started(session: &Session) {
+    if let Some(state) = session.as_downstream().stream().and_then(conn_state) {
+        state.started.store(true, Ordering::Relaxed);
+    }
+}
+
+fn conn_state(stream: &Stream) -> Option<&ConnState> {
+    let io: &dyn IO = stream.as_ref();
+    io.as_any().downcast_ref::<Conn>().map(|c| &*c.state)
+}
+
+/// A downstream stream carrying its [`ConnState`]; every operation goes to the inner one.
+#[derive(Debug)]
+pub struct Conn {
+    inner: Stream,
+    state: Arc<ConnState>,
+}
+
+impl Conn {
+    /// Wraps `inner`; the handler keeps `state` to read what the hooks and writes left.
+    pub fn new(inner: Stream, state: Arc<ConnState>) -> Self {
+        Self { inner, state }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.state.saw_write(buf);
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            self.state.saw_write(first);
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for Conn {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await;
+    }
+}
+
+impl UniqueID for Conn {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Conn {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for Conn {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for Conn {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest);
+    }
+}
+
+impl GetSocketDigest for Conn {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, socket_digest: SocketDigest) {
+        self.inner.set_socket_digest(socket_digest);
+    }
+}
+
+#[async_trait]
+impl Peek for Conn {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+/// Whether this process is handing over or shutting down. Set once, never cleared.
+#[derive(Debug, Default)]
+pub struct Drain {
+    draining: AtomicBool,
+}
+
+impl Drain {
+    /// A process that is not draining.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// From now on, responses close their connection.
+    pub fn start(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether responses must close their connection.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_status_of_a_status_line_only() {
+        assert_eq!(status_of(b"HTTP/1.1 400 Bad Request\r\n"), Some(400));
+        assert_eq!(status_of(b"HTTP/1.0 405 \r\n"), Some(405));
+        assert_eq!(status_of(b"HTTP/1.1 40"), None);
+        assert_eq!(status_of(b"HTTP/2 200 OK"), None);
+        assert_eq!(status_of(b"HTTP/1.1 4x0 Bad"), None);
+        assert_eq!(status_of(b"{\"a\":1}"), None);
+    }
+
+    #[test]
+    fn state_records_the_first_write_until_reset() {
+        let s = ConnState::default();
+        assert_eq!(s.status(), None);
+        s.saw_write(b"HTTP/1.1 400 Bad Request\r\n");
+        s.saw_write(b"HTTP/1.1 200 OK\r\n");
+        assert_eq!(s.status(), Some(400));
+        s.reset();
+        assert_eq!(s.status(), None);
+        assert!(!s.started());
+        s.saw_write(b"body bytes");
+        s.saw_write(b"HTTP/1.1 200 OK\r\n");
+        assert_eq!(s.status(), None);
+    }
+}

@@ -1,0 +1,296 @@
+//! The connection handler in front of Pingora's HTTP proxy: it owns each downstream
+//! connection's life, where Pingora's own loop leaves three gaps open to slow clients.
+//!
+//! - **Header deadline** (`server.header_timeout`): Pingora times each header read (60 s
+//!   on a new connection, not at all on a kept-alive one) but never the whole header, so a
+//!   client sending a header line every few seconds held a connection for minutes. Here the whole header must arrive within the deadline,
+//!   counted from the accept for a connection's first request and from the first byte for
+//!   later ones; the connection is closed otherwise (nginx closes it the same way, without
+//!   a response), counted in `tollgate_connection_timeouts_total{timeout="header"}`.
+//! - **Keep-alive idle timeout** (`server.keepalive_timeout`): Pingora keeps an HTTP/1.1
+//!   connection open without a request forever. Here the wait for the next request is
+//!   bounded; zero turns keep-alive off.
+//! - **Idle connections give way at the cap**: a connection that is only waiting for a
+//!   request (new and silent, or kept alive) closes when the connection cap is reached
+//!   ([`Connections::reclaim`]), so only clients in the middle of a header hold slots.
+//!   The wait is a one-byte peek, so nothing is consumed before Pingora reads it.
+//! - **Draining** ([`super::conn::Drain`]): once a graceful upgrade hands the listeners
+//!   over, every response says `Connection: close` (the proxy hooks see to that), so a busy
+//!   keep-alive connection moves to the new process after its current request. An idle one
+//!   keeps waiting for its next request, which is answered with `Connection: close` too,
+//!   until the process stops listening (Pingora: 5 s after SIGQUIT; at once on SIGTERM); only
+//!   then is it closed. Closing idle connections at the handover would race every client
+//!   that is sending its next request at that moment, which is what lost requests before.
+//!
+//! It also counts the responses Pingora writes without any hook (a 400 for a header its
+//! parser refuses, a 405 for `CONNECT`) under `origin="_unmatched"`, by the status line it
+//! sees written ([`super::conn`]).
+//!
+//! The connection caps are applied before this handler runs, by the listener's filter
+//! ([`super::connections`]); the handler holds the connection's slot.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+use pingora_proxy::HttpProxy;
+use prometheus::IntCounter;
+use tokio::time::Instant;
+
+use crate::limits::{Clock, MonotonicClock};
+use crate::metrics::Metrics;
+use crate::proxy::conn::{Conn, ConnState};
+use crate::proxy::connections::Connections;
+use crate::proxy::service::Tollgate;
+use crate::ratelog::{suppressed_note, LogBudget};
+use crate::runtime::Runtime;
+
+/// The proxy service's application: connection handling around Pingora's `HttpProxy`.
+pub struct Front {
+    proxy: Arc<HttpProxy<Tollgate>>,
+    runtime: Arc<ArcSwap<Runtime>>,
+    connections: Arc<Connections>,
+    header_timeouts: IntCounter,
+    keepalive_timeouts: IntCounter,
+    header_log: LogBudget,
+    refused_log: LogBudget,
+    clock: MonotonicClock,
+}
+
+/// What a connection waits for before a request.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Its first request, until the header deadline.
+    First { deadline: Instant },
+    /// Its next request, for up to the keep-alive timeout.
+    Next { idle: Duration },
+}
+
+impl Wait {
+    fn idle(self) -> Duration {
+        match self {
+            Wait::First { .. } => Duration::ZERO,
+            Wait::Next { idle } => idle,
+        }
+    }
+}
+
+/// How a wait for a request ended.
+enum Idle {
+    /// Its first byte arrived.
+    Request,
+    /// The first request did not start before the header deadline.
+    HeaderTimeout,
+    /// The client closed, the keep-alive timeout passed, the slot was reclaimed, or the
+    /// process stopped listening.
+    Close,
+}
+
+impl Front {
+    /// Wraps `proxy`; `connections` counts what the listener's filter admitted.
+    pub fn new(
+        proxy: HttpProxy<Tollgate>,
+        runtime: Arc<ArcSwap<Runtime>>,
+        connections: Arc<Connections>,
+        metrics: &Metrics,
+    ) -> Self {
+        let timeouts = |t: &str| metrics.connection_timeouts_total.with_label_values(&[t]);
+        Self {
+            proxy: Arc::new(proxy),
+            runtime,
+            connections,
+            header_timeouts: timeouts("header"),
+            keepalive_timeouts: timeouts("keepalive"),
+            header_log: LogBudget::new(),
+            refused_log: LogBudget::new(),
+            clock: MonotonicClock::new(),
+        }
+    }
+
+    /// Serves HTTP/1 requests on `stream` until it closes, a timeout passes, or the
+    /// process stops listening.
+    async fn serve_http1(&self, stream: Stream, peer: Option<IpAddr>, shutdown: &ShutdownWatch) {
+        let state = Arc::new(ConnState::default());
+        let mut stream: Stream = Box::new(Conn::new(stream, state.clone()));
+        let mut settings = None;
+        let mut header_start = Instant::now();
+        let mut first = true;
+        loop {
+            let limits = self.runtime.load().config.server.connections;
+            let wait = if first {
+                Wait::First {
+                    deadline: header_start + limits.header_timeout,
+                }
+            } else {
+                Wait::Next {
+                    idle: limits.keepalive_timeout,
+                }
+            };
+            match self.wait_for_request(&mut stream, wait, shutdown).await {
+                Idle::Request => {}
+                Idle::HeaderTimeout => return self.header_timed_out(peer, limits.header_timeout),
+                Idle::Close => return,
+            }
+            if !first {
+                header_start = Instant::now();
+            }
+            first = false;
+            let mut session = ServerSession::new_http1(stream);
+            match settings.take() {
+                Some(settings) => HttpPersistentSettings::apply_to_session(settings, &mut session),
+                // No per-read header timeout of Pingora's own: the deadline below bounds it.
+                None => session.set_keepalive(Some(0)),
+            }
+            state.reset();
+            let request = self.proxy.process_new_http(session, shutdown);
+            tokio::pin!(request);
+            // Usually the whole header is there by the first poll: no timer is needed then.
+            let raced = match poll_once(request.as_mut()).await {
+                Poll::Ready(reused) => Some(reused),
+                Poll::Pending if state.started() => None,
+                Poll::Pending => tokio::select! {
+                    biased;
+                    reused = &mut request => Some(reused),
+                    () = tokio::time::sleep_until(header_start + limits.header_timeout) => None,
+                },
+            };
+            let reused = match raced {
+                Some(reused) => reused,
+                // The header was complete in time: the request runs as long as it needs.
+                None if state.started() => request.await,
+                None => return self.header_timed_out(peer, limits.header_timeout),
+            };
+            if !state.started() {
+                if let Some(code) = state.status() {
+                    self.refused(peer, code);
+                }
+            }
+            let Some(reused) = reused else { return };
+            (stream, settings) = reused.consume();
+        }
+    }
+
+    /// Waits for the first byte of a request without consuming it: on a new connection
+    /// until its header deadline, on a kept-alive one for up to `keepalive_timeout`. While
+    /// waiting, the connection gives its slot up when the connection cap is reached (as
+    /// nginx reuses its idle connections), and a kept-alive one closes when the process
+    /// stops listening. A new one does not: its request may be on its way.
+    async fn wait_for_request(
+        &self,
+        stream: &mut Stream,
+        wait: Wait,
+        shutdown: &ShutdownWatch,
+    ) -> Idle {
+        let (deadline, next) = match wait {
+            Wait::First { deadline } => (deadline, false),
+            Wait::Next { idle } => {
+                if idle.is_zero() || *shutdown.borrow() {
+                    return Idle::Close;
+                }
+                (Instant::now() + idle, true)
+            }
+        };
+        let mut byte = [0u8; 1];
+        let peek = stream.try_peek(&mut byte);
+        tokio::pin!(peek);
+        // Data, or a stream that cannot peek: the header deadline bounds the rest.
+        let peeked = |peeked: std::io::Result<bool>| match peeked {
+            Ok(_) => Idle::Request,
+            Err(_) => Idle::Close,
+        };
+        // Under load the request is often there already: no timer is needed then.
+        if let Poll::Ready(p) = poll_once(peek.as_mut()).await {
+            return peeked(p);
+        }
+        let mut stopping = shutdown.clone();
+        let reclaim = self.connections.reclaim();
+        tokio::select! {
+            p = &mut peek => peeked(p),
+            () = tokio::time::sleep_until(deadline) => if next {
+                self.keepalive_timeouts.inc();
+                log::debug!("closed a keep-alive connection: idle for {:?}", wait.idle());
+                Idle::Close
+            } else {
+                Idle::HeaderTimeout
+            },
+            () = reclaim => {
+                log::debug!("closed an idle connection: the connection cap is reached");
+                Idle::Close
+            }
+            _ = stopping.wait_for(|stopping| *stopping), if next => Idle::Close,
+        }
+    }
+
+    fn header_timed_out(&self, peer: Option<IpAddr>, timeout: Duration) {
+        self.header_timeouts.inc();
+        if let Some(suppressed) = self.header_log.admit(self.clock.now()) {
+            log::info!(
+                "closed a connection from {}: request header not complete within {timeout:?} (server.header_timeout){}",
+                show(peer),
+                suppressed_note(suppressed)
+            );
+        }
+    }
+
+    /// Counts a response Pingora wrote without any hook: a header its parser refused
+    /// (400) or a `CONNECT` (405).
+    fn refused(&self, peer: Option<IpAddr>, code: u16) {
+        self.runtime.load().unmatched.inc(code);
+        if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
+            let what = if code == 405 {
+                "refused a CONNECT request"
+            } else {
+                "Pingora's HTTP parser refused a request"
+            };
+            log::info!(
+                "{what} from {} with {code}, before routing (RUST_LOG=pingora_proxy=debug says why){}",
+                show(peer),
+                suppressed_note(suppressed)
+            );
+        }
+    }
+}
+
+/// Polls `fut` once.
+async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
+}
+
+fn show(peer: Option<IpAddr>) -> String {
+    peer.map_or_else(|| "an unknown peer".to_string(), |ip| ip.to_string())
+}
+
+#[async_trait]
+impl ServerApp for Front {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let _slot = self.connections.claim(peer);
+        if stream.get_ssl_digest().is_some() {
+            // TLS (and with it HTTP/2 by ALPN) is Pingora's own loop: tollgate has no TLS
+            // listener today, so this only keeps a future one correct.
+            return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+        }
+        self.serve_http1(stream, peer, shutdown).await;
+        None
+    }
+
+    // Deliberately not Pingora's `http_cleanup`: that aborts every connection waiting for
+    // a request header when the listeners close, including one whose request is on its
+    // way. This handler bounds those waits itself.
+    async fn cleanup(&self) {}
+}
