@@ -3,13 +3,15 @@
 //!
 //! Dependencies run one way, down this list (see `docs/architecture.md`):
 //!
-//! - [`server`]: the composition root; assembles the process from every part below.
+//! - [`cli`]: the subcommands of the binary; [`server`]: the composition root, which
+//!   assembles the process from every part below.
 //! - [`proxy`] (the HTTP front end) and [`reload`] (watching and swapping the config):
 //!   both read and build [`runtime`] state, neither knows the other.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
 //!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
 
+pub mod cli;
 pub mod config;
 pub mod limits;
 pub mod metrics;

@@ -5,8 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use tollgate::config::{self, effective, ConfigError};
-use tollgate::runtime::upstreams::Upstreams;
+use tollgate::cli;
 use tollgate::server::{self, RunOptions};
 
 /// mimalloc: fewer instructions per allocation than glibc's malloc on Pingora's
@@ -58,70 +57,30 @@ enum Command {
         #[arg(long)]
         print_effective: bool,
     },
+    /// Build or inspect a segment: a set of integer IDs in a portable roaring-bitmap file.
+    Segment {
+        #[command(subcommand)]
+        command: SegmentCommand,
+    },
 }
 
-fn check(path: &std::path::Path, strict: bool, print_effective: bool) -> ExitCode {
-    match config::load(path) {
-        Ok(loaded) => {
-            for w in &loaded.warnings {
-                eprintln!("{w}");
-            }
-            // What a start or reload would also do: resolve every upstream name.
-            let mut unresolved = 0;
-            for origin in &loaded.config.origins {
-                if let Err(e) = Upstreams::resolve(&origin.upstreams) {
-                    eprintln!("{}: origin `{}`: {e}", path.display(), origin.name);
-                    unresolved += 1;
-                }
-            }
-            if unresolved > 0 {
-                eprintln!("{}: {unresolved} error(s)", path.display());
-                return ExitCode::from(1);
-            }
-            if print_effective {
-                match effective::to_yaml(&loaded.config) {
-                    Ok(yaml) => print!("{yaml}"),
-                    Err(e) => {
-                        eprintln!("{}: cannot print the effective config: {e}", path.display());
-                        return ExitCode::from(1);
-                    }
-                }
-            }
-            let origins = loaded.config.origins.len();
-            let limits: usize = loaded.config.origins.iter().map(|o| o.limits.len()).sum();
-            if strict && !loaded.warnings.is_empty() {
-                eprintln!(
-                    "{}: {} warning(s), failing because of --strict",
-                    path.display(),
-                    loaded.warnings.len()
-                );
-                return ExitCode::from(2);
-            }
-            let ok = format!(
-                "{}: ok ({origins} origins, {limits} limits, {} warnings)",
-                path.display(),
-                loaded.warnings.len()
-            );
-            // With --print-effective stdout is the YAML alone, so it can be piped.
-            if print_effective {
-                eprintln!("{ok}");
-            } else {
-                println!("{ok}");
-            }
-            ExitCode::SUCCESS
-        }
-        Err(ConfigError::Invalid(diags)) => {
-            for d in &diags {
-                eprintln!("{d}");
-            }
-            eprintln!("{}: {} error(s)", path.display(), diags.len());
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(1)
-        }
-    }
+#[derive(Subcommand, Debug)]
+enum SegmentCommand {
+    /// Build a segment file from a text file of IDs, one per line (blank lines and `#`
+    /// comments skipped). Any bad line fails the build, reported with its line number.
+    Build {
+        /// The text file of IDs (`-` for standard input).
+        #[arg(long)]
+        from: PathBuf,
+        /// The segment file to write (atomically).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Print a segment file's cardinality, size, smallest and largest ID, and format.
+    Info {
+        /// The segment file.
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -131,7 +90,11 @@ fn main() -> ExitCode {
             config,
             strict,
             print_effective,
-        } => check(&config, strict, print_effective),
+        } => cli::check::check(&config, strict, print_effective),
+        Command::Segment { command } => match command {
+            SegmentCommand::Build { from, out } => cli::segment::build(&from, &out),
+            SegmentCommand::Info { file } => cli::segment::info(&file),
+        },
         Command::Run {
             config,
             daemon,

@@ -181,3 +181,42 @@ async fn example_config_serves_200_then_503_over_inflight_max() {
     assert_eq!(a.await.unwrap().unwrap().status(), 200);
     assert_eq!(b.await.unwrap().unwrap().status(), 200);
 }
+
+#[test]
+fn segment_build_and_info_round_trip_and_bad_lines_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.txt");
+    std::fs::write(&ids, "# new customers\n7\n42\n\n4294967295\n42\n").unwrap();
+    let out = dir.path().join("new.roaring");
+    let built = Command::new(common::binary())
+        .args(["segment", "build", "--from"])
+        .arg(&ids)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(built.status.code(), Some(0), "{built:?}");
+    let info = Command::new(common::binary())
+        .args(["segment", "info"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert_eq!(info.status.code(), Some(0), "{info:?}");
+    assert!(text.contains('3'), "cardinality 3: {text}");
+    assert!(text.contains("4294967295"), "max: {text}");
+
+    std::fs::write(&ids, "1\nseven\n3\n-4\n").unwrap();
+    let bad = dir.path().join("bad.roaring");
+    let refused = Command::new(common::binary())
+        .args(["segment", "build", "--from"])
+        .arg(&ids)
+        .arg("--out")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("line 2") && err.contains("line 4"), "{err}");
+    assert!(!bad.exists(), "nothing is written when a line is bad");
+}

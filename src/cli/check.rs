@@ -1,0 +1,74 @@
+//! `tollgate check`: validate a config as a start or a reload would, without starting
+//! anything; optionally print the effective config.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config::{self, effective, ConfigError};
+use crate::runtime::upstreams::Upstreams;
+
+/// Validates the file at `path`. Exit code 0: usable; 1: errors; 2: warnings only, with
+/// `strict`. With `print_effective`, stdout is the effective config as YAML alone.
+pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
+    match config::load(path) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                eprintln!("{w}");
+            }
+            // What a start or reload would also do: resolve every upstream name.
+            let mut unresolved = 0;
+            for origin in &loaded.config.origins {
+                if let Err(e) = Upstreams::resolve(&origin.upstreams) {
+                    eprintln!("{}: origin `{}`: {e}", path.display(), origin.name);
+                    unresolved += 1;
+                }
+            }
+            if unresolved > 0 {
+                eprintln!("{}: {unresolved} error(s)", path.display());
+                return ExitCode::from(1);
+            }
+            if print_effective {
+                match effective::to_yaml(&loaded.config) {
+                    Ok(yaml) => print!("{yaml}"),
+                    Err(e) => {
+                        eprintln!("{}: cannot print the effective config: {e}", path.display());
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let origins = loaded.config.origins.len();
+            let limits: usize = loaded.config.origins.iter().map(|o| o.limits.len()).sum();
+            if strict && !loaded.warnings.is_empty() {
+                eprintln!(
+                    "{}: {} warning(s), failing because of --strict",
+                    path.display(),
+                    loaded.warnings.len()
+                );
+                return ExitCode::from(2);
+            }
+            let ok = format!(
+                "{}: ok ({origins} origins, {limits} limits, {} warnings)",
+                path.display(),
+                loaded.warnings.len()
+            );
+            // With --print-effective stdout is the YAML alone, so it can be piped.
+            if print_effective {
+                eprintln!("{ok}");
+            } else {
+                println!("{ok}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError::Invalid(diags)) => {
+            for d in &diags {
+                eprintln!("{d}");
+            }
+            eprintln!("{}: {} error(s)", path.display(), diags.len());
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}

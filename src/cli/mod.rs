@@ -1,0 +1,5 @@
+//! The subcommands behind the `tollgate` binary (`src/main.rs` only parses arguments):
+//! each returns the process exit code.
+
+pub mod check;
+pub mod segment;
