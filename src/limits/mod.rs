@@ -7,6 +7,8 @@
 //!
 //! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
 //! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
+//! - [`adhoc_bucket`]: token buckets whose parameters come with each call (the limiter
+//!   API's `RL.REDUCE`), in the same kind of bounded table.
 //! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size
 //!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
 //!
@@ -15,6 +17,7 @@
 //! returned as a [`verdict::Verdict`], a small `Copy` type that a remote (Redis) backend can
 //! produce as well, so the proxy does not change shape when state moves off-box.
 
+pub mod adhoc_bucket;
 pub mod clock;
 pub mod inflight;
 pub mod key;
@@ -23,6 +26,7 @@ pub mod sketch;
 pub mod token_bucket;
 pub mod verdict;
 
+pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
