@@ -2,8 +2,10 @@
 //! overwhelmed.
 //!
 //! Dependency direction: `main → proxy → limits`, with `config` feeding both. The
-//! [`limits`] module knows nothing of Pingora; [`proxy`] is the only glue.
+//! [`limits`] module knows nothing of Pingora; [`proxy`] is the only glue. [`api`] is the
+//! second front end: the same limits over the Redis protocol, for non-HTTP callers.
 
+pub mod api;
 pub mod config;
 pub mod limits;
 pub mod metrics;

@@ -37,6 +37,16 @@ pub struct Metrics {
     pub token_bucket_evictions_total: IntCounterVec,
     /// `tollgate_config_last_reload_success_timestamp_seconds`.
     pub config_last_reload_success: Gauge,
+    /// `tollgate_api_commands_total{command,result}`: limiter API commands, by command
+    /// (the known names, lower case, or `other`) and result (`ok`, `rejected` when a
+    /// limiter said no, `error` for an error reply).
+    pub api_commands_total: IntCounterVec,
+    /// `tollgate_api_connections`: open limiter API connections.
+    pub api_connections: IntGauge,
+    /// `tollgate_api_holds{resource}`: copies held through the limiter API by open
+    /// connections, exact, per configured resource (Charon's `CH.*` commands); back to 0
+    /// when every holder has disconnected.
+    pub api_holds: IntGaugeVec,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -106,6 +116,25 @@ impl Metrics {
         registry.register(Box::new(config_reloads_total.clone()))?;
         registry.register(Box::new(token_bucket_evictions_total.clone()))?;
         registry.register(Box::new(config_last_reload_success.clone()))?;
+        let api_commands_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_api_commands_total",
+                "Limiter API commands by command and result (ok, rejected, error).",
+            ),
+            &["command", "result"],
+        )?;
+        let api_connections =
+            IntGauge::new("tollgate_api_connections", "Open limiter API connections.")?;
+        let api_holds = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_api_holds",
+                "Copies of a resource held by open limiter API connections, exact.",
+            ),
+            &["resource"],
+        )?;
+        registry.register(Box::new(api_commands_total.clone()))?;
+        registry.register(Box::new(api_connections.clone()))?;
+        registry.register(Box::new(api_holds.clone()))?;
         // Both results exist from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -118,7 +147,19 @@ impl Metrics {
             config_reloads_total,
             token_bucket_evictions_total,
             config_last_reload_success,
+            api_commands_total,
+            api_connections,
+            api_holds,
         })
+    }
+
+    /// Registers a collector read at each scrape (a limiter's own counters, such as the
+    /// limiter API's bucket table). Fails if its names are already registered.
+    pub fn register_collector(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), MetricsError> {
+        Ok(self.registry.register(collector)?)
     }
 
     /// The Prometheus text exposition of every family.
@@ -231,6 +272,7 @@ mod tests {
             "tollgate_request_duration_seconds_count{origin=\"shop\"} 1",
             "tollgate_config_reloads_total{result=\"failure\"} 0",
             "tollgate_config_last_reload_success_timestamp_seconds 0",
+            "tollgate_api_connections 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

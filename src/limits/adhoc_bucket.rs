@@ -358,7 +358,11 @@ mod tests {
         let (p, q) = (params(2, 2, 60 * SEC), params(3, 3, 60 * SEC));
         assert!(b.acquire(7, p, 2, false, 0).allowed);
         assert_eq!(b.tokens(7, p, 0), 0);
-        assert_eq!(b.tokens(7, q, 0), 3, "same key, other params: another bucket");
+        assert_eq!(
+            b.tokens(7, q, 0),
+            3,
+            "same key, other params: another bucket"
+        );
         assert_eq!(b.tokens(7, params(2, 1, 60 * SEC), 0), 2);
         assert_eq!(b.tokens(7, params(2, 2, 59 * SEC), 0), 2);
         assert!(b.acquire(7, q, 3, false, 0).allowed);
@@ -372,7 +376,11 @@ mod tests {
         assert!(b.acquire(1, p, 3, false, 100 * SEC).allowed);
         // An older timestamp is the bucket's last time: no refill, no rewind.
         assert_eq!(before(b.acquire(1, p, 1, true, 50 * SEC), 1), 0);
-        assert_eq!(b.tokens(1, p, 110 * SEC), 1, "strict reset at 100 s, not 50 s");
+        assert_eq!(
+            b.tokens(1, p, 110 * SEC),
+            1,
+            "strict reset at 100 s, not 50 s"
+        );
         assert_eq!(b.acquire(1, p, 1, false, 0).remaining, 0, "still at 100 s");
         assert_eq!(b.tokens(1, p, 110 * SEC), 1);
     }
@@ -386,7 +394,10 @@ mod tests {
             assert!(!b.acquire(1, p, 1, true, i * SEC / 2).allowed);
         }
         assert!(!b.acquire(1, p, 1, true, 5 * SEC / 2 + SEC - 1).allowed);
-        assert!(b.acquire(1, p, 1, true, 5 * SEC / 2 + SEC - 1 + SEC).allowed);
+        assert!(
+            b.acquire(1, p, 1, true, 5 * SEC / 2 + SEC - 1 + SEC)
+                .allowed
+        );
     }
 
     #[test]
