@@ -15,7 +15,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::signal::unix::{signal, SignalKind};
 use tollgate::api::{ApiConfig, ApiService};
 use tollgate::metrics::Metrics;
@@ -43,7 +43,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..ApiConfig::default()
         };
         let service = Arc::new(ApiService::new(config, &metrics));
-        let listener = TcpListener::bind(&addr).await?;
+        // A deep accept queue (Pingora's listeners use one too): benchmarks open many
+        // connections at once.
+        let addr: std::net::SocketAddr = addr.parse()?;
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(4096)?;
         println!("listening on {}", listener.local_addr()?);
         std::io::stdout().flush()?;
         let (stop, shutdown) = tokio::sync::watch::channel(false);

@@ -43,9 +43,13 @@ impl ApiServer {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
+                // A deep accept queue, as Pingora's listeners have: tests open thousands
+                // of connections at once.
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                socket
+                    .bind("127.0.0.1:0".parse().expect("addr"))
                     .expect("bind");
+                let listener = socket.listen(4096).expect("listen");
                 tx.send(listener.local_addr().expect("addr")).expect("send");
                 svc.serve(listener, shutdown).await;
             });
