@@ -73,6 +73,22 @@ fn ping_echo_select_client_quit_in_resp2() {
         err.to_string().contains("unknown subcommand 'KILL'"),
         "{err}"
     );
+    let config: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .query(&mut con)
+        .unwrap();
+    assert!(config.is_empty(), "{config:?}");
+    let err = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("x")
+        .arg("y")
+        .query::<String>(&mut con)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("configured in tollgate's YAML"),
+        "{err}"
+    );
     let time: Vec<String> = redis::cmd("TIME").query(&mut con).unwrap();
     assert!(time[0].parse::<u64>().unwrap() > 1_600_000_000, "{time:?}");
 

@@ -130,7 +130,7 @@ pub struct Spec {
 
 /// Every command the API answers; the index is the metrics slot, and [`COMMANDS`]`.len()`
 /// is the slot of `other`. The limiter commands come first: dispatch scans in order.
-pub static COMMANDS: [Spec; 11] = [
+pub static COMMANDS: [Spec; 12] = [
     Spec {
         name: "RL.REDUCE",
         label: "rl.reduce",
@@ -301,6 +301,21 @@ pub static COMMANDS: [Spec; 11] = [
         complexity: "O(N) where N is the number of commands",
         args: &[opt("subcommand", "string")],
         run: command,
+    },
+    Spec {
+        name: "CONFIG",
+        label: "config",
+        arity: -2,
+        flags: &["stale"],
+        first_key: 0,
+        last_key: 0,
+        key_step: 0,
+        acl: &["@slow"],
+        group: "server",
+        summary: "CONFIG GET replies no parameters (tools such as redis-benchmark ask); the API is configured in tollgate's YAML.",
+        complexity: "O(1)",
+        args: &[arg("subcommand", "string"), opt("parameter", "string")],
+        run: config,
     },
     Spec {
         name: "TIME",
@@ -486,6 +501,17 @@ fn select(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         Some(Ok(_)) => cx.error(format_args!("ERR DB index is out of range")),
         _ => cx.error(format_args!("ERR value is not an integer or out of range")),
     }
+}
+
+fn config(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    if args.at(1).eq_ignore_ascii_case(b"GET") && args.len() >= 3 {
+        cx.out.map(0);
+        return Outcome::Ok;
+    }
+    cx.error(format_args!(
+        "ERR unknown subcommand '{}'. The limiter API is configured in tollgate's YAML; only CONFIG GET is answered (with nothing).",
+        Quoted(args.at(1))
+    ))
 }
 
 fn time(cx: &mut Ctx<'_>, _: &Args<'_>) -> Outcome {
