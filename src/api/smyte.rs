@@ -41,7 +41,7 @@ const MAX_COUNT: u64 = i64::MAX as u64;
 pub fn unix_nanos() -> Nanos {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| crate::limits::clock::nanos(d))
+        .map_or(0, crate::limits::clock::nanos)
 }
 
 /// A parsed `RL.REDUCE` or `RL.GET`.
