@@ -436,3 +436,42 @@ fn replaying_a_recorded_history_with_at_matches_the_model() {
         "the history exercises both ends"
     );
 }
+
+#[test]
+fn the_api_metrics_pass_promtool() {
+    let server = ApiServer::start();
+    let mut con = server.client(false);
+    reduce(&mut con, &["m", "1", "60"]).unwrap();
+    reduce(&mut con, &["m", "1", "60"]).unwrap();
+    server
+        .metrics
+        .api_holds
+        .with_label_values(&["uploads"])
+        .set(0);
+    let text = server.scrape();
+    for needle in [
+        "tollgate_api_commands_total{command=\"rl.reduce\",result=\"rejected\"} 1",
+        "tollgate_api_commands_total{command=\"rl.reduce\",result=\"ok\"} 1",
+        "tollgate_api_connections 1",
+        "tollgate_api_holds{resource=\"uploads\"} 0",
+        "tollgate_api_buckets 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/deps.sh installs it)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "promtool: {out:?}");
+}
