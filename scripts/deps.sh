@@ -3,6 +3,8 @@
 #   cmake      - Pingora's zlib-ng build
 #   pkg-config, libssl-dev - Pingora's OpenSSL TLS to upstreams
 #   promtool   - (Debian package `prometheus`) checks the metrics and alert rules in tests
+#   redis-cli, redis-benchmark - (Debian package `redis-tools`) the limiter API's tests and
+#                bench talk to it with them
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -13,11 +15,17 @@ declare -A pkg_of=(
   [wrk]=wrk
   [nginx]=nginx-light
   [valgrind]=valgrind
+  [redis-cli]=redis-tools
+  [redis-benchmark]=redis-tools
+  [redis-server]=redis-server
 )
 
 missing=()
-for cmd in cmake pkg-config promtool "$@"; do
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_of[$cmd]:-$cmd}")
+for cmd in cmake pkg-config promtool redis-cli redis-benchmark "$@"; do
+  if ! command -v "$cmd" >/dev/null 2>&1; then
+    pkg=${pkg_of[$cmd]:-$cmd}
+    [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+  fi
 done
 if ! dpkg -s libssl-dev >/dev/null 2>&1; then
   missing+=(libssl-dev)

@@ -5,12 +5,14 @@
 //!
 //! - [`cli`]: the subcommands of the binary; [`server`]: the composition root, which
 //!   assembles the process from every part below.
-//! - [`proxy`] (the HTTP front end) and [`reload`] (watching and swapping the config):
-//!   both read and build [`runtime`] state, neither knows the other.
+//! - [`proxy`] (the HTTP front end), [`api`] (the second front end: the same limits over
+//!   the Redis protocol, for non-HTTP callers) and [`reload`] (watching and swapping the
+//!   config): they read and build [`runtime`] state, none knows another.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
 //!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod limits;

@@ -41,6 +41,16 @@ pub struct Metrics {
     /// `tollgate_connection_timeouts_total{timeout}`: connections closed by a timeout
     /// (`header`: the request header did not arrive in time; `keepalive`: idle too long).
     pub connection_timeouts_total: IntCounterVec,
+    /// `tollgate_api_commands_total{command,result}`: limiter API commands, by command
+    /// (the known names, lower case, or `other`) and result (`ok`, `rejected` when a
+    /// limiter said no, `error` for an error reply).
+    pub api_commands_total: IntCounterVec,
+    /// `tollgate_api_connections`: open limiter API connections.
+    pub api_connections: IntGauge,
+    /// `tollgate_api_holds{resource}`: copies held through the limiter API by open
+    /// connections, exact, per configured resource (Charon's `CH.*` commands); back to 0
+    /// when every holder has disconnected.
+    pub api_holds: IntGaugeVec,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -123,6 +133,25 @@ impl Metrics {
         registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(connections_limited_total.clone()))?;
         registry.register(Box::new(connection_timeouts_total.clone()))?;
+        let api_commands_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_api_commands_total",
+                "Limiter API commands by command and result (ok, rejected, error).",
+            ),
+            &["command", "result"],
+        )?;
+        let api_connections =
+            IntGauge::new("tollgate_api_connections", "Open limiter API connections.")?;
+        let api_holds = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_api_holds",
+                "Copies of a resource held by open limiter API connections, exact.",
+            ),
+            &["resource"],
+        )?;
+        registry.register(Box::new(api_commands_total.clone()))?;
+        registry.register(Box::new(api_connections.clone()))?;
+        registry.register(Box::new(api_holds.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -143,11 +172,15 @@ impl Metrics {
             connections_open,
             connections_limited_total,
             connection_timeouts_total,
+            api_commands_total,
+            api_connections,
+            api_holds,
         })
     }
 
-    /// Adds a collector (metrics read from live state at scrape time) to the registry.
-    pub fn register(
+    /// Registers a collector read at each scrape (a limiter's own counters, such as the
+    /// limiter API's bucket table). Fails if its names are already registered.
+    pub fn register_collector(
         &self,
         collector: Box<dyn prometheus::core::Collector>,
     ) -> Result<(), MetricsError> {
@@ -272,6 +305,7 @@ mod tests {
             "tollgate_connections_limited_total{limit=\"max_connections_per_ip\"} 0",
             "tollgate_connection_timeouts_total{timeout=\"header\"} 0",
             "tollgate_connection_timeouts_total{timeout=\"keepalive\"} 0",
+            "tollgate_api_connections 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

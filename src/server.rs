@@ -83,7 +83,7 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
     let (runtime, _) = Runtime::build(config.clone(), None, &metrics)?;
     metrics.config_last_reload_success.set(unix_now());
     let runtime = Arc::new(ArcSwap::from_pointee(runtime));
-    metrics.register(Box::new(RuntimeCollector::new(runtime.clone())?))?;
+    metrics.register_collector(Box::new(RuntimeCollector::new(runtime.clone())?))?;
 
     let server_cfg = &config.server;
     let derived_max = safe_max_connections(raise_open_file_limit());

@@ -7,6 +7,8 @@
 //!
 //! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
 //! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
+//! - [`adhoc_bucket`]: token buckets whose parameters come with each call (the limiter
+//!   API's `RL.REDUCE`), in the same kind of bounded table.
 //! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size
 //!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
 //! - [`concurrency`]: exact copies held per key, globally and per group (Charon's
@@ -19,6 +21,7 @@
 //! returned as a [`verdict::Verdict`], a small `Copy` type that a remote (Redis) backend can
 //! produce as well, so the proxy does not change shape when state moves off-box.
 
+pub mod adhoc_bucket;
 pub mod clock;
 pub mod concurrency;
 pub mod inflight;
@@ -29,6 +32,7 @@ pub mod sliding_log;
 pub mod token_bucket;
 pub mod verdict;
 
+pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
 pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
 pub use inflight::{InflightGuard, InflightLimiter};

@@ -1,0 +1,62 @@
+//! The bounds that keep a hostile or broken client from exhausting the process.
+//!
+//! Each violation ends in an error reply where the protocol still allows one, else a clean
+//! close, and a log line (rate-limited where a client can trigger it at will). Memory per
+//! connection is bounded by these numbers whatever a client sends: at most one partial
+//! argument or inline line waits in the read buffer (≤ 64 KiB plus one read), the command
+//! being assembled holds ≤ [`MAX_COMMAND_BYTES`], and unsent replies ≤
+//! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB.
+
+use std::time::Duration;
+
+/// Longest argument (bulk string) a command may carry: 64 KiB. Longer announcements
+/// (`$536870912`) are refused when their header arrives, before any payload is read or
+/// memory reserved. Limiter keys and names are short; 64 KiB leaves room for odd keys.
+pub const MAX_ARG_LEN: usize = 64 * 1024;
+
+/// Most arguments one command may have (its name included): 1024. A larger `*N` is
+/// refused when announced.
+pub const MAX_ARGS: usize = 1024;
+
+/// Most bytes the arguments of one command may add up to: 1 MiB. This is the query
+/// buffer's bound: the parser copies arguments out as they complete, so at most this much
+/// of one command is ever held.
+pub const MAX_COMMAND_BYTES: usize = 1024 * 1024;
+
+/// Longest inline command line: 64 KiB, as Redis's `PROTO_INLINE_MAX_SIZE`.
+pub const MAX_INLINE_LEN: usize = 64 * 1024;
+
+/// Bytes read from a socket at a time: small enough that idle connections cost little,
+/// large enough for a pipeline of a hundred limiter commands per read.
+pub const READ_CHUNK: usize = 4096;
+
+/// Default bound on replies not yet taken by the client: 1 MiB. A client that pipelines
+/// commands but never reads its replies has its connection closed once this much is
+/// waiting (after the kernel's socket buffers are full too): Redis's
+/// `client-output-buffer-limit`, applied to every client. One `RL.REDUCE` reply is 4 to 20
+/// bytes, so a pipeline of 50 000 of them fits whatever the socket buffers.
+pub const DEFAULT_MAX_OUTPUT_BUFFER: usize = 1024 * 1024;
+
+/// Default cap on open connections: 10 000, Redis's `maxclients`. Beyond it a new
+/// connection gets `-ERR max number of clients reached` and is closed.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// Default idle timeout: a connection with no byte moving either way for 5 minutes is
+/// closed. Client pools reconnect transparently; a vanished peer whose socket never errs
+/// is freed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// TCP keepalive on accepted connections: first probe after 60 s idle, then every 10 s,
+/// 6 unanswered probes drop the connection; so a peer that vanished (host down, cable cut)
+/// is detected within about 2 minutes even under the idle timeout.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+
+/// Interval between TCP keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Unanswered TCP keepalive probes before the kernel drops the connection.
+pub const KEEPALIVE_PROBES: u32 = 6;
+
+/// Time a closing connection (shutdown, `QUIT`, a protocol error) gets to flush its last
+/// replies before it is dropped anyway.
+pub const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);

@@ -1,0 +1,212 @@
+//! One connection's loop, generic over the stream (a tokio `TcpStream`, Pingora's
+//! `Stream`, an in-memory pipe in tests).
+//!
+//! The loop alternates two steps. **Execute**: every complete command in the read buffer
+//! runs, in order, its reply appended to the output buffer; commands run synchronously, so
+//! none is ever interrupted half-way. **Wait**: one future both writes pending replies
+//! and reads more requests, and returns as soon as either makes progress. Reading goes on
+//! while replies wait, so a client that sends its whole pipeline before reading (as most
+//! libraries do) never deadlocks; what bounds memory is the output buffer's limit: once
+//! more than `max_output_buffer` bytes of replies wait, the client is not reading and the
+//! connection is closed.
+//!
+//! The wait also ends on shutdown (the connection flushes its replies and closes) and on
+//! the idle timeout (no byte moved either way for `idle_timeout`).
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{sleep_until, timeout, Instant};
+
+use super::bounds::{FLUSH_ON_CLOSE, READ_CHUNK};
+use super::command::{self, Outcome, Session};
+use super::reply::Reply;
+use super::resp::{Parser, ProtocolError};
+use super::service::{ApiService, Throttled};
+
+/// Why a connection ends.
+#[derive(Debug)]
+enum End {
+    /// The client closed its side (or sent `QUIT`): answer what it sent, then close.
+    Client,
+    /// The server is shutting down.
+    Shutdown,
+    /// A framing error; the error reply is in the output buffer.
+    Protocol(ProtocolError),
+    /// More than the output bound of replies wait: the client does not read.
+    Overflow,
+    /// Nothing moved for the idle timeout.
+    Idle,
+    /// The socket failed (reset, broken pipe).
+    Io(io::Error),
+}
+
+/// Serves one connection until it ends. `peer` is for log lines only.
+pub async fn serve<S>(
+    service: &ApiService,
+    mut stream: S,
+    peer: Option<SocketAddr>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let config = service.config();
+    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+    let mut wbuf = BytesMut::new();
+    let mut parser = Parser::new();
+    let mut session = Session::new(service.next_client_id());
+    // A shutdown watch whose sender is gone can never fire; stop polling it.
+    let mut watching = true;
+    let mut last_io = Instant::now();
+    let mut eof = false;
+    let mut unflushed = false;
+    let end = loop {
+        if let Some(end) = execute(service, &mut session, &mut parser, &mut rbuf, &mut wbuf) {
+            break end;
+        }
+        if eof {
+            break End::Client;
+        }
+        if *shutdown.borrow() {
+            break End::Shutdown;
+        }
+        // Give back what a burst took, so idle connections stay small.
+        if wbuf.is_empty() && wbuf.capacity() > 64 * 1024 {
+            wbuf = BytesMut::new();
+        }
+        rbuf.reserve(READ_CHUNK);
+        let io = poll_fn(|cx| poll_io(&mut stream, &mut rbuf, &mut wbuf, &mut unflushed, cx));
+        tokio::select! {
+            biased;
+            result = io => match result {
+                Ok(Io::Progress) => last_io = Instant::now(),
+                Ok(Io::Eof) => eof = true,
+                Err(e) => break End::Io(e),
+            },
+            changed = shutdown.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                }
+            }
+            () = sleep_until(last_io + config.idle_timeout) => {
+                if last_io.elapsed() >= config.idle_timeout {
+                    break End::Idle;
+                }
+            }
+        }
+    };
+    session.flush_counts(service);
+    match end {
+        End::Client | End::Shutdown | End::Protocol(_) => {
+            if let End::Protocol(e) = end {
+                service.log_throttled(Throttled::Protocol(e), peer);
+            }
+            // Best effort, bounded: the client may be gone.
+            let _ = timeout(FLUSH_ON_CLOSE, async {
+                stream.write_all(&wbuf).await?;
+                stream.flush().await?;
+                stream.shutdown().await
+            })
+            .await;
+        }
+        End::Overflow => service.log_throttled(Throttled::Overflow, peer),
+        End::Idle => log::debug!("limiter API: closing idle connection from {peer:?}"),
+        End::Io(e) => log::debug!("limiter API: connection from {peer:?} failed: {e}"),
+    }
+    // Dropping the session releases its holds.
+    drop(session);
+}
+
+/// Runs every complete command in `rbuf`. Returns why the connection must end, if it must.
+fn execute(
+    service: &ApiService,
+    session: &mut Session,
+    parser: &mut Parser,
+    rbuf: &mut BytesMut,
+    wbuf: &mut BytesMut,
+) -> Option<End> {
+    let limit = service.config().max_output_buffer;
+    let mut end = None;
+    loop {
+        match parser.parse(rbuf) {
+            Ok(true) => {
+                if command::execute(service, session, &parser.args(), wbuf) == Outcome::Close {
+                    end = Some(End::Client);
+                    break;
+                }
+                if wbuf.len() > limit {
+                    end = Some(End::Overflow);
+                    break;
+                }
+            }
+            Ok(false) => break,
+            Err(e) => {
+                Reply::new(wbuf, session.resp3).error(format_args!("ERR {e}"));
+                end = Some(End::Protocol(e));
+                break;
+            }
+        }
+    }
+    session.flush_counts(service);
+    end
+}
+
+/// What one wait for I/O achieved.
+enum Io {
+    /// Bytes were written or read.
+    Progress,
+    /// The client closed its side.
+    Eof,
+}
+
+/// Writes pending replies (and flushes them once written) and reads requests, until
+/// either moves, the client closes, or the socket fails. `unflushed` says that written
+/// bytes may still sit in the stream's own buffer (Pingora's, TLS).
+fn poll_io<S>(
+    stream: &mut S,
+    rbuf: &mut BytesMut,
+    wbuf: &mut BytesMut,
+    unflushed: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<Io>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut progress = false;
+    while !wbuf.is_empty() {
+        match Pin::new(&mut *stream).poll_write(cx, wbuf) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => {
+                wbuf.advance(n);
+                *unflushed = true;
+                progress = true;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => break,
+        }
+    }
+    if wbuf.is_empty() && *unflushed {
+        match Pin::new(&mut *stream).poll_flush(cx) {
+            Poll::Ready(Ok(())) => *unflushed = false,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => {}
+        }
+    }
+    match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, rbuf) {
+        Poll::Ready(Ok(0)) => return Poll::Ready(Ok(Io::Eof)),
+        Poll::Ready(Ok(_)) => progress = true,
+        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+        Poll::Pending => {}
+    }
+    if progress {
+        Poll::Ready(Ok(Io::Progress))
+    } else {
+        Poll::Pending
+    }
+}

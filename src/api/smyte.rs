@@ -1,0 +1,335 @@
+//! Smyte's commands on ad-hoc token buckets: `RL.REDUCE` and `RL.GET`.
+//!
+//! ```text
+//! RL.REDUCE key max refill_seconds [REFILL amount] [TAKE n] [AT unix_seconds] [STRICT]
+//! RL.GET    key max refill_seconds [REFILL amount] [AT unix_seconds]
+//! ```
+//!
+//! `RL.REDUCE` replies the integer count of tokens the bucket held (after due refills)
+//! before this take; the take happened iff the reply is at least `n`. `REFILL` defaults to
+//! `max` (the whole bucket refills every `refill_seconds`: `2 60` reads "two per
+//! minute"), `TAKE` to 1. `STRICT`: a rejected take also resets the refill clock. `RL.GET`
+//! reads without taking. The bucket is [`AdhocBuckets`](crate::limits::AdhocBuckets)'s,
+//! identified by `(key, max, refill_seconds, amount)`.
+//!
+//! **Time.** `AT` is the caller's clock in Unix seconds (a fraction of up to 9 digits is
+//! allowed), so a history can be replayed; without it the server's wall clock is used
+//! (`TIME` shows it). Within a bucket time never goes backwards: an `AT` older than the
+//! bucket's last refill is taken as that instant.
+//!
+//! **Numbers.** Decimal digits only: no sign, no spaces, no exponent. `max` and `amount`
+//! are 1 to 2⁶³-1 (replies are RESP integers), `n` 0 to 2⁶³-1, `refill_seconds` 1 to
+//! 18 446 744 073 and `AT` 0 to 18 446 744 073 (so that nanoseconds fit 64 bits: 584
+//! years, past 2554). Anything else is an `-ERR` naming the argument.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::command::{Ctx, Outcome};
+use super::reply::Quoted;
+use super::resp::Args;
+use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::AdhocParams;
+
+/// The largest number of seconds whose nanoseconds fit a `u64`.
+pub const MAX_SECONDS: u64 = u64::MAX / NANOS_PER_SEC;
+
+/// The largest count a RESP integer reply can carry.
+const MAX_COUNT: u64 = i64::MAX as u64;
+
+/// The server's wall clock in nanoseconds since the Unix epoch (0 before it).
+pub fn unix_nanos() -> Nanos {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, crate::limits::clock::nanos)
+}
+
+/// A parsed `RL.REDUCE` or `RL.GET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketCall<'a> {
+    /// The bucket's key, as sent.
+    pub key: &'a [u8],
+    /// Its parameters (`every` in nanoseconds).
+    pub params: AdhocParams,
+    /// Tokens to take (`TAKE`, default 1; 0 for `RL.GET`).
+    pub take: u64,
+    /// `STRICT` was given.
+    pub strict: bool,
+    /// `AT` in nanoseconds since the Unix epoch, if given.
+    pub at: Option<Nanos>,
+}
+
+/// Why a call's arguments are refused; displayed as the `-ERR` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgError<'a> {
+    /// A number that is not one, or out of its range.
+    Number {
+        /// The argument's name.
+        name: &'static str,
+        /// The smallest value allowed.
+        min: u64,
+        /// The largest value allowed.
+        max: u64,
+        /// What was sent.
+        got: &'a [u8],
+    },
+    /// An option this command does not know.
+    UnknownOption(&'static str, &'a [u8]),
+    /// An option given without its value.
+    MissingValue(&'static str),
+    /// An option given twice.
+    Duplicate(&'static str),
+}
+
+impl fmt::Display for ArgError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Number {
+                name,
+                min,
+                max,
+                got,
+            } => write!(
+                f,
+                "ERR invalid '{name}': expected an integer from {min} to {max}, got '{}'",
+                Quoted(got)
+            ),
+            Self::UnknownOption(command, option) => write!(
+                f,
+                "ERR syntax error: unknown option '{}' for '{command}'",
+                Quoted(option)
+            ),
+            Self::MissingValue(option) => {
+                write!(f, "ERR syntax error: option '{option}' needs a value")
+            }
+            Self::Duplicate(option) => write!(f, "ERR syntax error: option '{option}' given twice"),
+        }
+    }
+}
+
+/// A decimal integer in `min..=max`: digits only.
+fn number<'a>(name: &'static str, text: &'a [u8], min: u64, max: u64) -> Result<u64, ArgError<'a>> {
+    let bad = ArgError::Number {
+        name,
+        min,
+        max,
+        got: text,
+    };
+    if text.is_empty() || text.len() > 20 {
+        return Err(bad);
+    }
+    let mut value: u64 = 0;
+    for &d in text {
+        if !d.is_ascii_digit() {
+            return Err(bad);
+        }
+        value = match value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+        {
+            Some(v) => v,
+            None => return Err(bad),
+        };
+    }
+    if value < min || value > max {
+        return Err(bad);
+    }
+    Ok(value)
+}
+
+/// Unix seconds with an optional fraction of up to 9 digits, in nanoseconds.
+fn unix_time(text: &[u8]) -> Result<Nanos, ArgError<'_>> {
+    let bad = ArgError::Number {
+        name: "AT",
+        min: 0,
+        max: MAX_SECONDS,
+        got: text,
+    };
+    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+        Some(dot) => (&text[..dot], &text[dot + 1..]),
+        None => (text, &b""[..]),
+    };
+    let seconds = number("AT", whole, 0, MAX_SECONDS).map_err(|_| bad.clone())?;
+    if fraction.len() > 9 || !fraction.iter().all(u8::is_ascii_digit) {
+        return Err(bad);
+    }
+    let mut nanos: u64 = 0;
+    for i in 0..9 {
+        nanos = nanos * 10 + fraction.get(i).map_or(0, |&d| u64::from(d - b'0'));
+    }
+    // MAX_SECONDS · 10⁹ + 999 999 999 may pass u64::MAX by under a second: saturate.
+    Ok((seconds * NANOS_PER_SEC).saturating_add(nanos))
+}
+
+/// Parses `RL.REDUCE` (`reduce`) or `RL.GET` arguments (`args[0]` is the name).
+pub fn parse<'a>(args: &Args<'a>, reduce: bool) -> Result<BucketCall<'a>, ArgError<'a>> {
+    let command = if reduce { "RL.REDUCE" } else { "RL.GET" };
+    let capacity = number("max", args.at(2), 1, MAX_COUNT)?;
+    let seconds = number("refill_seconds", args.at(3), 1, MAX_SECONDS)?;
+    let (mut amount, mut take, mut at, mut strict) = (None, None, None, false);
+    let mut i = 4;
+    while let Some(option) = args.get(i) {
+        let is = |name: &str| option.eq_ignore_ascii_case(name.as_bytes());
+        let name = if is("REFILL") {
+            "REFILL"
+        } else if is("TAKE") && reduce {
+            "TAKE"
+        } else if is("AT") {
+            "AT"
+        } else if is("STRICT") && reduce {
+            if strict {
+                return Err(ArgError::Duplicate("STRICT"));
+            }
+            strict = true;
+            i += 1;
+            continue;
+        } else {
+            return Err(ArgError::UnknownOption(command, option));
+        };
+        let value = args.get(i + 1).ok_or(ArgError::MissingValue(name))?;
+        let (slot, parsed) = match name {
+            "REFILL" => (&mut amount, number("REFILL", value, 1, MAX_COUNT)?),
+            "TAKE" => (&mut take, number("TAKE", value, 0, MAX_COUNT)?),
+            _ => (&mut at, unix_time(value)?),
+        };
+        if slot.replace(parsed).is_some() {
+            return Err(ArgError::Duplicate(name));
+        }
+        i += 2;
+    }
+    Ok(BucketCall {
+        key: args.at(1),
+        params: AdhocParams {
+            capacity,
+            amount: amount.unwrap_or(capacity),
+            every: seconds * NANOS_PER_SEC,
+        },
+        take: if reduce { take.unwrap_or(1) } else { 0 },
+        strict,
+        at,
+    })
+}
+
+/// `RL.REDUCE`: replies the tokens held before the take.
+pub fn reduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let call = match parse(args, true) {
+        Ok(call) => call,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let now = call.at.unwrap_or_else(unix_nanos);
+    let key = cx.service.bucket_key(call.key, &call.params);
+    let v = cx
+        .service
+        .buckets()
+        .acquire(key, call.params, call.take, call.strict, now);
+    let before = if v.allowed {
+        v.remaining + call.take
+    } else {
+        v.remaining
+    };
+    // before ≤ max ≤ i64::MAX.
+    cx.out.int(before as i64);
+    if v.allowed {
+        Outcome::Ok
+    } else {
+        Outcome::Rejected
+    }
+}
+
+/// `RL.GET`: replies the tokens the bucket holds.
+pub fn get(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let call = match parse(args, false) {
+        Ok(call) => call,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let now = call.at.unwrap_or_else(unix_nanos);
+    let key = cx.service.bucket_key(call.key, &call.params);
+    let tokens = cx.service.buckets().tokens(key, call.params, now);
+    cx.out.int(tokens as i64);
+    Outcome::Ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::resp::Parser;
+    use bytes::BytesMut;
+
+    fn call(line: &str, reduce: bool) -> Result<BucketCall<'static>, String> {
+        let mut p = Parser::new();
+        let mut buf = BytesMut::from(format!("{line}\r\n").as_bytes());
+        assert!(p.parse(&mut buf).unwrap());
+        // Leak the parser so the call can borrow it for the test's duration.
+        let p: &'static Parser = Box::leak(Box::new(p));
+        parse(&p.args(), reduce).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_options() {
+        let c = call("RL.REDUCE k 2 60", true).unwrap();
+        assert_eq!(
+            (c.key, c.params, c.take, c.strict, c.at),
+            (
+                &b"k"[..],
+                AdhocParams {
+                    capacity: 2,
+                    amount: 2,
+                    every: 60 * NANOS_PER_SEC
+                },
+                1,
+                false,
+                None
+            )
+        );
+        let c = call(
+            "rl.reduce k 10 1 strict refill 3 at 1700000000.25 take 0",
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.params.amount, 3);
+        assert_eq!((c.take, c.strict), (0, true));
+        assert_eq!(c.at, Some(1_700_000_000 * NANOS_PER_SEC + 250_000_000));
+        let c = call("RL.GET k 5 1 REFILL 1 AT 7", false).unwrap();
+        assert_eq!((c.take, c.at), (0, Some(7 * NANOS_PER_SEC)));
+    }
+
+    #[test]
+    fn bad_numbers_name_the_argument() {
+        let cases = [
+            ("RL.REDUCE k abc 60", "ERR invalid 'max': expected an integer from 1 to 9223372036854775807, got 'abc'"),
+            ("RL.REDUCE k -1 60", "ERR invalid 'max': expected an integer from 1 to 9223372036854775807, got '-1'"),
+            ("RL.REDUCE k 0 60", "ERR invalid 'max': expected an integer from 1 to 9223372036854775807, got '0'"),
+            ("RL.REDUCE k 1180591620717411303424 60", "ERR invalid 'max': expected an integer from 1 to 9223372036854775807, got '1180591620717411303424'"),
+            ("RL.REDUCE k 9223372036854775808 60", "ERR invalid 'max': expected an integer from 1 to 9223372036854775807, got '9223372036854775808'"),
+            ("RL.REDUCE k 2 0", "ERR invalid 'refill_seconds': expected an integer from 1 to 18446744073, got '0'"),
+            ("RL.REDUCE k 2 18446744074", "ERR invalid 'refill_seconds': expected an integer from 1 to 18446744073, got '18446744074'"),
+            ("RL.REDUCE k 2 1.5", "ERR invalid 'refill_seconds': expected an integer from 1 to 18446744073, got '1.5'"),
+            ("RL.REDUCE k 2 60 TAKE -1", "ERR invalid 'TAKE': expected an integer from 0 to 9223372036854775807, got '-1'"),
+            ("RL.REDUCE k 2 60 REFILL 0", "ERR invalid 'REFILL': expected an integer from 1 to 9223372036854775807, got '0'"),
+            ("RL.REDUCE k 2 60 AT -5", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '-5'"),
+            ("RL.REDUCE k 2 60 AT 1.1234567891", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '1.1234567891'"),
+            ("RL.REDUCE k 2 60 AT 1.x", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '1.x'"),
+            ("RL.REDUCE k 2 60 TAKE", "ERR syntax error: option 'TAKE' needs a value"),
+            ("RL.REDUCE k 2 60 TAKE 1 TAKE 2", "ERR syntax error: option 'TAKE' given twice"),
+            ("RL.REDUCE k 2 60 STRICT STRICT", "ERR syntax error: option 'STRICT' given twice"),
+            ("RL.REDUCE k 2 60 FAST", "ERR syntax error: unknown option 'FAST' for 'RL.REDUCE'"),
+            ("RL.GET k 2 60 TAKE 1", "ERR syntax error: unknown option 'TAKE' for 'RL.GET'"),
+            ("RL.GET k 2 60 STRICT", "ERR syntax error: unknown option 'STRICT' for 'RL.GET'"),
+        ];
+        for (line, want) in cases {
+            assert_eq!(
+                call(line, line.starts_with("RL.REDUCE")),
+                Err(want.to_string()),
+                "{line}"
+            );
+        }
+        // The largest values pass.
+        let c = call(
+            "RL.REDUCE k 9223372036854775807 18446744073 AT 18446744073.999999999",
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.params.every, MAX_SECONDS * NANOS_PER_SEC);
+        assert_eq!(c.at, Some(u64::MAX));
+    }
+}
