@@ -47,7 +47,7 @@ use pingora::services::background::BackgroundService;
 use pingora::services::ServiceReadyNotifier;
 use tokio::time::Instant;
 
-use crate::config::{self, Config, ConfigError, Loaded, Server};
+use crate::config::{self, Config, ConfigError, Loaded};
 use crate::metrics::Metrics;
 use crate::runtime::{BuildError, Carried, Runtime};
 
@@ -154,8 +154,12 @@ pub enum Arrival {
 }
 
 /// Server settings that only a restart or a graceful upgrade can change.
-fn restart_only_changes(old: &Server, new: &Server) -> Vec<&'static str> {
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut changed = Vec::new();
+    if old.api.max_keys != new.api.max_keys {
+        changed.push("api.max_keys");
+    }
+    let (old, new) = (&old.server, &new.server);
     if old.listen != new.listen {
         changed.push("server.listen");
     }
@@ -170,6 +174,12 @@ fn restart_only_changes(old: &Server, new: &Server) -> Vec<&'static str> {
     }
     if old.demo_upstream != new.demo_upstream {
         changed.push("server.demo_upstream");
+    }
+    if old.limiter_api != new.limiter_api {
+        changed.push("server.limiter_api");
+    }
+    if old.instance != new.instance {
+        changed.push("server.instance");
     }
     changed
 }
@@ -266,7 +276,7 @@ pub fn apply(
         for warning in &loaded.warnings {
             log::warn!("{warning}");
         }
-        let pinned = restart_only_changes(&current.config.server, &loaded.config.server);
+        let pinned = restart_only_changes(&current.config, &loaded.config);
         if !pinned.is_empty() {
             log::warn!(
                 "{} changed but cannot be applied live; the old values stay until a restart or a graceful upgrade (`tollgate run --upgrade` then SIGQUIT to the old process)",

@@ -22,6 +22,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 use tokio::sync::broadcast;
 
+use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
 use crate::metrics::{Metrics, MetricsError};
 use crate::proxy::conn::Drain;
@@ -138,6 +139,17 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         let mut svc = Service::new("metrics".to_string(), MetricsApp::new(metrics.clone()));
         svc.threads = Some(1);
         svc.add_tcp(&addr.to_string());
+        server.add_service(svc);
+    }
+    if let Some(addr) = server_cfg.limiter_api {
+        let api = ApiConfig {
+            max_keys: config.api.max_keys,
+            allow_unconfigured: config.api.allow_unconfigured,
+            ..ApiConfig::default()
+        };
+        let api = Arc::new(ApiService::new(api, &metrics));
+        let mut svc = api.pingora_service(&[addr.to_string()]);
+        svc.threads = Some(1);
         server.add_service(svc);
     }
     if let Some(addr) = server_cfg.demo_upstream {

@@ -43,6 +43,7 @@ fn span(d: Duration) -> String {
 #[derive(Serialize)]
 struct EffConfig {
     server: EffServer,
+    api: EffApi,
     origins: Ordered<EffOrigin>,
 }
 
@@ -50,6 +51,10 @@ impl EffConfig {
     fn of(c: &Config) -> Self {
         Self {
             server: EffServer::of(&c.server),
+            api: EffApi {
+                max_keys: c.api.max_keys,
+                allow_unconfigured: c.api.allow_unconfigured,
+            },
             origins: Ordered(
                 c.origins
                     .iter()
@@ -58,6 +63,12 @@ impl EffConfig {
             ),
         }
     }
+}
+
+#[derive(Serialize)]
+struct EffApi {
+    max_keys: usize,
+    allow_unconfigured: bool,
 }
 
 #[derive(Serialize)]
@@ -72,6 +83,11 @@ struct EffServer {
     customer_header: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     demo_upstream: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limiter_api: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<String>,
+    kill_switch: bool,
     header_timeout: String,
     keepalive_timeout: String,
     /// Absent: derived from the open-file limit when tollgate starts.
@@ -91,6 +107,9 @@ impl EffServer {
             trusted_proxies: s.trusted_proxies.iter().map(ToString::to_string).collect(),
             customer_header: s.customer_header.clone(),
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
+            limiter_api: s.limiter_api.map(|a| a.to_string()),
+            instance: s.instance.clone(),
+            kill_switch: s.kill_switch,
             header_timeout: span(s.connections.header_timeout),
             keepalive_timeout: span(s.connections.keepalive_timeout),
             max_connections: s.connections.max_connections,

@@ -8,6 +8,7 @@ pub mod effective;
 pub mod model;
 pub mod parse;
 
+mod api;
 mod bounds;
 mod limit;
 mod merge;

@@ -17,8 +17,30 @@ use crate::limits::{KeyPart, KeySpec, Matcher, RateParams, SketchSize, TokenBuck
 pub struct Config {
     /// Process-wide settings.
     pub server: Server,
+    /// The limiter API's settings.
+    pub api: Api,
     /// Origins in file order.
     pub origins: Vec<Origin>,
+}
+
+/// The `api:` section: the limiter API (Redis protocol) for non-HTTP callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Api {
+    /// Bound on the ad-hoc `RL.*` buckets held at once (`api.max_keys`), allocated at
+    /// start: a change needs a restart.
+    pub max_keys: usize,
+    /// Grant and record commands on resources that are not configured
+    /// (`api.allow_unconfigured`), so that use can be measured before it is limited.
+    pub allow_unconfigured: bool,
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Self {
+            max_keys: 100_000,
+            allow_unconfigured: false,
+        }
+    }
 }
 
 /// The `server:` section.
@@ -38,6 +60,15 @@ pub struct Server {
     pub customer_header: Option<String>,
     /// Where tollgate serves its built-in demo upstream (`server.demo_upstream`), if at all.
     pub demo_upstream: Option<SocketAddr>,
+    /// Where the limiter API (Redis protocol) listens (`server.limiter_api`), if at all.
+    pub limiter_api: Option<SocketAddr>,
+    /// This process's name in shared state (`server.instance`); default
+    /// `<hostname>:<pid>`, filled in at start.
+    pub instance: Option<String>,
+    /// Turns every rejection into a grant, still counted as `shadow_rejected`
+    /// (`server.kill_switch`): neutralizes a misbehaving limit at once. The admin API can
+    /// also switch it at runtime.
+    pub kill_switch: bool,
     /// How long a downstream connection may take and how many may be open.
     pub connections: Connections,
 }

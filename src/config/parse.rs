@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use crate::config::api;
 use crate::config::bounds;
 use crate::config::limit::parse_limits;
 use crate::config::merge;
@@ -23,7 +24,7 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-const TOP_KEYS: [&str; 3] = ["server", "defaults", "origins"];
+const TOP_KEYS: [&str; 4] = ["server", "api", "defaults", "origins"];
 
 /// A valid config and the warnings its normalizations produced.
 #[derive(Debug, Clone)]
@@ -168,6 +169,7 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
         );
     }
     let server = server::parse(r, section("server"));
+    let api = api::parse(r, section("api"));
     let default_specs = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
@@ -229,6 +231,7 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
         .collect();
     Some(Config {
         server: server.server,
+        api,
         origins,
     })
 }

@@ -1,6 +1,6 @@
-//! The `server:` section: listeners, threads, shutdown window, trusted proxies, the
-//! customer header, the demo upstream and the bounds on downstream connections, with their
-//! defaults.
+//! The `server:` section: listeners (proxy, metrics, limiter API, demo upstream), threads,
+//! shutdown window, trusted proxies, the customer header, the instance name, the kill
+//! switch and the bounds on downstream connections, with their defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
@@ -15,9 +15,12 @@ use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-const SERVER_KEYS: [&str; 11] = [
+const SERVER_KEYS: [&str; 14] = [
     "listen",
     "metrics",
+    "limiter_api",
+    "instance",
+    "kill_switch",
     "threads",
     "grace_period",
     "trusted_proxies",
@@ -56,6 +59,9 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
         trusted_proxies: Vec::new(),
         customer_header: None,
         demo_upstream: None,
+        limiter_api: None,
+        instance: None,
+        kill_switch: false,
         connections: Connections::default(),
     };
     let mut binds = Vec::new();
@@ -85,15 +91,36 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
                     }
                 }
             }
-            "metrics" | "demo_upstream" => {
+            "metrics" | "demo_upstream" | "limiter_api" => {
                 let addr = scalar::socket_addr(r, v, &path);
                 if let Some(addr) = addr {
                     binds.push(At::new(addr, v.pos, &path));
                 }
-                if e.key == "metrics" {
-                    server.metrics = addr;
-                } else {
-                    server.demo_upstream = addr;
+                match e.key.as_str() {
+                    "metrics" => server.metrics = addr,
+                    "demo_upstream" => server.demo_upstream = addr,
+                    _ => server.limiter_api = addr,
+                }
+            }
+            "instance" => {
+                if let Some(name) = scalar::text(r, v, &path) {
+                    let ok = !name.is_empty()
+                        && name.len() <= 128
+                        && name.bytes().all(|b| b.is_ascii_graphic());
+                    if ok {
+                        server.instance = Some(name.to_string());
+                    } else {
+                        r.error(
+                            v.pos,
+                            &path,
+                            "`instance` must be 1 to 128 printable characters without spaces",
+                        );
+                    }
+                }
+            }
+            "kill_switch" => {
+                if let Some(on) = scalar::boolean(r, v, &path) {
+                    server.kill_switch = on;
                 }
             }
             "threads" => {
