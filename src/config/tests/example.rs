@@ -89,6 +89,9 @@ fn parses_the_design_example() {
             trusted_proxies: vec!["127.0.0.1/32".parse().unwrap()],
             customer_header: Some("x-customer-id".into()),
             demo_upstream: None,
+            limiter_api: None,
+            instance: None,
+            kill_switch: false,
             connections: Default::default(),
         }
     );
