@@ -12,7 +12,7 @@ use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
 use crate::limits::{KeyPart, KeySpec, RateParams, SketchSize, TokenBucketParams};
 
-/// `max_keys` when not given.
+/// `max_keys` when not given, for rate and token-bucket tables alike.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
 const DAY_NANOS: u128 = 86_400 * 1_000_000_000;
@@ -167,6 +167,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
             .map_or(SketchSize::DEFAULT.slots, |s| s.v),
     };
     let strict = p.strict.as_ref().is_some_and(|s| s.v);
+    let max_keys = spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v);
     Some(match kind {
         Kind::Inflight => LimitParams::Inflight {
             max: p.max.as_ref()?.v,
@@ -178,7 +179,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
                 per: p.per.as_ref()?.v,
                 strict,
             },
-            sketch,
+            max_keys,
         },
         Kind::TokenBucket => LimitParams::TokenBucket {
             bucket: TokenBucketParams {
@@ -188,7 +189,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
                 strict,
             },
             cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
-            max_keys: spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v),
+            max_keys,
         },
     })
 }
