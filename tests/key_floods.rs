@@ -9,6 +9,8 @@
 //! - inflight keeps its count-min sketch: the share of new keys it wrongly rejects with
 //!   `n` keys in flight is measured on the default 4 × 8192 and checked against
 //!   `P(Binomial(n, 1/slots) ≥ max)^hashes` (see `limits::inflight`).
+//! - a reload keeps a rate table (its counts and evictions) only with the same `per` and
+//!   `max_keys`.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,7 +18,11 @@
 mod common;
 
 use common::{client, Tollgate, Upstream, SERVER};
-use tollgate::limits::{Fact, Facts, InflightLimiter, KeyPart, KeySpec, RateLimiter, SketchSize};
+use tollgate::config::LimitParams;
+use tollgate::limits::{
+    Fact, Facts, InflightLimiter, KeyPart, KeySpec, RateLimiter, RateParams, SketchSize,
+};
+use tollgate::runtime::limit::Limiter;
 
 const SEC: u64 = 1_000_000_000;
 const MINUTE: u64 = 60 * SEC;
@@ -174,4 +180,37 @@ async fn a_small_rate_table_evicts_says_so_and_rejects_no_new_key() {
     assert_eq!(t.metric(series).await, 32.0);
     // Still exact for a key that holds its slot: the last one, just stored.
     assert_eq!(send("k39".into()).await, 429);
+}
+
+#[test]
+fn a_rate_table_survives_a_reload_only_with_the_same_per_and_max_keys() {
+    let params = |max, per, max_keys| LimitParams::Rate {
+        rate: RateParams {
+            max,
+            per,
+            strict: false,
+        },
+        max_keys,
+    };
+    let table = |l: &Limiter| match l {
+        Limiter::Rate(rate) => rate.state.clone(),
+        _ => panic!("not a rate limiter"),
+    };
+    let (first, kept) = Limiter::build(&params(1, SEC, 8), None);
+    assert!(!kept);
+    for key in 1..=9 {
+        assert!(table(&first).acquire(key, 1, 1, false, 0).allowed);
+    }
+    assert_eq!(table(&first).evictions(), 1);
+    // A new max keeps the table, with its counts and its eviction count.
+    let (same, kept) = Limiter::build(&params(5, SEC, 8), Some(&first));
+    assert!(kept);
+    assert!(std::sync::Arc::ptr_eq(&table(&first), &table(&same)));
+    assert_eq!(table(&same).evictions(), 1);
+    // A new window or a new max_keys starts afresh.
+    for changed in [params(1, 2 * SEC, 8), params(1, SEC, 16)] {
+        let (fresh, kept) = Limiter::build(&changed, Some(&first));
+        assert!(!kept);
+        assert_eq!((table(&fresh).len(), table(&fresh).evictions()), (0, 0));
+    }
 }

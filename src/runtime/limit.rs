@@ -57,7 +57,7 @@ pub struct InflightRt {
 
 /// The rate kind, live.
 pub struct RateRt {
-    /// `max`, `per` and `strict`; only `per` shapes the state.
+    /// `max`, `per` and `strict`; only `per` shapes the state, with `max_keys`.
     pub rate: RateParams,
     /// `max_keys`, part of the state's shape.
     pub max_keys: usize,
