@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::config::model::{Limit, LimitParams};
 use crate::config::report::{At, Pos, Report};
-use crate::limits::{SketchSize, TokenBucket};
+use crate::limits::{RateLimiter, SketchSize, TokenBucket};
 
 /// Origins in one config. Each has its own metrics series.
 pub(crate) const MAX_ORIGINS: usize = 10_000;
@@ -54,12 +54,11 @@ pub(crate) fn too_many(what: &str, count: usize, max: usize) -> String {
 }
 
 /// The memory one variant (the base or one override) of `params` holds: a sketch for
-/// inflight, two for rate (this period and the previous one), the bucket table for a
-/// token bucket.
+/// inflight, the window table for rate, the bucket table for a token bucket.
 pub(crate) fn variant_bytes(params: &LimitParams) -> u128 {
     let bytes = match params {
         LimitParams::Inflight { sketch, .. } => sketch.clamped().bytes(),
-        LimitParams::Rate { sketch, .. } => sketch.clamped().bytes().saturating_mul(2),
+        LimitParams::Rate { max_keys, .. } => RateLimiter::table_bytes(*max_keys),
         LimitParams::TokenBucket { max_keys, .. } => TokenBucket::table_bytes(*max_keys),
     };
     bytes as u128

@@ -276,11 +276,11 @@ impl EffParams {
                 sketch: Some((*sketch).into()),
                 ..Self::default()
             },
-            LimitParams::Rate { rate, sketch } => Self {
+            LimitParams::Rate { rate, max_keys } => Self {
                 max: Some(rate.max),
                 per: Some(duration(rate.per)),
                 strict: Some(rate.strict),
-                sketch: Some((*sketch).into()),
+                max_keys: Some(*max_keys),
                 ..Self::default()
             },
             LimitParams::TokenBucket {

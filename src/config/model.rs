@@ -275,12 +275,12 @@ pub enum LimitParams {
         /// Sketch size (`sketch: {hashes, slots}`).
         sketch: SketchSize,
     },
-    /// `kind: rate`: sliding window; 429 above it.
+    /// `kind: rate`: sliding window, exact per key; 429 above it.
     Rate {
         /// `max`, `per`, `strict`.
         rate: RateParams,
-        /// Sketch size (`sketch: {hashes, slots}`).
-        sketch: SketchSize,
+        /// Bound on keys holding state (`max_keys`).
+        max_keys: usize,
     },
     /// `kind: token_bucket`: exact per-key bucket; 429 when empty.
     TokenBucket {

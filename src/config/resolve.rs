@@ -13,8 +13,17 @@ use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
 use crate::limits::{KeyPart, KeySpec, RateParams, SketchSize, TokenBucketParams};
 
-/// `max_keys` when not given.
+/// `max_keys` when not given, for rate and token-bucket tables alike.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
+
+/// Requests in flight at once that an inflight limit's sketch is checked against: about
+/// what a 2-core tollgate holds (20 000 requests a second, `docs/performance.md`, times a
+/// 200 ms upstream). To be replaced by the connection cap once the config has one.
+pub(crate) const EXPECTED_INFLIGHT: u64 = 4_096;
+
+/// The share of new keys an inflight sketch may wrongly reject at [`EXPECTED_INFLIGHT`]
+/// requests in flight, at worst, before `check` warns.
+const SATURATION_ODDS: f64 = 0.01;
 
 const DAY_NANOS: u128 = 86_400 * 1_000_000_000;
 
@@ -67,12 +76,19 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
             overrides.push(o);
         }
     }
-    if let Some(LimitParams::Inflight { sketch, .. } | LimitParams::Rate { sketch, .. }) = &params {
+    if let Some(LimitParams::Inflight { sketch, .. }) = &params {
         sketch_fits(r, spec, *sketch);
     }
-    if let Some(LimitParams::TokenBucket { bucket, .. }) = &params {
-        let (pos, path) = fill_anchor(spec);
-        fill_warning(r, bucket, pos, path);
+    match &params {
+        Some(LimitParams::TokenBucket { bucket, .. }) => {
+            let (pos, path) = fill_anchor(spec);
+            fill_warning(r, bucket, pos, path);
+        }
+        Some(LimitParams::Inflight { max, sketch }) => saturation_warning(r, spec, *max, *sketch),
+        Some(LimitParams::Rate { .. }) | None => {}
+    }
+    if kind == Kind::Rate {
+        ignored_sketch(r, spec);
     }
     if let Some(params) = &params {
         let p = &spec.params;
@@ -171,6 +187,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
             .map_or(SketchSize::DEFAULT.slots, |s| s.v),
     };
     let strict = p.strict.as_ref().is_some_and(|s| s.v);
+    let max_keys = spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v);
     Some(match kind {
         Kind::Inflight => LimitParams::Inflight {
             max: p.max.as_ref()?.v,
@@ -182,7 +199,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
                 per: p.per.as_ref()?.v,
                 strict,
             },
-            sketch,
+            max_keys,
         },
         Kind::TokenBucket => LimitParams::TokenBucket {
             bucket: TokenBucketParams {
@@ -192,7 +209,7 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
                 strict,
             },
             cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
-            max_keys: spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v),
+            max_keys,
         },
     })
 }
@@ -335,4 +352,60 @@ fn fill_warning(r: &mut Report, b: &TokenBucketParams, pos: Pos, path: &str) {
             ),
         );
     }
+}
+
+/// `sketch` on a rate limit: accepted for one release, so that existing files keep
+/// loading, and ignored, because rate limits are exact per key. Warned at each place it is
+/// written (a default's is shown once).
+fn ignored_sketch(r: &mut Report, spec: &LimitSpec) {
+    for f in spec.fields.iter().filter(|f| f.v == "sketch") {
+        r.warn(
+            f.pos,
+            &f.path,
+            "rate limits are exact per key; `sketch` is ignored, size the table with `max_keys`",
+        );
+    }
+}
+
+/// Warns when an inflight sketch is small for its `max` at [`EXPECTED_INFLIGHT`] requests
+/// in flight.
+///
+/// A new key is wrongly rejected only when, in every one of the `h` rows, the slot it
+/// hashes to already holds `max` units of other keys. With `n` units in flight a row has
+/// at most `n / max` such slots, so whatever the keys, the odds are at most
+/// `(n / (max · slots))^h`; for `n` single-request keys they are
+/// `P(Poisson(n / slots) ≥ max)^h`, lower (see `limits::inflight`). The warning uses the
+/// bound, which needs no assumption about the traffic: it fires when the bound exceeds
+/// [`SATURATION_ODDS`], e.g. for `max: 1` on the default 4 × 8192 (up to 6.25% at 4 096 in
+/// flight, 2.4% if every request is its own key), never for `max` ≥ 2 on the default size.
+/// It points at `sketch.slots` when written, else at `max`.
+fn saturation_warning(r: &mut Report, spec: &LimitSpec, max: u64, sketch: SketchSize) {
+    let (hashes, slots) = (sketch.hashes.max(1), sketch.slots.max(1));
+    let capacity = max.max(1) as f64 * slots as f64;
+    let exponent = i32::try_from(hashes).unwrap_or(i32::MAX);
+    let odds = (EXPECTED_INFLIGHT as f64 / capacity)
+        .min(1.0)
+        .powi(exponent);
+    if odds <= SATURATION_ODDS {
+        return;
+    }
+    // The smallest `slots` whose bound is within the odds, as a power of two.
+    let root = SATURATION_ODDS.powf(1.0 / hashes as f64);
+    let need = (EXPECTED_INFLIGHT as f64 / (max.max(1) as f64 * root)).ceil() as u64;
+    let need = need.next_power_of_two();
+    let own = |path: &str| path.starts_with(&spec.path);
+    let slots_at = spec.slots.as_ref().filter(|s| own(&s.path));
+    let max_at = spec.params.max.as_ref().map(|m| (m.pos, &m.path));
+    let (pos, path) = slots_at
+        .map(|s| (s.pos, &s.path))
+        .or(max_at)
+        .unwrap_or((spec.pos, &spec.path));
+    r.warn(
+        pos,
+        path,
+        format!(
+            "a sketch of {hashes} × {slots} with max {max} may wrongly reject up to {:.1}% of new keys when {EXPECTED_INFLIGHT} requests are in flight (a key is rejected when each row's slot already holds {max} of other keys); raise `sketch.slots` to {need} or more",
+            odds * 100.0
+        ),
+    );
 }

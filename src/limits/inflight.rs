@@ -6,10 +6,36 @@
 //! the decrement lives in `Drop` (an early return, an error or a panic all drop it).
 //!
 //! The estimate never undercounts. It overcounts a key only when, in every row, some
-//! other live key shares its slot: with `n` live keys the odds are about
-//! `(1 - e^(-n/w))^h ≈ (n/w)^h`, so 4 × 8192 slots with 1 000 keys in flight wrongly
-//! reject a key with odds ≈ 2e-4, and 4 × 1024 with 100 keys ≈ 1e-4. Memory is fixed at
-//! `h × w × 8` bytes, however many keys appear.
+//! other live key shares its slot, and it *rejects* a new key wrongly only when, in every
+//! row, the slot it hashes to already holds `max` units of other keys. Memory is fixed at
+//! `h × w × 8` bytes, however many keys appear; the price is a saturation point.
+//!
+//! **Saturation.** With `n` requests in flight, each of its own key, a row's slot holds
+//! `Binomial(n, 1/w) ≈ Poisson(n/w)` of them, so a new key is wrongly rejected at `max` `m`
+//! with odds
+//!
+//! ```text
+//! P(Poisson(n / w) ≥ m)^h        (m = 1: (1 - e^(-n/w))^h ≈ (n/w)^h)
+//! ```
+//!
+//! Whatever the keys (a few keys at `max` each, say), a row has at most `n / m` slots
+//! holding `m`, so the odds are at most `(n / (m · w))^h`. For the default 4 × 8192 the
+//! odds reach 1% of new keys (and 0.01%) at about these numbers of requests in flight:
+//!
+//! | `max` | 1% (formula) | 0.01% (formula) | 1% (worst-case bound) |
+//! |---:|---:|---:|---:|
+//! | 1 | 3 100 | 860 | 2 600 |
+//! | 2 | 9 400 | 4 400 | 5 200 |
+//! | 5 | 30 000 | 20 000 | 13 000 |
+//! | 10 | 68 000 | 51 000 | 26 000 |
+//! | 100 | 780 000 | 716 000 | 259 000 |
+//! | 1 000 | 8.1 M | 7.9 M | 2.6 M |
+//!
+//! i.e. roughly at `n ≈ m · w` for a large `max`, and far earlier for `max` 1 or 2:
+//! measured (`tests/key_floods.rs`), `max: 1` with 4 096 keys in flight wrongly rejects
+//! 2.4% of new keys, with 8 192 16%. `tollgate check` warns when the worst-case odds pass
+//! 1% at 4 096 requests in flight (`config::resolve`). Size `sketch.slots` so that
+//! `max · slots` is well above the requests the proxy holds at once.
 //!
 //! The rows are updated one after another with relaxed atomics, so acquires of one key
 //! racing on several threads may each read a smaller minimum than the final count: the

@@ -6,7 +6,9 @@
 //! sleeping. Each kind lives in its own file:
 //!
 //! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
-//! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
+//! - [`rate`]: sliding-window estimate of events per period, exact per key, in a fixed-size
+//!   set-associative table (as the token bucket's), whose evictions only ever make it more
+//!   lenient: a flood of other keys can never get a key rejected.
 //! - [`adhoc_bucket`]: token buckets whose parameters come with each call (the limiter
 //!   API's `RL.REDUCE`), in the same kind of bounded table.
 //! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size

@@ -1,9 +1,10 @@
-//! The rate limiter: events per key over a sliding window, in two count-min sketches.
+//! The rate limiter: events per key over a sliding window, exact per key, in a fixed-size
+//! set-associative table.
 //!
-//! Time is cut into periods of length `per`; period `p` covers `[p·per, (p+1)·per)`. One
-//! sketch counts the current period (`curr`), the other holds the previous one (`prev`).
-//! At `now`, with `f = (now - p·per) / per ∈ [0, 1)` of the current period elapsed, the
-//! estimate of events in the last `per` is
+//! Time is cut into periods of length `per`; period `p` covers `[p·per, (p+1)·per)`. Each
+//! key counts its events in its current period (`curr`) and keeps the count of the period
+//! before (`prev`). At `now`, with `f = (now - p·per) / per ∈ [0, 1)` of the current period
+//! elapsed, the estimate of the key's events in the last `per` is
 //!
 //! ```text
 //! estimate = prev · (1 - f) + curr
@@ -16,24 +17,64 @@
 //! so `retry_after` is exact to the nanosecond: if nothing else happens, the same request
 //! is admitted at `now + retry_after` and rejected one nanosecond earlier.
 //!
-//! Each sketch of `h` hashes × `w` slots overcounts a key only when every row shares its
-//! slot with another key: odds ≈ `(n/w)^h` for `n` keys seen in a period. Memory is fixed
-//! at `2 × h × w × 8` bytes.
+//! **Exact per key.** A key's counts are its own, so other keys can never push it over
+//! `max`. (A count-min sketch shares its counters: 1.28 M distinct keys in one minute made
+//! two 4 × 8192 sketches reject 29% of those never-seen keys at `max: 100` per minute, see
+//! `docs/performance.md`: a key flood became a denial for everyone.) A key's state is
+//! `(period, prev, curr)`, moved forward when it is touched: one period on, `prev = curr`
+//! and `curr = 0`; two or more, both 0. A key whose window is empty by now behaves exactly
+//! like a key never seen, so it needs no state: an operation that leaves a window empty
+//! frees its slot, and a slot whose window has emptied since is reused before anything is
+//! evicted.
 //!
-//! **Races.** Counting is lock-free. The period is an `AtomicU64`; the thread whose
-//! `compare_exchange` moves it forward clears the sketch being reused (both when two or more
-//! periods were skipped). As in pingora's own `Rate`, events landing between the move and
-//! the clear are lost or read stale counts, so for a moment at each boundary a key may be
-//! counted slightly low or high. Admission increments first and undoes a rejection, so
-//! racing acquires overshoot `max` by fewer than the number of racing threads.
+//! **Table.** As in [`crate::limits::token_bucket`]: `sets = ⌈max_keys / 8⌉` sets of 8
+//! slots, each set behind its own `parking_lot::Mutex` (no global lock). Keys are already
+//! good 64-bit hashes, so Lemire's multiply-high `⌊key · sets / 2⁶⁴⌋` picks the set, with no
+//! division and no rounding of `sets` to a power of two. A slot is
+//! `(key, period, prev, curr)`, key 0 meaning empty, so a real key 0 is stored as 1 (a hash
+//! collision of 2⁻⁶⁴ odds, harmless). A decision locks one set, scans its 8 slots and
+//! unlocks: no allocation, no other lock, no syscall.
+//!
+//! **Memory bound.** 32 bytes a slot, and a set is 8 slots plus its 1-byte lock padded to
+//! 8: 264 bytes, i.e. 33 bytes per key of `max_keys` (plus under 264 bytes of rounding to
+//! whole sets and a 256-byte header), all allocated once by [`RateLimiter::new`], never
+//! grown: 100 000 keys take 3.3 MB (3.15 MiB), 1 M keys 33 MB.
+//!
+//! **Eviction fails toward leniency.** A key that needs state takes an empty slot of its
+//! set, else a slot whose window is empty by now (that equals absent: nothing is lost).
+//! Failing both, it evicts the slot with the smallest estimate at `now` (among equals,
+//! one picked by the newcomer's hash): the key nearest to empty, which restarts at 0. That is counted by
+//! [`RateLimiter::evictions`]. Counts are therefore only ever lost, never gained: at every
+//! instant a key's stored `prev` and `curr` are at most the counts of what it was let
+//! through (and, with `strict`, of its rejections), so the limiter rejects a key only when
+//! the exact window of that key's own traffic would. Other keys can make the limit more
+//! lenient for a key, never stricter. A flood of new keys mostly evicts its own one-event
+//! keys, and a key near `max` is the last its set gives up, so a flood does not free an
+//! abuser either.
+//!
+//! A key can only use its own set, so eviction starts before `max_keys` keys hold state:
+//! with `a` of them hashed uniformly, the share of keys beyond their set's 8 ways is 0.01%
+//! at `a = max_keys / 4`, 0.8% at `max_keys / 2`, 5% at `3/4` and 14% at `max_keys` (see
+//! the token bucket). A key holds state from its first event until its window is empty,
+//! `per` to `2·per` after its last event: size `max_keys` at twice the distinct keys seen
+//! in two periods.
+//!
+//! **Concurrency.** A decision reads and updates a key's counts under its set's lock, so
+//! concurrent decisions are exact: racing threads never overshoot `max`, and no event is
+//! lost at a period boundary. A caller whose `now` lags a period the key has already
+//! entered (another thread read the clock later and got the lock first) counts at the
+//! start of that period.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pingora_limits::estimator::Estimator;
+use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
-use crate::limits::sketch::SketchSize;
 use crate::limits::verdict::{Verdict, NEVER};
+
+/// Slots per set, as for the token bucket: a set rarely overflows at half load, and a scan
+/// reads four cache lines.
+const WAYS: usize = 8;
 
 /// Parameters of a rate limit: at most `max` events per sliding `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,18 +87,49 @@ pub struct RateParams {
     pub strict: bool,
 }
 
-/// Sliding-window rate limiter.
+/// Sliding-window rate limiter, exact per key.
 ///
-/// Only the window `per` and the sketch size shape the state, so only they are fixed at
+/// Only the window `per` and `max_keys` shape the state, so only they are fixed at
 /// construction: `max` and `strict` come with every call, so that a reload or an override
 /// changing them keeps the counts (and can never go stale in here).
 pub struct RateLimiter {
-    /// Period `p` counts into `sketches[p % 2]`; the other one holds period `p - 1`.
-    sketches: [Estimator; 2],
-    /// The latest period any caller has seen.
-    period: AtomicU64,
     /// The window in nanoseconds, at least 1.
     per: Nanos,
+    sets: Box<[Set]>,
+    evictions: Evictions,
+}
+
+/// One set: its lock and its slots, 264 bytes.
+type Set = Mutex<[Slot; WAYS]>;
+
+/// A key's counts as of the period they were last moved to: 24 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    /// The period `curr` counts.
+    period: u64,
+    /// Events in period `period - 1`.
+    prev: u64,
+    /// Events in period `period`.
+    curr: u64,
+}
+
+/// A key and its counts, or an empty slot (key 0): 32 bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    counts: Counts,
+}
+
+/// The eviction count, on its own cache-line pair: written by any core that evicts, it
+/// must not false-share with `per`, which every decision reads.
+#[repr(align(128))]
+struct Evictions(AtomicU64);
+
+/// `now` cut into its period and the nanoseconds elapsed in it.
+#[derive(Debug, Clone, Copy)]
+struct Moment {
+    period: u64,
+    elapsed: Nanos,
 }
 
 /// One key's counts at one instant, with the window's geometry.
@@ -70,17 +142,36 @@ struct Window {
 }
 
 impl RateLimiter {
-    /// A limiter whose window is `per` nanoseconds and whose sketches are `size`.
+    /// A limiter whose window is `per` nanoseconds, holding state for at most `max_keys`
+    /// keys (see the module doc for the memory this allocates up front and for how
+    /// eviction starts).
     ///
-    /// `per == 0` is raised to 1 ns and zero sketch dimensions to 1, so bad parameters
-    /// degrade the limit instead of panicking on the hot path.
-    pub fn new(per: Nanos, size: SketchSize) -> Self {
-        let sketch = || Estimator::new(size.hashes.max(1), size.slots.max(1));
+    /// `per` and `max_keys` of 0 are raised to 1, so bad parameters degrade the limit
+    /// instead of panicking on the hot path (the config rejects them anyway).
+    pub fn new(per: Nanos, max_keys: usize) -> Self {
+        let sets = Self::sets_for(max_keys);
         Self {
-            sketches: [sketch(), sketch()],
-            period: AtomicU64::new(0),
             per: per.max(1),
+            // An exact-size iterator: one allocation, of exactly `sets` sets.
+            sets: (0..sets)
+                .map(|_| Mutex::new([Slot::default(); WAYS]))
+                .collect(),
+            evictions: Evictions(AtomicU64::new(0)),
         }
+    }
+
+    /// The most keys a table holds, whatever it is handed (the config refuses more): a
+    /// bound on what a bad value can allocate, the same as the token bucket's.
+    pub const MAX_KEYS: usize = crate::limits::token_bucket::TokenBucket::MAX_KEYS;
+
+    /// The bytes [`RateLimiter::new`] allocates for `max_keys` (after the same clamping):
+    /// whole sets of 8 slots.
+    pub fn table_bytes(max_keys: usize) -> usize {
+        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
+    }
+
+    fn sets_for(max_keys: usize) -> usize {
+        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
     }
 
     /// The window, in nanoseconds (at least 1).
@@ -89,33 +180,30 @@ impl RateLimiter {
     }
 
     /// Decides one event of weight `cost` for `key` at `now`, counting it when admitted
-    /// (and when rejected if `strict`). `max` may differ from the construction's (an
+    /// (and when rejected if `strict`). `max` may differ from one call to the next (an
     /// override's or a reload's new `max` reuses the counts).
     ///
     /// Admitted iff `estimate + cost <= max`. A `cost` above `max` can never pass (with
     /// `max: 0` that is a deliberate block): its `retry_after` is [`NEVER`], so that no
     /// client is invited to retry.
     pub fn acquire(&self, key: u64, max: u64, cost: u64, strict: bool, now: Nanos) -> Verdict {
-        let (period, elapsed) = self.advance(now);
-        let curr = self.sketch(period);
-        let counted = Window {
-            per: self.per,
-            elapsed,
-            prev: count(self.sketch(period ^ 1).get(key)),
-            curr: count(curr.incr(key, signed(cost))),
-        };
-        if counted.fits(max) {
-            return Verdict::allow(counted.remaining(max), counted.reset_after());
-        }
-        let after = if strict {
-            counted
-        } else {
-            curr.decr(key, signed(cost));
-            Window {
-                curr: counted.curr.saturating_sub(cost),
-                ..counted
+        let (per, at) = (self.per, self.moment(now));
+        let (admitted, counts) = self.with_counts(key, at, |counts| {
+            let counted = Window {
+                curr: counts.curr.saturating_add(cost),
+                ..Window::of(per, counts, at)
+            };
+            let admitted = counted.fits(max);
+            if admitted || strict {
+                counts.curr = counted.curr;
             }
-        };
+            admitted
+        });
+        // The verdict's divisions are done after the set is unlocked.
+        let after = Window::of(per, &counts, at);
+        if admitted {
+            return Verdict::allow(after.remaining(max), after.reset_after());
+        }
         Verdict::reject(
             after.remaining(max),
             after.reset_after(),
@@ -126,77 +214,188 @@ impl RateLimiter {
     /// Takes back an admitted event (a later limit rejected the request).
     ///
     /// It takes from the current period first, then from the previous one, and never
-    /// drives a count below zero. The proxy refunds nanoseconds after admitting, so the
-    /// period has almost always not rolled; when it has, the event sits in `prev` and, if
-    /// the key already counts events in the new period, taking them from `curr` instead
-    /// undercounts the key by at most `cost · f` until the window slides past it.
+    /// drives a count below zero; a key without state has nothing to give back. The proxy
+    /// refunds nanoseconds after admitting, so the period has almost always not rolled;
+    /// when it has, the event sits in `prev` and, if the key already counts events in the
+    /// new period, taking them from `curr` instead undercounts the key by at most `cost · f`
+    /// until the window slides past it.
     pub fn refund(&self, key: u64, cost: u64, now: Nanos) {
-        let (period, _) = self.advance(now);
-        let mut left = cost;
-        for sketch in [self.sketch(period), self.sketch(period ^ 1)] {
-            let take = left.min(count(sketch.get(key)));
-            if take > 0 {
-                sketch.decr(key, signed(take));
-                left -= take;
-            }
-        }
+        self.with_counts(key, self.moment(now), |counts| {
+            let from_curr = cost.min(counts.curr);
+            counts.curr -= from_curr;
+            counts.prev -= (cost - from_curr).min(counts.prev);
+        });
     }
 
-    /// The sliding-window estimate for `key` at `now`, for tests and debugging; like every
-    /// call it moves the window to `now`.
+    /// The sliding-window estimate for `key` at `now`, for tests and debugging. It changes
+    /// nothing.
     pub fn estimate(&self, key: u64, now: Nanos) -> f64 {
-        let (period, elapsed) = self.advance(now);
-        let window = Window {
-            per: self.per,
-            elapsed,
-            prev: count(self.sketch(period ^ 1).get(key)),
-            curr: count(self.sketch(period).get(key)),
-        };
+        let at = self.moment(now);
+        let key = key.max(1);
+        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
+        let counts = held.map_or(Counts::new(at.period), |s| s.counts.at(at.period));
+        let window = Window::of(self.per, &counts, at);
         window.scaled() as f64 / window.per as f64
     }
 
-    /// The sketch counting period `period`.
-    fn sketch(&self, period: u64) -> &Estimator {
-        &self.sketches[usize::from(period % 2 == 1)]
+    /// Keys currently holding state (a window empty by now still counts until its slot is
+    /// reused or the key is touched).
+    ///
+    /// Locks each set in turn, so it is for metrics and tests, not the hot path.
+    pub fn len(&self) -> usize {
+        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
+        self.sets.iter().map(held).sum()
     }
 
-    /// Moves the current period forward to `now`'s, clearing what it reuses; returns the
-    /// period to count in and the nanoseconds elapsed in it. A caller whose `now` lags a
-    /// period another thread already opened counts at the start of that period.
-    fn advance(&self, now: Nanos) -> (u64, Nanos) {
-        let per = self.per;
-        let period = now / per;
-        let mut seen = self.period.load(Ordering::Acquire);
-        while seen < period {
-            match self.period.compare_exchange_weak(
-                seen,
-                period,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.sketch(period).reset();
-                    if period - seen >= 2 {
-                        self.sketch(period ^ 1).reset();
-                    }
-                    return (period, now % per);
-                }
-                Err(actual) => seen = actual,
+    /// Whether no key holds state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keys evicted while their window still counted events, since construction.
+    ///
+    /// Each is a key that restarts at 0 and may be let through more than `max` in one
+    /// window, never less: a rising count means `max_keys` is too small for the keys
+    /// seen within two periods (or a key flood is under way). Reusing the slot of a window
+    /// that is empty by now loses nothing and is not counted.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.0.load(Ordering::Relaxed)
+    }
+
+    /// `now`'s period and the nanoseconds elapsed in it.
+    fn moment(&self, now: Nanos) -> Moment {
+        let period = now / self.per;
+        Moment {
+            period,
+            // period · per ≤ now: no overflow.
+            elapsed: now - period * self.per,
+        }
+    }
+
+    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
+    fn set(&self, key: u64) -> &Set {
+        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
+        &self.sets[index as usize]
+    }
+
+    /// Runs `f` on `key`'s counts moved to `at`, then stores them, or frees the key's slot
+    /// if its window is empty (a key without state that stays empty takes no slot).
+    /// Returns `f`'s result and the counts after it.
+    fn with_counts<R>(
+        &self,
+        key: u64,
+        at: Moment,
+        f: impl FnOnce(&mut Counts) -> R,
+    ) -> (R, Counts) {
+        let key = key.max(1);
+        let mut slots = self.set(key).lock();
+        // A key holds at most one slot. Conditional moves, not an early exit: a hit's way
+        // is random, so a branch on it would mispredict.
+        let (mut hit, mut empty) = (WAYS, WAYS);
+        for (way, slot) in slots.iter().enumerate() {
+            hit = if slot.key == key { way } else { hit };
+            empty = if slot.key == 0 { way } else { empty };
+        }
+        if let Some(slot) = slots.get_mut(hit) {
+            let mut counts = slot.counts.at(at.period);
+            let out = f(&mut counts);
+            if counts.is_empty() {
+                *slot = Slot::default();
+            } else {
+                slot.counts = counts;
             }
+            return (out, counts);
         }
-        if seen > period {
-            (seen, 0)
-        } else {
-            (period, now % per)
+        let mut counts = Counts::new(at.period);
+        let out = f(&mut counts);
+        if !counts.is_empty() {
+            let way = self.victim(&slots, empty, key, at);
+            slots[way] = Slot { key, counts };
         }
+        (out, counts)
+    }
+
+    /// The way the new key `key` takes: `empty` if it is a way, else the way with the
+    /// smallest estimate at `at`. A window empty by now has estimate 0 and is reused for
+    /// free; any other is evicted, and counted.
+    ///
+    /// Among equal estimates (a flood's one-event keys all weigh 1) the newcomer's low hash
+    /// bits pick, so in effect at random: a fixed choice would make every newcomer land in
+    /// the same way and be the next one evicted, so that a key sending a few events
+    /// between a flood's arrivals would never keep its count. Each way scores
+    /// `estimate · per` with `way ^ (key & 7)` in the 3 lowest bits and the lowest score
+    /// wins: the loop compiles to conditional moves, where branches would mispredict on
+    /// every set.
+    fn victim(&self, slots: &[Slot; WAYS], empty: usize, key: u64, at: Moment) -> usize {
+        if empty < WAYS {
+            return empty;
+        }
+        let mix = key as usize & (WAYS - 1);
+        let mut best = u128::MAX;
+        for (way, slot) in slots.iter().enumerate() {
+            let scaled = Window::of(self.per, &slot.counts.at(at.period), at).scaled();
+            best = best.min(scaled.min(u128::MAX >> 3) << 3 | (way ^ mix) as u128);
+        }
+        if best >> 3 != 0 {
+            self.evictions.0.fetch_add(1, Ordering::Relaxed);
+        }
+        (best as usize & (WAYS - 1)) ^ mix
+    }
+}
+
+impl Counts {
+    /// A key without state, in `period`.
+    fn new(period: u64) -> Self {
+        Self {
+            period,
+            prev: 0,
+            curr: 0,
+        }
+    }
+
+    /// The counts moved forward to `period`: one period on, `curr` becomes `prev`; two or
+    /// more, nothing is left. Never moved back: counts already in a later period (a caller
+    /// whose clock lags) stay there.
+    fn at(self, period: u64) -> Self {
+        match period.saturating_sub(self.period) {
+            0 => self,
+            1 => Self {
+                period,
+                prev: self.curr,
+                curr: 0,
+            },
+            _ => Self::new(period),
+        }
+    }
+
+    /// Whether the window holds no event: then the key equals one never seen.
+    fn is_empty(&self) -> bool {
+        self.prev == 0 && self.curr == 0
     }
 }
 
 impl Window {
-    /// `estimate · per`, exact: `prev · (per - elapsed) + curr · per`.
+    /// `counts` (already moved to `at`) as a window at `at`. Counts in a later period than
+    /// `at`'s are seen from that period's start.
+    fn of(per: Nanos, counts: &Counts, at: Moment) -> Self {
+        Self {
+            per,
+            elapsed: if counts.period == at.period {
+                at.elapsed
+            } else {
+                0
+            },
+            prev: counts.prev,
+            curr: counts.curr,
+        }
+    }
+
+    /// `estimate · per`, exact: `prev · (per - elapsed) + curr · per` (saturating, which
+    /// only absurd counts and windows could reach).
     fn scaled(&self) -> u128 {
         let per = u128::from(self.per);
-        u128::from(self.prev) * (per - u128::from(self.elapsed)) + u128::from(self.curr) * per
+        (u128::from(self.prev) * (per - u128::from(self.elapsed)))
+            .saturating_add(u128::from(self.curr) * per)
     }
 
     /// Whether the counted estimate is within `max`.
@@ -252,16 +451,6 @@ impl Window {
     }
 }
 
-/// A sketch estimate as a count: negative values (races, overflow) read as 0.
-fn count(estimate: isize) -> u64 {
-    u64::try_from(estimate).unwrap_or(0)
-}
-
-/// A cost as a sketch increment, saturating.
-fn signed(cost: u64) -> isize {
-    isize::try_from(cost).unwrap_or(isize::MAX)
-}
-
 /// A `u128` back to `u64`, saturating.
 fn saturate(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
@@ -277,11 +466,7 @@ mod tests {
     const DAY: Nanos = 86_400 * SEC;
 
     fn limiter(per: Nanos) -> RateLimiter {
-        let size = SketchSize {
-            hashes: 4,
-            slots: 256,
-        };
-        RateLimiter::new(per, size)
+        RateLimiter::new(per, 1_000)
     }
 
     /// Admissions of unit events at `now` until the first rejection (at most 1 000).
@@ -530,6 +715,305 @@ mod tests {
                     prop_assert!(at.allowed);
                 }
             }
+        }
+    }
+
+    /// Spreads small test keys over the sets, as real (hashed) keys are.
+    fn spread(i: u64) -> u64 {
+        i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    #[test]
+    fn empty_windows_hold_no_state() {
+        let l = limiter(SEC);
+        assert!(l.acquire(1, 3, 0, false, 0).allowed);
+        assert!(l.is_empty(), "cost 0 leaves the window empty");
+        assert!(!l.acquire(1, 0, 1, false, 0).allowed);
+        assert!(
+            l.is_empty(),
+            "a lax rejection takes nothing, not even a slot"
+        );
+        assert!(!l.acquire(1, 0, 1, true, 0).allowed);
+        assert_eq!(l.len(), 1, "a strict rejection counts, so it needs state");
+        l.refund(1, 1, 0);
+        assert!(l.is_empty(), "refunded to empty: the slot is freed");
+        assert!(l.acquire(2, 3, 1, false, 0).allowed);
+        // Two periods on, key 2's window is empty: touching it frees its slot.
+        l.refund(2, 1, 2 * SEC);
+        assert!(l.is_empty());
+        assert_eq!(l.evictions(), 0);
+        // Key 0 marks empty slots, so it is stored as key 1: a harmless hash collision.
+        assert!(l.acquire(0, 3, 1, false, 0).allowed);
+        assert_eq!((l.estimate(1, 0), l.len()), (1.0, 1));
+    }
+
+    #[test]
+    fn windows_empty_by_now_are_reused_before_any_eviction() {
+        // max_keys 8: one set, shared by every key.
+        let l = RateLimiter::new(SEC, 8);
+        for key in 1..=8 {
+            // Keys 1..=4 count in period 0 only, keys 5..=8 in period 1 as well.
+            assert!(l.acquire(key, 5, 1, false, 0).allowed);
+            if key > 4 {
+                assert!(l.acquire(key, 5, 1, false, SEC).allowed);
+            }
+        }
+        // At 2 s keys 1..=4 are empty (period 0 no longer weighs): four newcomers take
+        // their slots, exactly, and nothing is evicted.
+        for key in 9..=12 {
+            assert!(l.acquire(key, 5, 1, false, 2 * SEC).allowed);
+        }
+        assert_eq!((l.len(), l.evictions()), (8, 0));
+        assert!((5..=12).all(|key| l.estimate(key, 2 * SEC) == 1.0));
+        // Nothing is empty now: the next newcomer evicts.
+        assert!(l.acquire(13, 5, 1, false, 2 * SEC).allowed);
+        assert_eq!((l.len(), l.evictions()), (8, 1));
+    }
+
+    #[test]
+    fn eviction_takes_the_nearest_to_empty_which_restarts_at_zero() {
+        let l = RateLimiter::new(SEC, 8);
+        // Key k counts k events.
+        for key in 1..=8 {
+            assert!(l.acquire(key, 10, key, false, 0).allowed);
+        }
+        assert!(l.acquire(9, 10, 5, false, 0).allowed);
+        assert_eq!(l.evictions(), 1);
+        assert_eq!(
+            l.estimate(1, 0),
+            0.0,
+            "key 1 (1 event) evicted: it restarts at 0"
+        );
+        assert!((2..=8).all(|key| l.estimate(key, 0) == key as f64));
+        // Key 1 comes back with a clean window (lenient: it had 1 event), and evicts key 2.
+        assert_eq!(l.acquire(1, 10, 10, false, 0), Verdict::allow(0, 2 * SEC));
+        assert_eq!((l.estimate(2, 0), l.evictions()), (0.0, 2));
+
+        // The estimate at `now` decides, not the raw counts: 8 events of the previous
+        // period weigh 0.8 at 1.9 s, less than 1 event of this one.
+        let l = RateLimiter::new(SEC, 8);
+        assert!(l.acquire(20, 10, 8, false, 0).allowed);
+        for key in 21..=27 {
+            assert!(l.acquire(key, 10, 1, false, SEC).allowed);
+        }
+        assert!(l.acquire(28, 10, 1, false, SEC + 9 * SEC / 10).allowed);
+        let held = |key| l.estimate(key, SEC + 9 * SEC / 10);
+        assert_eq!((held(20), held(21), l.evictions()), (0.0, 1.0, 1));
+    }
+
+    #[test]
+    fn the_table_never_holds_more_than_its_slots() {
+        // max_keys 1 000: 125 sets of 8 ways.
+        let l = RateLimiter::new(SEC, 1_000);
+        for i in 0..200_000 {
+            assert!(l.acquire(spread(i), 1, 1, false, 0).allowed);
+            if i % 997 == 0 {
+                assert!(l.len() <= 1_000, "len {}", l.len());
+            }
+        }
+        // Every set filled up, then each newcomer evicted exactly one key.
+        assert_eq!((l.len(), l.evictions()), (1_000, 199_000));
+        // 33 bytes per key and a 256-byte header, as documented.
+        assert_eq!([size_of::<Set>(), size_of::<RateLimiter>()], [264, 256]);
+        let sets = |n| RateLimiter::new(SEC, n).sets.len();
+        assert_eq!([sets(100_000), sets(9), sets(1)], [12_500, 2, 1]);
+        // per 0 is 1 ns and max_keys 0 is 1: one set of 8 ways.
+        let l = RateLimiter::new(0, 0);
+        assert_eq!(l.per(), 1);
+        for key in 1..=9 {
+            assert!(l.acquire(key, 1, 1, false, 0).allowed);
+        }
+        assert_eq!((l.len(), l.evictions()), (8, 1));
+    }
+
+    #[test]
+    fn a_key_flood_rejects_no_new_key_and_still_limits_the_abuser() {
+        // A table of 1 000 keys against 200 000 one-event keys in one period, with an
+        // innocent key (8 events) and an abuser (10 bursts of 40) among them.
+        let l = RateLimiter::new(SEC, 1_000);
+        let (innocent, abuser) = (spread(1 << 40), spread(1 << 41));
+        let (mut flood_rejected, mut innocent_rejected, mut abuser_admitted) = (0, 0, 0);
+        for i in 0..200_000u64 {
+            let now = i * 4_000; // 0.8 s in all
+            flood_rejected += u64::from(!l.acquire(spread(i), 10, 1, false, now).allowed);
+            if i % 25_000 == 0 {
+                innocent_rejected += u64::from(!l.acquire(innocent, 10, 1, false, now).allowed);
+            }
+            if i % 20_000 == 0 {
+                for _ in 0..40 {
+                    abuser_admitted += u64::from(l.acquire(abuser, 10, 1, false, now).allowed);
+                }
+            }
+        }
+        assert!(l.evictions() > 190_000, "evictions {}", l.evictions());
+        assert_eq!((flood_rejected, innocent_rejected), (0, 0));
+        // Past its first event the abuser's count is the highest of its set: it is never
+        // evicted, so it stays exactly limited.
+        assert_eq!(abuser_admitted, 10);
+    }
+
+    #[test]
+    fn threads_share_one_window_exactly() {
+        let l = limiter(SEC);
+        let admitted: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..100)
+                            .filter(|_| l.acquire(9, 50, 1, false, 0).allowed)
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).sum()
+        });
+        assert_eq!(admitted, 50);
+        assert_eq!(l.estimate(9, 0), 50.0);
+    }
+
+    #[test]
+    fn threads_on_many_keys_keep_the_bound() {
+        let l = RateLimiter::new(SEC, 64);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let l = &l;
+                s.spawn(move || {
+                    let key = |i| spread(t << 20 | i);
+                    assert!((0..20_000).all(|i| l.acquire(key(i), 1, 1, false, i).allowed))
+                });
+            }
+        });
+        assert!(l.len() <= 64 && l.evictions() > 0, "len {}", l.len());
+    }
+
+    /// One key's window written literally from the semantics, with no table and no
+    /// eviction: the oracle of the proptest. Estimates are compared as `estimate · per`,
+    /// exact integers, so that the comparison itself cannot round.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Model {
+        period: u64,
+        prev: u64,
+        curr: u64,
+    }
+
+    impl Model {
+        /// Moves to `now`'s period; returns the nanoseconds elapsed in it.
+        fn roll(&mut self, per: Nanos, now: Nanos) -> Nanos {
+            let period = now / per;
+            if period == self.period + 1 {
+                self.prev = self.curr;
+            } else if period > self.period + 1 {
+                self.prev = 0;
+            }
+            if period > self.period {
+                self.curr = 0;
+                self.period = period;
+            }
+            now % per
+        }
+
+        /// `(prev · (1 - elapsed/per) + curr) · per`.
+        fn scaled(&self, per: Nanos, elapsed: Nanos) -> u128 {
+            let per = u128::from(per);
+            u128::from(self.prev) * (per - u128::from(elapsed)) + u128::from(self.curr) * per
+        }
+
+        fn refund(&mut self, cost: u64) {
+            let from_curr = cost.min(self.curr);
+            self.curr -= from_curr;
+            self.prev -= (cost - from_curr).min(self.prev);
+        }
+    }
+
+    /// Steps of (key, advance in thousandths of `per` below `pace`, cost, refund instead
+    /// of acquire).
+    fn arb_steps(keys: u64, pace: u64) -> impl Strategy<Value = Vec<(u64, u64, u64, bool)>> {
+        let step = (0..keys, 0..pace, 0u64..4, prop::bool::weighted(0.2));
+        prop::collection::vec(step, 1..200)
+    }
+
+    /// Runs `steps` through a table of `max_keys` and one literal [`Model`] per key, fed
+    /// with what the limiter actually let through (and, strict, rejected). Always: a
+    /// rejection is justified by the model (the key's own traffic is over `max`), and the
+    /// stored estimate is never above the model's. While nothing was evicted, the two agree
+    /// exactly, verdict for verdict.
+    fn check_against_model(
+        per: Nanos,
+        max: u64,
+        strict: bool,
+        max_keys: usize,
+        steps: &[(u64, u64, u64, bool)],
+    ) -> Result<(), TestCaseError> {
+        let l = RateLimiter::new(per, max_keys);
+        let mut models: std::collections::HashMap<u64, Model> = Default::default();
+        let mut now = 0;
+        for &(key, advance, cost, refund) in steps {
+            now += advance * per / 1_000;
+            let model = models.entry(key).or_default();
+            let elapsed = model.roll(per, now);
+            if refund {
+                l.refund(spread(key), cost, now);
+                model.refund(cost);
+            } else {
+                let v = l.acquire(spread(key), max, cost, strict, now);
+                let scaled = model.scaled(per, elapsed);
+                let fits = scaled + u128::from(cost) * u128::from(per)
+                    <= u128::from(max) * u128::from(per);
+                prop_assert!(v.allowed || !fits, "rejected although its own window fits");
+                if l.evictions() == 0 {
+                    prop_assert_eq!(v.allowed, fits);
+                    let counted = if fits || strict { cost } else { 0 };
+                    let room = u128::from(max) * u128::from(per);
+                    let after = scaled + u128::from(counted) * u128::from(per);
+                    let remaining = room.saturating_sub(after) / u128::from(per);
+                    prop_assert_eq!(u128::from(v.remaining), remaining);
+                }
+                if v.allowed || strict {
+                    model.curr += cost;
+                }
+            }
+            for (&k, m) in &models {
+                let mut m = *m;
+                let elapsed = m.roll(per, now);
+                let exact = m.scaled(per, elapsed) as f64 / per as f64;
+                let stored = l.estimate(spread(k), now);
+                prop_assert!(
+                    stored <= exact,
+                    "key {} stored {} above {}",
+                    k,
+                    stored,
+                    exact
+                );
+                if l.evictions() == 0 {
+                    prop_assert_eq!(stored, exact);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// A table large enough never evicts: the limiter is the literal model.
+        #[test]
+        fn matches_the_model_without_eviction(
+            per in prop::sample::select(vec![100 * MS, SEC, 7 * SEC + 3]),
+            max in 0u64..8,
+            strict in any::<bool>(),
+            steps in arb_steps(6, 1_200),
+        ) {
+            check_against_model(per, max, strict, 1 << 12, &steps)?;
+        }
+
+        /// One set of 8 ways for up to 40 keys, about 200 events a period so that the set
+        /// is full of live windows: evictions only ever make it more lenient.
+        #[test]
+        fn evictions_are_only_ever_lenient(
+            per in prop::sample::select(vec![100 * MS, SEC, 7 * SEC + 3]),
+            max in 0u64..8,
+            strict in any::<bool>(),
+            steps in arb_steps(40, 10),
+        ) {
+            check_against_model(per, max, strict, 8, &steps)?;
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Metrics that limiters keep themselves, exported by a Prometheus [`Collector`] that reads
 //! the live runtime at each scrape, so the request path does no metric work for them.
 //!
-//! `tollgate_token_bucket_evictions_total{origin,limit}` is the sum of the evictions of
+//! `tollgate_token_bucket_evictions_total{origin,limit}` and
+//! `tollgate_rate_evictions_total{origin,limit}` are each the sum of the evictions of
 //! every variant of the limit in the runtime serving now. A state carried over a reload
-//! keeps its count; a limit whose state is rebuilt (its bucket parameters changed) starts
-//! again from 0, which Prometheus reads as a counter reset, as it should.
+//! keeps its count; a limit whose state is rebuilt (its bucket parameters, or its window
+//! or `max_keys`, changed) starts again from 0, which Prometheus reads as a counter reset,
+//! as it should.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +22,10 @@ use crate::runtime::Runtime;
 /// Reads limiter-held counters from the live runtime at scrape time.
 pub struct RuntimeCollector {
     runtime: Arc<ArcSwap<Runtime>>,
+    /// `tollgate_token_bucket_evictions_total`.
     evictions: IntCounterVec,
+    /// `tollgate_rate_evictions_total`.
+    rate_evictions: IntCounterVec,
 }
 
 impl RuntimeCollector {
@@ -33,35 +38,58 @@ impl RuntimeCollector {
             ),
             &["origin", "limit"],
         )?;
-        Ok(Self { runtime, evictions })
+        let rate_evictions = IntCounterVec::new(
+            Opts::new(
+                "tollgate_rate_evictions_total",
+                "Rate-limit keys evicted while their window still counted events because the table was full; each restarts at 0, more lenient, never stricter (raise max_keys, or a key flood is under way).",
+            ),
+            &["origin", "limit"],
+        )?;
+        Ok(Self {
+            runtime,
+            evictions,
+            rate_evictions,
+        })
     }
 }
 
 impl Collector for RuntimeCollector {
     fn desc(&self) -> Vec<&Desc> {
-        self.evictions.desc()
+        let mut desc = self.evictions.desc();
+        desc.extend(self.rate_evictions.desc());
+        desc
     }
 
+    /// The token-bucket family first, then the rate family.
     fn collect(&self) -> Vec<MetricFamily> {
         let rt = self.runtime.load();
-        let mut totals: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        let mut buckets: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        let mut rates: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for origin in &rt.origins {
             for limit in origin.all_limits() {
+                let at = (origin.name.as_str(), limit.name.as_str());
                 for variant in &limit.variants {
-                    if let Limiter::TokenBucket(tb) = &variant.limiter {
-                        *totals.entry((&origin.name, &limit.name)).or_default() +=
-                            tb.state.evictions();
+                    match &variant.limiter {
+                        Limiter::TokenBucket(tb) => {
+                            *buckets.entry(at).or_default() += tb.state.evictions();
+                        }
+                        Limiter::Rate(rate) => {
+                            *rates.entry(at).or_default() += rate.state.evictions();
+                        }
+                        Limiter::Inflight(_) => {}
                     }
                 }
             }
         }
-        // A fresh family each scrape: limits removed by a reload disappear.
-        self.evictions.reset();
-        for ((origin, limit), total) in totals {
-            self.evictions
-                .with_label_values(&[origin, limit])
-                .inc_by(total);
+        let mut families = Vec::new();
+        for (family, totals) in [(&self.evictions, buckets), (&self.rate_evictions, rates)] {
+            // A fresh family each scrape: limits removed by a reload disappear.
+            family.reset();
+            for ((origin, limit), total) in totals {
+                family.with_label_values(&[origin, limit]).inc_by(total);
+            }
+            families.extend(family.collect());
         }
-        self.evictions.collect()
+        families
     }
 }

@@ -57,11 +57,11 @@ pub struct InflightRt {
 
 /// The rate kind, live.
 pub struct RateRt {
-    /// `max`, `per` and `strict`; only `per` shapes the state.
+    /// `max`, `per` and `strict`; only `per` shapes the state, with `max_keys`.
     pub rate: RateParams,
-    /// The sketches' size, part of the state's shape.
-    pub sketch: SketchSize,
-    /// Two count-min sketches.
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// The bounded table of per-key windows.
     pub state: Arc<RateLimiter>,
 }
 
@@ -116,18 +116,18 @@ impl Limiter {
                 };
                 (Limiter::Inflight(rt), reused)
             }
-            (LimitParams::Rate { rate, sketch }, previous) => {
+            (LimitParams::Rate { rate, max_keys }, previous) => {
                 let kept = match previous {
-                    Some(Limiter::Rate(p)) if p.sketch == *sketch && p.rate.per == rate.per => {
+                    Some(Limiter::Rate(p)) if p.max_keys == *max_keys && p.rate.per == rate.per => {
                         Some(p.state.clone())
                     }
                     _ => None,
                 };
                 let reused = kept.is_some();
-                let state = kept.unwrap_or_else(|| Arc::new(RateLimiter::new(rate.per, *sketch)));
+                let state = kept.unwrap_or_else(|| Arc::new(RateLimiter::new(rate.per, *max_keys)));
                 let rt = RateRt {
                     rate: *rate,
-                    sketch: *sketch,
+                    max_keys: *max_keys,
                     state,
                 };
                 (Limiter::Rate(rt), reused)

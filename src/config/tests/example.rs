@@ -134,7 +134,7 @@ fn parses_the_design_example() {
                 per: ms(1000),
                 strict: false
             },
-            sketch: SketchSize::DEFAULT
+            max_keys: 100_000
         }
     );
     assert_eq!(shop.limits[1].key.parts(), [KeyPart::ClientIp]);
@@ -302,7 +302,7 @@ fn origin_can_turn_a_default_off_and_merge_fields() {
     let text = r#"
 defaults:
   limits:
-    global: { kind: rate, key: [const:all], max: 10, per: 1m, strict: true, sketch: { hashes: 2, slots: 1024 } }
+    global: { kind: rate, key: [const:all], max: 10, per: 1m, strict: true, max_keys: 2048 }
     other: { kind: inflight, max: 5, mode: off }
 origins:
   a:
@@ -339,10 +339,7 @@ origins:
                 per: ms(2000),
                 strict: true
             },
-            sketch: SketchSize {
-                hashes: 2,
-                slots: 1024
-            }
+            max_keys: 2048
         }
     );
     assert_eq!(c.origins[1].limits[1].mode, Mode::Shadow, "re-enabled");

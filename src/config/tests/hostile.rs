@@ -64,12 +64,12 @@ fn overflowing_numbers_are_too_large_not_too_small() {
 fn a_sketch_has_at_most_16_m_counters() {
     let sketch = |s: &str| {
         limit(&format!(
-            "        kind: rate\n        max: 5\n        per: 1s\n        sketch: {s}\n"
+            "        kind: inflight\n        max: 5\n        sketch: {s}\n"
         ))
     };
     assert_eq!(
         first(&sketch("{hashes: 16, slots: 16777216}")),
-        "t.yaml:10:37: origins.a.limits.l.sketch.slots: a sketch of 16 hashes × 16777216 slots has 268435456 counters (2.0 GiB); at most 16777216 counters (128.0 MiB) are allowed: lower `slots` or `hashes`"
+        "t.yaml:9:37: origins.a.limits.l.sketch.slots: a sketch of 16 hashes × 16777216 slots has 268435456 counters (2.0 GiB); at most 16777216 counters (128.0 MiB) are allowed: lower `slots` or `hashes`"
     );
     // The default 4 hashes count too.
     assert!(first(&sketch("{slots: 16777216}")).contains("4 hashes × 16777216 slots"));
@@ -111,7 +111,7 @@ fn total_limiter_state_is_capped_and_the_costliest_settings_named() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(
         got[0].starts_with("t.yaml:10:19: origins.a.limits.l.max_keys: the limiters' state would take 4.3 GiB")
-            && got[0].contains("`origins.a.limits.l.max_keys` (11 states, 4.3 GiB), `origins.a.limits.r` (1 state, 512.0 KiB)"),
+            && got[0].contains("`origins.a.limits.l.max_keys` (11 states, 4.3 GiB), `origins.a.limits.r` (1 state, 3.1 MiB)"),
         "{got:?}"
     );
 }

@@ -73,6 +73,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "  b:\n    hosts: [b.test]\n    upstreams: [\"127.0.0.1:2\"]\n"
         ),
         &[
+            "w.yaml:5:12: defaults.limits.d.max: warning: a sketch of 4 × 8192 with max 1 may wrongly reject up to 6.2% of new keys when 4096 requests are in flight (a key is rejected when each row's slot already holds 1 of other keys); raise `sketch.slots` to 16384 or more",
             "w.yaml:6:47: defaults.limits.d.overrides[0].max: warning: override max 2 is above the limit's max 1; it raises the limit for matching requests",
         ],
     ),
@@ -91,6 +92,43 @@ const CASES: &[(&str, &str, &[&str])] = &[
             base!(),
             "    limits:\n      l: {kind: inflight, max: 5}\n"
         ),
+        &[],
+    ),
+    (
+        "a rate limit's sketch is ignored",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: rate\n        max: 100\n        per: 1m\n",
+            "        sketch: {hashes: 4, slots: 8192}\n"
+        ),
+        &["w.yaml:10:9: origins.a.limits.l.sketch: warning: rate limits are exact per key; `sketch` is ignored, size the table with `max_keys`"],
+    ),
+    (
+        "a default rate limit's sketch is warned once for two origins",
+        concat!(
+            "defaults:\n  limits:\n    d: {kind: rate, max: 1, per: 1s, sketch: {slots: 64}}\n",
+            base!(),
+            "  b:\n    hosts: [b.test]\n    upstreams: [\"127.0.0.1:2\"]\n"
+        ),
+        &["w.yaml:3:38: defaults.limits.d.sketch: warning: rate limits are exact per key; `sketch` is ignored, size the table with `max_keys`"],
+    ),
+    (
+        "an inflight max of 1 saturates the default sketch",
+        concat!(base!(), "    limits:\n      l: {kind: inflight, max: 1}\n"),
+        &["w.yaml:6:32: origins.a.limits.l.max: warning: a sketch of 4 × 8192 with max 1 may wrongly reject up to 6.2% of new keys when 4096 requests are in flight (a key is rejected when each row's slot already holds 1 of other keys); raise `sketch.slots` to 16384 or more"],
+    ),
+    (
+        "a small sketch is warned at its slots",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: inflight\n        max: 10\n",
+            "        sketch: {hashes: 2, slots: 1024}\n"
+        ),
+        &["w.yaml:9:36: origins.a.limits.l.sketch.slots: warning: a sketch of 2 × 1024 with max 10 may wrongly reject up to 16.0% of new keys when 4096 requests are in flight (a key is rejected when each row's slot already holds 10 of other keys); raise `sketch.slots` to 4096 or more"],
+    ),
+    (
+        "an inflight max of 2 fits the default sketch",
+        concat!(base!(), "    limits:\n      l: {kind: inflight, max: 2}\n"),
         &[],
     ),
     ("no warnings", base!(), &[]),
