@@ -1,4 +1,4 @@
-//! The size of a count-min sketch, shared by the inflight and rate limiters, and its
+//! The size of the inflight limiter's count-min sketch, and its
 //! bounds: the config refuses a larger sketch, and a limiter handed one anyway builds
 //! [`SketchSize::clamped`] instead, so no value can make it allocate more.
 

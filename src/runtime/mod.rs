@@ -9,7 +9,7 @@
 //!
 //! Limiter state is identified by origin, limit name, override match and key parts (a
 //! [`limit::StateId`]). A reload looks each identity up in the previous runtime and reuses
-//! its state when its shape is unchanged (window and sketch size for rate, sketch size for
+//! its state when its shape is unchanged (window and `max_keys` for rate, sketch size for
 //! inflight, every bucket parameter for token buckets), so an unchanged limit keeps its
 //! counters and buckets; `max` alone never shapes state, so raising a rate or inflight
 //! `max` keeps the counts too. New identities start fresh; identities absent from the new
