@@ -9,6 +9,9 @@
 //! - [`rate`]: sliding-window estimate of events per period in two count-min sketches.
 //! - [`token_bucket`]: exact per-key token bucket with discrete refills, in a fixed-size
 //!   set-associative table (one lock per set of 8 keys, memory fixed by `max_keys`).
+//! - [`tiered`]: Charon's burst tiers, exact per-key sliding logs stacked in tiers with
+//!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
+//!   in the same kind of fixed table with preallocated log arenas.
 //!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
@@ -20,6 +23,7 @@ pub mod inflight;
 pub mod key;
 pub mod rate;
 pub mod sketch;
+pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;
 
@@ -28,5 +32,9 @@ pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams};
 pub use sketch::SketchSize;
+pub use tiered::{
+    DecidedBy, Normalized, Tier, TierChange, TieredDecision, TieredError, TieredLimiter,
+    TieredParams,
+};
 pub use token_bucket::{TokenBucket, TokenBucketParams};
 pub use verdict::Verdict;
