@@ -40,14 +40,16 @@
 //! **Retry-After.** If nothing else happens, the decision a key gets is a function of time
 //! that changes only when a tier's active period or cooldown ends, when the global second
 //! turns, and when a logged hit leaves its window. Between two consecutive changes of the first
-//! two kinds (at most `2·tiers + 1` instants) the tiers that can be reached are fixed and the
-//! room in each window only grows, so the count that fits is non-decreasing: the earliest
-//! instant where `min` copies fit is found by walking those intervals and binary-searching
-//! the first one whose end fits. The answer is exact to the nanosecond for the tiers and the
-//! hard limit (rejected 1 ns before, admitted at it); for the global limit it assumes no other
-//! key takes the next second's slots first, so it is a lower bound. A request that can never
-//! fit (`min` above `H`, `G` or the sum of the limits) gets a hint instead: the time until the
-//! key's state is gone, at least a second.
+//! two kinds (at most `2·tiers + 1` instants) the tiers a burst can reach are fixed and the
+//! room in each window only grows, so the earliest instant at which `min` copies fit is the
+//! latest of: when the hard limit's log has `min` free (the expiry of one known hit), and
+//! when the reachable tiers' windows together have `min` free (a merge of their logs by
+//! expiry, `min` steps at most); the first interval where that instant falls before its end
+//! holds the answer. The answer is exact to the nanosecond for the tiers and the hard limit
+//! (rejected 1 ns before, admitted at it); for the global limit it assumes no other key takes
+//! the next second's slots first, so it is a lower bound. A request that can never fit (`min`
+//! above `H`, `G` or the sum of the limits) gets a hint instead: the time until the key's
+//! state is gone, at least a second.
 //!
 //! **Time.** A key's logs hold `u32` offsets from a per-key base time, in units of
 //! `u = 2^k` ns, the smallest power of two for which `2^30` units cover the longest window
@@ -67,17 +69,25 @@
 //! and undoing it could reopen a tier that another request of the key has since relied on.
 //!
 //! **Table and memory.** `sets = ⌈max_keys / 8⌉` sets of 8 ways, each set behind its own
-//! `parking_lot::Mutex` holding each way's key and the instant its state becomes empty (16
-//! bytes a way, 136 bytes a set), picked by Lemire's multiply-high as in the token bucket. Each
-//! way owns a fixed region of two arenas allocated once, zeroed: a metadata block (base time,
-//! each tier's entry time and ring head and length, the hard log's ring: `2 + 2n` `u64` words
-//! rounded up to a 64-byte line) and a log block of `ΣL + H` `u32` ring slots. Worst case per
-//! key of `max_keys`: `17 + 64·⌈(2 + 2n) / 8⌉ + 4·(ΣL + H)` bytes, e.g. 401 bytes for tiers of
-//! 20 and 50 with `H = 10`, and 1 881 bytes for tiers of 100 and 300 with `H = 50` (188 MB
-//! for 100 000 keys). The arenas are zeroed allocations, which the allocator gets as fresh
-//! mmap'd pages: only pages a key has touched use memory, so a limit whose keys stay light
-//! costs far less than the worst case, but every slot used at least once keeps its pages.
-//! No decision allocates, takes a global lock or makes a syscall.
+//! `parking_lot::Mutex` holding each way's key, the instant its state becomes empty and its
+//! base time (24 bytes a way, 200 bytes a set), picked by Lemire's multiply-high as in the
+//! token bucket. Each way owns a fixed region of two arenas allocated once, zeroed: a
+//! metadata block (each tier's entry time, and per ring, the tiers' and the hard limit's, its
+//! head, length, oldest and newest hit: `3n + 2` `u64` words rounded up to 64-byte lines, one
+//! line for up to two tiers) and a log block of `ΣL + H` `u32` ring slots. A ring's oldest
+//! and newest hits live only in the metadata and the log holds the hits in between, so a
+//! decision reads no log slot unless it drops a hit that leaves others behind, and a ring
+//! with at most two hits in its window never touches the log at all. A word per set of key
+//! fingerprints (one byte per way), read without the lock, tells which way's metadata to load
+//! while the lock is taken and the set scanned (all the set's lines for a key it does not
+//! hold, which will write one of them). Worst case per key of `max_keys`:
+//! `26 + 64·⌈(3n + 2) / 8⌉ + 4·(ΣL + H)` bytes, e.g. 410 bytes for tiers of 20 and 50 with
+//! `H = 10`, and 1 890 bytes for tiers of 100 and 300 with `H = 50` (189 MB for 100 000
+//! keys). The arenas are zeroed allocations, which the allocator gets as fresh mmap'd pages:
+//! only pages a key has touched use memory, and a light key (at most two hits per window and
+//! ring) touches only its 64-byte metadata line, so a limit whose keys stay light costs a
+//! small fraction of the worst case; slots a heavy key once wrote keep their pages. No
+//! decision allocates, takes a global lock or makes a syscall.
 //!
 //! **Dropping and eviction.** A key whose tiers are all inactive and whose windows are empty
 //! behaves exactly like a new key, so its slot is free: the set keeps the instant each way's
@@ -88,6 +98,7 @@
 //! the token bucket, eviction starts before `max_keys` keys hold state (0.8% of keys beyond
 //! their set's ways at half load); size `max_keys` at twice the keys expected at once.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -120,8 +131,6 @@ const NEVER: Nanos = Nanos::MAX;
 const SPAN_BITS: u32 = 30;
 /// Offsets at or past this many units trigger a rebase.
 const REBASE_AT: u64 = 1 << 31;
-/// Metadata words of the most tiers: base, entry times, tier rings, hard ring.
-const META_MAX: usize = 2 + 2 * MAX_TIERS;
 /// What a rejection that can never pass suggests as Retry-After, at least.
 const NEVER_HINT: Nanos = NANOS_PER_SEC;
 
@@ -407,24 +416,33 @@ pub struct TieredLimiter {
     shape: Shape,
     params: TieredParams,
     sets: Box<[Set]>,
+    /// One fingerprint byte per way (the key's low byte), a word per set, read without the
+    /// lock to start loading the metadata of the way the key probably holds before the set
+    /// is scanned: a hint, so a stale one costs one wasted load.
+    hints: Box<[AtomicU64]>,
     /// Metadata words, `meta_stride` per way from `meta_start` (64-byte aligned).
     meta: Box<[AtomicU64]>,
     meta_start: usize,
     meta_stride: usize,
     /// Log slots, `shape.log_words` per way.
     logs: Box<[AtomicU32]>,
+    /// A new key's metadata, read-only: deciding for a key without state reads it, and writes
+    /// it to a way only if the decision changes something.
+    fresh: Box<[AtomicU64]>,
     global: Option<Global>,
     evictions: Evictions,
 }
 
-/// One set: its lock and its ways' heads, 136 bytes.
+/// One set: its lock and its ways' heads, 200 bytes.
 type Set = Mutex<[Head; WAYS]>;
 
-/// A way's key (0 = empty) and the instant its state becomes equal to a new key's.
+/// A way's key (0 = empty), the instant its state becomes equal to a new key's, and the base
+/// time its log offsets count from.
 #[derive(Debug, Clone, Copy, Default)]
 struct Head {
     key: u64,
     expires: Nanos,
+    base: Nanos,
 }
 
 /// The eviction count, on its own cache-line pair (see the token bucket's).
@@ -468,11 +486,15 @@ struct RingSpec {
     offset: usize,
 }
 
-/// A ring's head slot and length.
+/// A ring's head slot, length, and its oldest and newest hits (valid when `len > 0`). The
+/// two ends live only here, the log slots hold the hits in between: a ring with at most two
+/// hits in its window (every light key) never touches the log arena.
 #[derive(Debug, Clone, Copy)]
 struct Ring {
     head: u32,
     len: u32,
+    oldest: u32,
+    newest: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,6 +520,8 @@ struct View<'a> {
     shape: &'a Shape,
     meta: &'a [AtomicU64],
     logs: &'a [AtomicU32],
+    /// The base time, a copy of the head's: the caller stores it back after a rebase.
+    base: Cell<Nanos>,
 }
 
 impl Shape {
@@ -542,20 +566,18 @@ impl Shape {
         }
     }
 
-    /// Metadata words per key.
+    /// Metadata words per key: entry times, two per ring.
     fn meta_words(&self) -> usize {
-        2 + 2 * self.n
+        2 + 3 * self.n
     }
 
-    /// A new key's metadata: base `now`, no tier entered, empty rings.
-    fn fresh(&self, now: Nanos) -> [AtomicU64; META_MAX] {
-        std::array::from_fn(|i| {
-            AtomicU64::new(match i {
-                0 => now,
-                i if i <= self.n => NEVER,
-                _ => 0,
-            })
-        })
+    /// A new key's metadata word `i`: no tier entered, empty rings.
+    fn fresh_word(&self, i: usize) -> u64 {
+        if i < self.n {
+            NEVER
+        } else {
+            0
+        }
     }
 }
 
@@ -566,15 +588,20 @@ fn unit_shift(longest: Nanos) -> u32 {
 }
 
 impl Ring {
-    fn unpack(v: u64) -> Self {
+    fn unpack(a: u64, b: u64) -> Self {
         Self {
-            head: (v >> 32) as u32,
-            len: v as u32,
+            head: (a >> 32) as u32,
+            len: a as u32,
+            oldest: (b >> 32) as u32,
+            newest: b as u32,
         }
     }
 
-    fn pack(self) -> u64 {
-        u64::from(self.head) << 32 | u64::from(self.len)
+    fn pack(self) -> (u64, u64) {
+        (
+            u64::from(self.head) << 32 | u64::from(self.len),
+            u64::from(self.oldest) << 32 | u64::from(self.newest),
+        )
     }
 }
 
@@ -588,27 +615,37 @@ impl View<'_> {
     }
 
     fn base(&self) -> Nanos {
-        self.word(0)
+        self.base.get()
     }
 
     /// When `tier` (1-based) was last entered, or [`NEVER`].
     fn entered(&self, tier: usize) -> Nanos {
-        self.word(tier)
+        self.word(tier - 1)
     }
 
     fn enter(&self, tier: usize, now: Nanos) {
-        self.set_word(tier, now);
+        self.set_word(tier - 1, now);
     }
 
     fn ring(&self, r: usize) -> Ring {
-        Ring::unpack(self.word(1 + self.shape.n + r))
+        let i = self.shape.n + 2 * r;
+        let [a, b] = &self.meta[i..i + 2] else {
+            unreachable!("a two-word slice")
+        };
+        Ring::unpack(a.load(Ordering::Relaxed), b.load(Ordering::Relaxed))
     }
 
     fn set_ring(&self, r: usize, ring: Ring) {
-        self.set_word(1 + self.shape.n + r, ring.pack());
+        let i = self.shape.n + 2 * r;
+        let (a, b) = ring.pack();
+        if let [wa, wb] = &self.meta[i..i + 2] {
+            wa.store(a, Ordering::Relaxed);
+            wb.store(b, Ordering::Relaxed);
+        }
     }
 
-    /// The slot of logical position `pos` (0 = oldest) of ring `r`.
+    /// The log slot of logical position `pos` (0 = oldest) of ring `r`; it holds the hit only
+    /// for `0 < pos < len - 1`.
     fn slot(&self, r: usize, ring: Ring, pos: u32) -> &AtomicU32 {
         let spec = &self.shape.rings[r];
         let mut p = ring.head + pos;
@@ -618,8 +655,15 @@ impl View<'_> {
         &self.logs[spec.offset + p as usize]
     }
 
+    /// The hit at logical position `pos < len` of ring `r`.
     fn entry(&self, r: usize, ring: Ring, pos: u32) -> u32 {
-        self.slot(r, ring, pos).load(Ordering::Relaxed)
+        if pos == 0 {
+            ring.oldest
+        } else if pos + 1 == ring.len {
+            ring.newest
+        } else {
+            self.slot(r, ring, pos).load(Ordering::Relaxed)
+        }
     }
 
     /// The instant a hit stored as `q` leaves ring `r`'s window.
@@ -634,21 +678,32 @@ impl View<'_> {
         ((now.saturating_sub(self.base()) + mask) >> self.shape.shift) as u32
     }
 
-    /// Drops ring `r`'s hits that left the window by `now`; returns the hits left.
+    /// Drops ring `r`'s hits that left the window by `now`; returns the hits left. Reads the
+    /// log only to learn the new oldest hit after dropping one that leaves others.
     fn pop(&self, r: usize, now: Nanos) -> u32 {
         let mut ring = self.ring(r);
-        let start = ring.len;
-        while ring.len > 0 && self.expiry(r, self.entry(r, ring, 0)) <= now {
-            ring.head = if ring.head + 1 == self.shape.rings[r].limit {
+        if ring.len == 0 || self.expiry(r, ring.oldest) > now {
+            return ring.len;
+        }
+        let limit = self.shape.rings[r].limit;
+        loop {
+            let next = if ring.len > 1 {
+                self.entry(r, ring, 1)
+            } else {
+                0
+            };
+            ring.head = if ring.head + 1 == limit {
                 0
             } else {
                 ring.head + 1
             };
             ring.len -= 1;
+            ring.oldest = next;
+            if ring.len == 0 || self.expiry(r, ring.oldest) > now {
+                break;
+            }
         }
-        if ring.len != start {
-            self.set_ring(r, ring);
-        }
+        self.set_ring(r, ring);
         ring.len
     }
 
@@ -657,10 +712,16 @@ impl View<'_> {
         u64::from(self.shape.rings[r].limit - self.pop(r, now))
     }
 
-    /// Ring `r`'s room at `t` (at or after the last pop), without changing anything.
-    fn room_at(&self, r: usize, t: Nanos) -> u64 {
-        let ring = self.ring(r);
-        let (mut lo, mut hi) = (0, ring.len);
+    /// How many of ring `r`'s hits have left the window by `t`, without changing anything.
+    fn expired_at(&self, r: usize, ring: Ring, t: Nanos) -> u32 {
+        if ring.len == 0 || self.expiry(r, ring.oldest) > t {
+            return 0;
+        }
+        if self.expiry(r, ring.newest) <= t {
+            return ring.len;
+        }
+        // The oldest has left and the newest has not: binary search in between.
+        let (mut lo, mut hi) = (1, ring.len - 1);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.expiry(r, self.entry(r, ring, mid)) <= t {
@@ -669,7 +730,28 @@ impl View<'_> {
                 hi = mid;
             }
         }
-        u64::from(self.shape.rings[r].limit - (ring.len - lo))
+        lo
+    }
+
+    /// Ring `r`'s room at `t`, without changing anything.
+    fn room_at(&self, r: usize, t: Nanos) -> u64 {
+        let ring = self.ring(r);
+        let live = ring.len - self.expired_at(r, ring, t);
+        u64::from(self.shape.rings[r].limit - live)
+    }
+
+    /// The first instant from `t` at which ring `r` has room for `want`, if it ever will.
+    fn frees_at(&self, r: usize, t: Nanos, want: u64) -> Option<Nanos> {
+        let ring = self.ring(r);
+        let keep = u64::from(self.shape.rings[r].limit).checked_sub(want)?;
+        let expired = self.expired_at(r, ring, t);
+        let live = u64::from(ring.len - expired);
+        if live <= keep {
+            return Some(t);
+        }
+        // The hit whose departure brings the live count down to `keep`.
+        let pos = expired + (live - keep) as u32 - 1;
+        Some(self.expiry(r, self.entry(r, ring, pos)))
     }
 
     /// Records `count` hits at `now` in ring `r`, which has room for them; returns the
@@ -679,11 +761,18 @@ impl View<'_> {
         let mut ring = self.ring(r);
         let mut q = self.offset(now);
         if ring.len > 0 {
-            q = q.max(self.entry(r, ring, ring.len - 1));
+            q = q.max(ring.newest);
+        } else {
+            ring.oldest = q;
         }
         debug_assert!(u64::from(ring.len) + count <= u64::from(self.shape.rings[r].limit));
         for _ in 0..count {
-            self.slot(r, ring, ring.len).store(q, Ordering::Relaxed);
+            if ring.len >= 2 {
+                // The newest becomes a hit in between: into its slot.
+                let last = self.slot(r, ring, ring.len - 1);
+                last.store(ring.newest, Ordering::Relaxed);
+            }
+            ring.newest = q;
             ring.len += 1;
         }
         self.set_ring(r, ring);
@@ -695,21 +784,15 @@ impl View<'_> {
     fn unpush(&self, r: usize, at: u32, count: u64) -> u64 {
         let mut ring = self.ring(r);
         let mut taken = 0;
-        while taken < count && ring.len > 0 && self.entry(r, ring, ring.len - 1) >= at {
+        while taken < count && ring.len > 0 && ring.newest >= at {
+            if ring.len > 1 {
+                ring.newest = self.entry(r, ring, ring.len - 2);
+            }
             ring.len -= 1;
             taken += 1;
         }
         self.set_ring(r, ring);
         taken
-    }
-
-    /// When ring `r`'s window is empty, if nothing is added (0 if it is).
-    fn empty_at(&self, r: usize) -> Nanos {
-        let ring = self.ring(r);
-        if ring.len == 0 {
-            return 0;
-        }
-        self.expiry(r, self.entry(r, ring, ring.len - 1))
     }
 
     /// Moves the base forward once offsets near 2^31 units, keeping every live hit.
@@ -721,15 +804,17 @@ impl View<'_> {
         }
         let shift = self.shape.shift;
         let d = (now.saturating_sub(self.base()) >> shift) - (1 << SPAN_BITS);
+        let back = |q: u32| u64::from(q).saturating_sub(d) as u32;
         for r in 0..self.shape.rings.len() {
-            let ring = self.ring(r);
-            for pos in 0..ring.len {
+            let mut ring = self.ring(r);
+            for pos in 1..ring.len.saturating_sub(1) {
                 let slot = self.slot(r, ring, pos);
-                let q = u64::from(slot.load(Ordering::Relaxed)).saturating_sub(d);
-                slot.store(q as u32, Ordering::Relaxed);
+                slot.store(back(slot.load(Ordering::Relaxed)), Ordering::Relaxed);
             }
+            (ring.oldest, ring.newest) = (back(ring.oldest), back(ring.newest));
+            self.set_ring(r, ring);
         }
-        self.set_word(0, self.base() + (d << shift));
+        self.base.set(self.base() + (d << shift));
     }
 
     fn rebase_if_due(&self, now: Nanos) {
@@ -846,25 +931,57 @@ impl View<'_> {
         let mut lo = now;
         loop {
             let hi = self.next_change(lo, global);
-            // What fits is non-decreasing on [lo, hi).
-            let last = hi - 1;
-            if self.fits_at(last, global) >= min {
-                let mut hi = last;
-                while lo < hi {
-                    let mid = lo + (hi - lo) / 2;
-                    if self.fits_at(mid, global) >= min {
-                        hi = mid;
-                    } else {
-                        lo = mid + 1;
-                    }
+            if let Some(at) = self.earliest_within(min, lo, global) {
+                if at < hi {
+                    return Some(at);
                 }
-                return Some(lo);
             }
             if hi == Nanos::MAX {
                 return None;
             }
             lo = hi;
         }
+    }
+
+    /// The earliest instant from `lo` at which `min` copies fit if every tier kept its phase
+    /// at `lo` (and the global second did not turn): each limit's room only grows then, so it
+    /// is the latest of the instants at which each one alone has room.
+    fn earliest_within(&self, min: u64, lo: Nanos, global: Option<&Global>) -> Option<Nanos> {
+        if global.is_some_and(|g| g.room_at(lo) < min) {
+            return None;
+        }
+        let n = self.shape.n;
+        let mut at = lo;
+        if self.shape.hard {
+            at = at.max(self.frees_at(n, lo, min)?);
+        }
+        let chain = self.chain(lo, u64::MAX, |tier| self.room_at(tier - 1, lo));
+        if chain.total >= min {
+            return Some(at);
+        }
+        // Merge the chain's rings by expiry until `min - total` more hits have left.
+        let mut pos = [0u32; MAX_TIERS];
+        let mut rings = [Ring::unpack(0, 0); MAX_TIERS];
+        for i in 0..chain.len {
+            let r = usize::from(chain.tiers[i]) - 1;
+            rings[i] = self.ring(r);
+            pos[i] = self.expired_at(r, rings[i], lo);
+        }
+        let mut last = lo;
+        for _ in chain.total..min {
+            let mut best: Option<(Nanos, usize)> = None;
+            for i in 0..chain.len {
+                if pos[i] < rings[i].len {
+                    let r = usize::from(chain.tiers[i]) - 1;
+                    let e = self.expiry(r, self.entry(r, rings[i], pos[i]));
+                    best = Some(best.map_or((e, i), |b| b.min((e, i))));
+                }
+            }
+            let (e, i) = best?;
+            pos[i] += 1;
+            last = e;
+        }
+        Some(at.max(last))
     }
 
     /// The current tier at `now` with its remaining room and the time until its window is
@@ -874,8 +991,20 @@ impl View<'_> {
         if tier == 0 {
             return (0, 0, 0);
         }
-        let room = self.room_now(tier - 1, now);
-        (tier, room, self.empty_at(tier - 1).saturating_sub(now))
+        self.room_now(tier - 1, now);
+        self.headline_of(tier, now)
+    }
+
+    /// [`View::headline`] of `tier`, known to be current and popped at `now`.
+    fn headline_of(&self, tier: usize, now: Nanos) -> (usize, u64, Nanos) {
+        let ring = self.ring(tier - 1);
+        let room = u64::from(self.shape.rings[tier - 1].limit - ring.len);
+        let empty = if ring.len == 0 {
+            0
+        } else {
+            self.expiry(tier - 1, ring.newest)
+        };
+        (tier, room, empty.saturating_sub(now))
     }
 }
 
@@ -975,18 +1104,22 @@ impl TieredLimiter {
         let bytes = Self::bytes_for(&shape, sets as u128 * WAYS as u128);
         let too_large = || TieredError::TooLarge { bytes };
         let ways = sets.checked_mul(WAYS).ok_or_else(too_large)?;
-        // 8 spare words to start the metadata on a 64-byte line.
+        // 16 spare words to start the metadata on a 128-byte line pair.
         let meta_len = ways
             .checked_mul(meta_stride)
-            .and_then(|w| w.checked_add(8))
+            .and_then(|w| w.checked_add(16))
             .ok_or_else(too_large)?;
         let log_len = ways.checked_mul(shape.log_words).ok_or_else(too_large)?;
         let meta: Box<[AtomicU64]> =
             bytemuck::allocation::try_zeroed_slice_box(meta_len).map_err(|()| too_large())?;
         let logs: Box<[AtomicU32]> =
             bytemuck::allocation::try_zeroed_slice_box(log_len).map_err(|()| too_large())?;
-        let meta_start = (8 - (meta.as_ptr() as usize / 8) % 8) % 8;
+        let meta_start = (16 - (meta.as_ptr() as usize / 8) % 16) % 16;
+        let fresh = (0..shape.meta_words())
+            .map(|i| AtomicU64::new(shape.fresh_word(i)))
+            .collect();
         Ok(Self {
+            fresh,
             global: params.global_limit.map(|limit| Global {
                 limit,
                 state: AtomicU64::new(0),
@@ -996,6 +1129,7 @@ impl TieredLimiter {
             sets: (0..sets)
                 .map(|_| Mutex::new([Head::default(); WAYS]))
                 .collect(),
+            hints: (0..sets).map(|_| AtomicU64::new(0)).collect(),
             meta,
             meta_start,
             meta_stride,
@@ -1016,13 +1150,16 @@ impl TieredLimiter {
     fn bytes_for(shape: &Shape, ways: u128) -> u128 {
         let meta = shape.meta_words().next_multiple_of(8) as u128 * 8;
         let logs = shape.log_words as u128 * 4;
-        let set = size_of::<Set>() as u128;
+        let set = (size_of::<Set>() + size_of::<AtomicU64>()) as u128;
         ways * (meta + logs) + ways.div_ceil(WAYS as u128) * set
     }
 
     /// Bytes reserved for the table and the arenas (the pages touched are usually fewer).
     pub fn reserved_bytes(&self) -> usize {
-        size_of_val(&*self.sets) + size_of_val(&*self.meta) + size_of_val(&*self.logs)
+        size_of_val(&*self.sets)
+            + size_of_val(&*self.hints)
+            + size_of_val(&*self.meta)
+            + size_of_val(&*self.logs)
     }
 
     /// The normalized parameters it runs with.
@@ -1044,17 +1181,17 @@ impl TieredLimiter {
         let max = max.max(min);
         let key = key.max(1);
         let set = self.set_of(key);
+        self.touch(set, key);
         let mut heads = self.sets[set].lock();
         let (hit, empty) = scan(&heads, key);
         let live = hit < WAYS && heads[hit].expires > now;
-        let fresh;
         let view = if live {
-            let view = self.view(set * WAYS + hit);
+            let view = self.view(set * WAYS + hit, heads[hit].base);
             view.rebase_if_due(now);
+            heads[hit].base = view.base();
             view
         } else {
-            fresh = self.shape.fresh(now);
-            self.fresh_view(&fresh)
+            self.fresh_view(now)
         };
         let expires = if live { heads[hit].expires } else { 0 };
         let n = self.shape.n;
@@ -1066,6 +1203,43 @@ impl TieredLimiter {
         if hard_room < min {
             return self.rejected(&view, expires, min, now, DecidedBy::HardLimit);
         }
+        // The common case, decided without the burst chain: a single request with room in
+        // the current tier, or a key without state entering tier 1 (never cooling for it).
+        let current = if live { view.current(now) } else { 0 };
+        let direct = if current > 0 {
+            view.room_now(current - 1, now) > 0
+        } else {
+            !live && self.shape.rings[0].limit > 0
+        };
+        if max == 1 && direct {
+            if self.global.as_ref().is_some_and(|g| g.take(1, 1, now) == 0) {
+                return self.rejected(&view, expires, 1, now, DecidedBy::GlobalLimit);
+            }
+            let (way, tier) = if live {
+                (hit, current)
+            } else {
+                (self.claim(&mut heads, set, key, (hit, empty), now), 1)
+            };
+            let view = self.view(set * WAYS + way, heads[way].base);
+            let mut expires = heads[way].expires;
+            if !live {
+                expires = expires.max(self.enter(&view, 1, now));
+            }
+            expires = expires.max(view.push(tier - 1, now, 1));
+            if self.shape.hard {
+                expires = expires.max(view.push(n, now, 1));
+            }
+            heads[way].expires = expires;
+            let (tier, remaining, reset) = view.headline_of(tier, now);
+            return TieredDecision {
+                verdict: Verdict::allow(remaining, reset),
+                granted: 1,
+                tier,
+                decided_by: DecidedBy::TierWindow,
+                first_tier: tier,
+                at: now,
+            };
+        }
         let need = max.min(hard_room);
         let chain = view.chain(now, need, |tier| view.room_now(tier - 1, now));
         if chain.total < min {
@@ -1073,9 +1247,9 @@ impl TieredLimiter {
             let way = if live {
                 hit
             } else {
-                self.claim(&mut heads, set, key, (hit, empty), &view, now)
+                self.claim(&mut heads, set, key, (hit, empty), now)
             };
-            let view = self.view(set * WAYS + way);
+            let view = self.view(set * WAYS + way, heads[way].base);
             let mut expires = heads[way].expires;
             for &tier in &chain.tiers[..chain.len] {
                 if usize::from(tier) > chain.current {
@@ -1096,11 +1270,11 @@ impl TieredLimiter {
         let way = if live {
             hit
         } else {
-            self.claim(&mut heads, set, key, (hit, empty), &view, now)
+            self.claim(&mut heads, set, key, (hit, empty), now)
         };
-        let view = self.view(set * WAYS + way);
+        let view = self.view(set * WAYS + way, heads[way].base);
         let mut expires = heads[way].expires;
-        let (mut left, mut first_tier) = (granted, 0);
+        let (mut left, mut first_tier, mut current) = (granted, 0, chain.current);
         for (&tier, &room) in chain.tiers[..chain.len].iter().zip(&chain.rooms) {
             if left == 0 {
                 break;
@@ -1108,6 +1282,7 @@ impl TieredLimiter {
             let tier = usize::from(tier);
             if tier > chain.current {
                 expires = expires.max(self.enter(&view, tier, now));
+                current = tier;
             }
             let take = left.min(u64::from(room));
             if take > 0 {
@@ -1122,7 +1297,8 @@ impl TieredLimiter {
             expires = expires.max(view.push(n, now, granted));
         }
         heads[way].expires = expires;
-        let (tier, remaining, reset) = view.headline(now);
+        // The tier the last copy reached is current, and its ring was popped by the chain.
+        let (tier, remaining, reset) = view.headline_of(current, now);
         TieredDecision {
             verdict: Verdict::allow(remaining, reset),
             granted,
@@ -1146,13 +1322,14 @@ impl TieredLimiter {
         }
         let key = key.max(1);
         let set = self.set_of(key);
-        let heads = self.sets[set].lock();
+        let mut heads = self.sets[set].lock();
         let (hit, _) = scan(&heads, key);
         if hit == WAYS || heads[hit].expires <= now {
             return;
         }
-        let view = self.view(set * WAYS + hit);
+        let view = self.view(set * WAYS + hit, heads[hit].base);
         view.rebase_if_due(now);
+        heads[hit].base = view.base();
         if decision.at < view.base() {
             // Rebased since: the decision's hits have all left their windows.
             return;
@@ -1213,15 +1390,15 @@ impl TieredLimiter {
     fn peek<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
         let key = key.max(1);
         let set = self.set_of(key);
-        let heads = self.sets[set].lock();
+        let mut heads = self.sets[set].lock();
         let (hit, _) = scan(&heads, key);
         if hit < WAYS && heads[hit].expires > now {
-            let view = self.view(set * WAYS + hit);
+            let view = self.view(set * WAYS + hit, heads[hit].base);
             view.rebase_if_due(now);
+            heads[hit].base = view.base();
             f(&view)
         } else {
-            let fresh = self.shape.fresh(now);
-            f(&self.fresh_view(&fresh))
+            f(&self.fresh_view(now))
         }
     }
 
@@ -1259,14 +1436,14 @@ impl TieredLimiter {
     }
 
     /// Gives a new key a way (its own expired one, an empty or expired one, or an evicted
-    /// one) and copies its fresh metadata there.
+    /// one) and writes a new key's metadata there (no tier entered, empty rings), which is
+    /// what `fresh` holds: deciding on it changed nothing.
     fn claim(
         &self,
         heads: &mut [Head; WAYS],
         set: usize,
         key: u64,
         (hit, empty): (usize, usize),
-        fresh: &View,
         now: Nanos,
     ) -> usize {
         let way = if hit < WAYS {
@@ -1274,10 +1451,18 @@ impl TieredLimiter {
         } else {
             self.victim(heads, empty, now)
         };
-        heads[way] = Head { key, expires: 0 };
-        let view = self.view(set * WAYS + way);
-        for i in 0..self.shape.meta_words() {
-            view.set_word(i, fresh.word(i));
+        heads[way] = Head {
+            key,
+            expires: 0,
+            base: now,
+        };
+        self.hint(set, way, key);
+        let meta = self.meta_start + (set * WAYS + way) * self.meta_stride;
+        for (i, word) in self.meta[meta..meta + self.shape.meta_words()]
+            .iter()
+            .enumerate()
+        {
+            word.store(self.shape.fresh_word(i), Ordering::Relaxed);
         }
         way
     }
@@ -1299,26 +1484,67 @@ impl TieredLimiter {
         best.1
     }
 
+    /// Loads the metadata of the way whose fingerprint matches `key`'s, or of every way of
+    /// the set if none does (a new key, which will write one of them), so that those cache
+    /// misses overlap with the lock's and the scan's instead of following them: a prefetch
+    /// without `unsafe`. (Issuing it after the lock, whose locked instruction waits for earlier
+    /// loads, measured no better.)
+    fn touch(&self, set: usize, key: u64) {
+        const LOW: u64 = 0x0101_0101_0101_0101;
+        let hints = self.hints[set].load(Ordering::Relaxed);
+        // SWAR: the lowest byte equal to the fingerprint is found exactly.
+        let x = hints ^ (LOW * (key & 0xff));
+        let found = x.wrapping_sub(LOW) & !x & (LOW << 7);
+        let first = self.meta_start + set * WAYS * self.meta_stride;
+        let (from, len) = if found != 0 {
+            let way = found.trailing_zeros() as usize / 8;
+            (first + way * self.meta_stride, self.meta_stride)
+        } else {
+            (first, WAYS * self.meta_stride)
+        };
+        if let Some(block) = self.meta.get(from..from + len) {
+            let lines = block.chunks_exact(8);
+            let sum = lines.fold(0u64, |sum, line| {
+                sum.wrapping_add(line[0].load(Ordering::Relaxed))
+            });
+            std::hint::black_box(sum);
+        }
+    }
+
+    /// Records `key`'s fingerprint for `way` of `set`; the set's lock is held, so this is its
+    /// only writer.
+    fn hint(&self, set: usize, way: usize, key: u64) {
+        let hints = &self.hints[set];
+        let shift = 8 * way;
+        let old = hints.load(Ordering::Relaxed) & !(0xff << shift);
+        hints.store(old | (key & 0xff) << shift, Ordering::Relaxed);
+    }
+
     /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
     fn set_of(&self, key: u64) -> usize {
         ((u128::from(key) * self.sets.len() as u128) >> 64) as usize
     }
 
-    fn view(&self, way: usize) -> View<'_> {
+    fn view(&self, way: usize, base: Nanos) -> View<'_> {
         let meta = self.meta_start + way * self.meta_stride;
         let logs = way * self.shape.log_words;
         View {
             shape: &self.shape,
             meta: &self.meta[meta..meta + self.shape.meta_words()],
             logs: &self.logs[logs..logs + self.shape.log_words],
+            base: Cell::new(base),
         }
     }
 
-    fn fresh_view<'a>(&'a self, fresh: &'a [AtomicU64; META_MAX]) -> View<'a> {
+    /// A new key's state at `now`, read from the shared template: nothing is stored unless
+    /// the decision changes it, and then in the key's own way. Nothing writes through this
+    /// view (its rings are empty, so pops change nothing).
+    fn fresh_view(&self, now: Nanos) -> View<'_> {
         View {
             shape: &self.shape,
-            meta: &fresh[..],
+            meta: &self.fresh,
             logs: &[],
+            base: Cell::new(now),
         }
     }
 }
@@ -1821,8 +2047,9 @@ mod tests {
         }
         // Every set filled up, then each newcomer evicted exactly one key.
         assert_eq!((l.len(0), l.evictions()), (1_000, 199_000));
-        assert_eq!(size_of::<Set>(), 136);
-        // 17 bytes of table, a 64-byte metadata line and 4 bytes per log slot, per key.
+        assert_eq!(size_of::<Set>(), 200);
+        // 26 bytes of table and hints, a 64-byte metadata line and 4 bytes per log slot, per
+        // key.
         let p = |tiers: &[Tier], hard| params(tiers, hard, None);
         let (small, design) = (
             [tier(20, SEC, 10 * SEC, 0), tier(50, SEC, 5 * SEC, MINUTE)],
@@ -1831,11 +2058,19 @@ mod tests {
                 tier(300, MINUTE, 5 * MINUTE, HOUR),
             ],
         );
-        assert_eq!(TieredLimiter::bytes_per_key(&p(&small, Some(10))), 401);
-        assert_eq!(TieredLimiter::bytes_per_key(&p(&design, Some(50))), 1_881);
+        assert_eq!(TieredLimiter::bytes_per_key(&p(&small, Some(10))), 410);
+        assert_eq!(TieredLimiter::bytes_per_key(&p(&design, Some(50))), 1_890);
+        let three = [small[0], small[1], small[0]];
+        assert_eq!(
+            TieredLimiter::bytes_per_key(&p(&three, None)),
+            26 + 128 + 360
+        );
         assert_eq!(TieredLimiter::bytes_per_key(&p(&[], None)), 0);
         let l = TieredLimiter::new(&p(&design, Some(50)), 100_000).unwrap();
-        assert_eq!(l.reserved_bytes(), 1_700_000 + 6_400_064 + 180_000_000);
+        assert_eq!(
+            l.reserved_bytes(),
+            2_500_000 + 100_000 + 6_400_128 + 180_000_000
+        );
         // max_keys 0 is 1: one set of 8 ways.
         let l = TieredLimiter::new(&p(&tiers, None), 0).unwrap();
         for key in 1..=9 {
@@ -1846,6 +2081,26 @@ mod tests {
             TieredLimiter::new(&p(&design, None), usize::MAX),
             Err(TieredError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn light_keys_never_touch_the_log_arena() {
+        let tiers = [tier(5, SEC, 10 * SEC, 0), tier(5, SEC, 10 * SEC, 0)];
+        let l = TieredLimiter::new(&params(&tiers, Some(5), None), 64).unwrap();
+        let untouched = |l: &TieredLimiter| l.logs.iter().all(|w| w.load(Ordering::Relaxed) == 0);
+        // Two hits per window at most: both ends of each ring live in the metadata.
+        for i in 0..40 {
+            assert!(l.acquire(spread(i % 8), i * 300 * MS).verdict.allowed);
+        }
+        assert!(untouched(&l));
+        // A third hit in a window turns the newest into a hit in between: a slot is written.
+        // (Offsets count from the key's first hit, so an earlier hit makes them non-zero.)
+        let at = 40 * 300 * MS;
+        assert!(l.acquire(spread(9), at - 100 * MS).verdict.allowed);
+        assert!(l.acquire_many(spread(9), 3, 3, at).verdict.allowed);
+        assert!(!untouched(&l));
+        assert_eq!(l.available(spread(9), at), 1);
+        assert_eq!(l.available(spread(9), at + SEC), 5);
     }
 
     #[test]
