@@ -8,7 +8,8 @@
 //! pingora's own `Inflight` (incr + guard drop, the like-for-like reference for inflight),
 //! tollgate's inflight (acquire + guard drop), rate and token bucket limiters (the bucket with
 //! the proxy's default `max_keys` of 100 k, and with 1 M so that nothing is evicted), all with
-//! the parameters of `conf/tollgate.yaml` and the default 4 × 8192 sketches, and the two peers
+//! the parameters of `conf/tollgate.yaml` and the default 4 × 8192 sketches, Charon burst tiers
+//! (two tiers with a hard and a global limit, `max_keys` 100 k and 1 M), and the two peers
 //! of pingora's benchmark: a `Mutex<HashMap<u64, u64>>` counter (std hasher) and a
 //! `DashMap<u64, u64>` counter (ahash).
 //!
@@ -38,7 +39,7 @@ use pingora_limits::estimator::Estimator;
 use pingora_limits::inflight::Inflight;
 use tollgate::limits::{
     Fact, Facts, InflightLimiter, KeyPart, KeySpec, Nanos, RateLimiter, RateParams, SketchSize,
-    TokenBucket, TokenBucketParams,
+    Tier, TieredLimiter, TieredParams, TokenBucket, TokenBucketParams,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -287,6 +288,45 @@ impl<const MAX_KEYS: usize> Subject for TollBucket<MAX_KEYS> {
     }
 }
 
+/// Burst tiers: 20 per second for 10 s, then a burst tier of 50 per second for 5 s that
+/// cools down for a minute, at most 10 per second per key and 2 M per second in all (above
+/// the synthetic 1 M per second, so the global limit is checked but never rejects). The
+/// windows are short so that the arenas stay small: 410 bytes per key of `max_keys` (and
+/// only the 64-byte metadata line is touched for a key that stays light, as here).
+fn tiered_params() -> TieredParams {
+    TieredParams {
+        tiers: vec![
+            Tier {
+                limit: 20,
+                window: SEC,
+                active: 10 * SEC,
+                cooldown: 0,
+                skippable: false,
+            },
+            Tier {
+                limit: 50,
+                window: SEC,
+                active: 5 * SEC,
+                cooldown: 60 * SEC,
+                skippable: false,
+            },
+        ],
+        hard_limit: Some(10),
+        global_limit: Some(2_000_000),
+    }
+}
+
+/// Burst tiers holding state for at most `MAX_KEYS` keys.
+struct TollTiered<const MAX_KEYS: usize>(TieredLimiter);
+impl<const MAX_KEYS: usize> Subject for TollTiered<MAX_KEYS> {
+    fn build() -> Self {
+        Self(TieredLimiter::new(&tiered_params(), MAX_KEYS).unwrap())
+    }
+    fn op(&self, key: u64, now: Nanos) -> bool {
+        black_box(self.0.acquire(key, now)).verdict.allowed
+    }
+}
+
 struct MutexMap(Mutex<HashMap<u64, u64>>);
 impl Subject for MutexMap {
     fn build() -> Self {
@@ -430,6 +470,8 @@ fn main() {
         entry::<TollRate>("tollgate rate acquire"),
         entry::<TollBucket<BUCKET_MAX_KEYS>>("tollgate token bucket acquire (max_keys 100 k)"),
         entry::<TollBucket<KEYS>>("tollgate token bucket acquire (max_keys 1 M, no eviction)"),
+        entry::<TollTiered<BUCKET_MAX_KEYS>>("tollgate tiered acquire (max_keys 100 k)"),
+        entry::<TollTiered<KEYS>>("tollgate tiered acquire (max_keys 1 M, no eviction)"),
         entry::<MutexMap>("Mutex<HashMap<u64,u64>> counter"),
         entry::<Dash>("DashMap<u64,u64> counter"),
     ];
@@ -519,6 +561,10 @@ fn main() {
         one("tollgate token bucket acquire (max_keys 100 k)"),
         one("tollgate token bucket acquire (max_keys 1 M"),
     );
+    let (tiered, tiered_all) = (
+        one("tollgate tiered acquire (max_keys 100 k)"),
+        one("tollgate tiered acquire (max_keys 1 M"),
+    );
     let tb_heap = row("tollgate token bucket acquire (max_keys 100 k)").peak;
     let dash_heap = row("DashMap").peak;
     println!();
@@ -568,6 +614,14 @@ fn main() {
         format!(
             "{tb:.1} ns/op with the default max_keys 100 k (most events evict); \
              {tb_all:.1} ns/op with max_keys 1 M"
+        ),
+    );
+    check(
+        "tiered ≤ 150 ns/op",
+        tiered <= 150.0,
+        format!(
+            "{tiered:.1} ns/op with max_keys 100 k (most events evict), {tiered_all:.1} ns/op \
+             with max_keys 1 M; token bucket {tb:.1} and {tb_all:.1} ns/op in this run"
         ),
     );
     check(
