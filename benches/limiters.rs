@@ -11,7 +11,8 @@
 //! evicted), all with the parameters of `conf/tollgate.yaml` and the default 4 × 8192 sketch
 //! for inflight, the exact concurrency limiter (acquire + guard drop: key limit alone, then
 //! with a global limit and a group that half the keys belong to), the exact sliding log
-//! (Grab's frequency caps: 3 a day, then 3 a day and 10 a week, `max_keys` 1 M), and the two peers
+//! (Grab's frequency caps: 3 a day, then 3 a day and 10 a week, `max_keys` 1 M), Charon burst
+//! tiers (two tiers with a hard and a global limit, `max_keys` 100 k and 1 M), and the two peers
 //! of pingora's benchmark: a `Mutex<HashMap<u64, u64>>` counter (std hasher) and a
 //! `DashMap<u64, u64>` counter (ahash).
 //!
@@ -44,8 +45,8 @@ use pingora_limits::estimator::Estimator;
 use pingora_limits::inflight::Inflight;
 use tollgate::limits::{
     ConcurrencyLimiter, ConcurrencyParams, Fact, Facts, InflightLimiter, KeyPart, KeySpec,
-    LogWindow, Nanos, RateLimiter, RateParams, SketchSize, SlidingLog, TokenBucket,
-    TokenBucketParams,
+    LogWindow, Nanos, RateLimiter, RateParams, SketchSize, SlidingLog, Tier, TieredLimiter,
+    TieredParams, TokenBucket, TokenBucketParams,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -345,6 +346,45 @@ impl<const WINDOWS: usize> Subject for TollSlidingLog<WINDOWS> {
     }
 }
 
+/// Burst tiers: 20 per second for 10 s, then a burst tier of 50 per second for 5 s that
+/// cools down for a minute, at most 10 per second per key and 2 M per second in all (above
+/// the synthetic 1 M per second, so the global limit is checked but never rejects). The
+/// windows are short so that the arenas stay small: 410 bytes per key of `max_keys` (and
+/// only the 64-byte metadata line is touched for a key that stays light, as here).
+fn tiered_params() -> TieredParams {
+    TieredParams {
+        tiers: vec![
+            Tier {
+                limit: 20,
+                window: SEC,
+                active: 10 * SEC,
+                cooldown: 0,
+                skippable: false,
+            },
+            Tier {
+                limit: 50,
+                window: SEC,
+                active: 5 * SEC,
+                cooldown: 60 * SEC,
+                skippable: false,
+            },
+        ],
+        hard_limit: Some(10),
+        global_limit: Some(2_000_000),
+    }
+}
+
+/// Burst tiers holding state for at most `MAX_KEYS` keys.
+struct TollTiered<const MAX_KEYS: usize>(TieredLimiter);
+impl<const MAX_KEYS: usize> Subject for TollTiered<MAX_KEYS> {
+    fn build() -> Self {
+        Self(TieredLimiter::new(&tiered_params(), MAX_KEYS).unwrap())
+    }
+    fn op(&self, key: u64, now: Nanos) -> bool {
+        black_box(self.0.acquire(key, now)).verdict.allowed
+    }
+}
+
 struct MutexMap(Mutex<HashMap<u64, u64>>);
 impl Subject for MutexMap {
     fn build() -> Self {
@@ -495,6 +535,8 @@ fn main() {
         ),
         entry::<TollSlidingLog<1>>("tollgate sliding log acquire (3/day, max_keys 1 M)"),
         entry::<TollSlidingLog<2>>("tollgate sliding log acquire (3/day + 10/week, max_keys 1 M)"),
+        entry::<TollTiered<DEFAULT_MAX_KEYS>>("tollgate tiered acquire (max_keys 100 k)"),
+        entry::<TollTiered<KEYS>>("tollgate tiered acquire (max_keys 1 M, no eviction)"),
         entry::<MutexMap>("Mutex<HashMap<u64,u64>> counter"),
         entry::<Dash>("DashMap<u64,u64> counter"),
     ];
@@ -596,6 +638,10 @@ fn main() {
         one("tollgate rate acquire (max_keys 100 k)"),
         one("tollgate rate acquire (max_keys 1 M)"),
     );
+    let (tiered, tiered_all) = (
+        one("tollgate tiered acquire (max_keys 100 k)"),
+        one("tollgate tiered acquire (max_keys 1 M"),
+    );
     let tb_heap = row("tollgate token bucket acquire (max_keys 100 k)").peak;
     let dash_heap = row("DashMap").peak;
     println!();
@@ -664,6 +710,14 @@ fn main() {
             ),
         );
     }
+    check(
+        "tiered ≤ 150 ns/op",
+        tiered <= 150.0,
+        format!(
+            "{tiered:.1} ns/op with max_keys 100 k (most events evict), {tiered_all:.1} ns/op \
+             with max_keys 1 M; token bucket {tb:.1} and {tb_all:.1} ns/op in this run"
+        ),
+    );
     check(
         "token-bucket peak heap ≤ 1/10 of the DashMap counter's",
         tb_heap * 10 <= dash_heap,

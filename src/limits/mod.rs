@@ -17,6 +17,9 @@
 //!   copy-limited resources), released exactly once by a guard or by an explicit release.
 //! - [`sliding_log`]: exact sliding logs of timestamps per key against several windows at
 //!   once (Grab's frequency caps), in a fixed arena.
+//! - [`tiered`]: Charon's burst tiers, exact per-key sliding logs stacked in tiers with
+//!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
+//!   in the same kind of fixed table with preallocated log arenas.
 //!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
@@ -31,6 +34,7 @@ pub mod key;
 pub mod rate;
 pub mod sketch;
 pub mod sliding_log;
+pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;
 
@@ -42,5 +46,9 @@ pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams};
 pub use sketch::SketchSize;
 pub use sliding_log::{LogWindow, SlidingLog};
+pub use tiered::{
+    DecidedBy, Normalized, Tier, TierChange, TieredDecision, TieredError, TieredLimiter,
+    TieredParams,
+};
 pub use token_bucket::{TokenBucket, TokenBucketParams};
 pub use verdict::{Verdict, NEVER};
