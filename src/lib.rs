@@ -9,3 +9,4 @@ pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod store;
