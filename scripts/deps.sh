@@ -3,6 +3,8 @@
 #   cmake      - Pingora's zlib-ng build
 #   pkg-config, libssl-dev - Pingora's OpenSSL TLS to upstreams
 #   promtool   - (Debian package `prometheus`) checks the metrics and alert rules in tests
+#   redis-server, redis-cli - (Debian packages `redis-server`, `redis-tools`) the Redis store's
+#                tests and benchmark start their own servers and a local Redis Cluster
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -10,13 +12,15 @@ declare -A pkg_of=(
   [cmake]=cmake
   [pkg-config]=pkg-config
   [promtool]=prometheus
+  [redis-server]=redis-server
+  [redis-cli]=redis-tools
   [wrk]=wrk
   [nginx]=nginx-light
   [valgrind]=valgrind
 )
 
 missing=()
-for cmd in cmake pkg-config promtool "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli "$@"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg_of[$cmd]:-$cmd}")
 done
 if ! dpkg -s libssl-dev >/dev/null 2>&1; then

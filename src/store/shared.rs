@@ -17,6 +17,11 @@
 //! every 3 s each). The local state is separate from Redis's: when the store comes back,
 //! decisions continue from Redis's state, and local state is left to age out.
 //!
+//! **Refunds** (the no-burn rule) go back where the admission came from: to the store in
+//! the background (never waited for), or to the local fallback. A store refund that cannot
+//! be delivered (the breaker opened meanwhile, or it timed out) is dropped: those tokens
+//! stay spent until they refill, the price of never waiting on Redis.
+//!
 //! **Strict limits** skip the deny cache: in strict mode every rejection moves the state
 //! (a bucket's refill clock, a window's count), so every one must reach the store.
 //!

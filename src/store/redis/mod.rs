@@ -186,7 +186,7 @@ impl Drop for Owner {
 
 enum Target {
     Single(redis::Client),
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 #[derive(Clone)]
@@ -261,7 +261,7 @@ impl RedisStore {
                     .max_retry_wait(10)
                     .build()
                     .map_err(|e| bad(&urls.join(","), &e))?;
-                Target::Cluster(client)
+                Target::Cluster(Box::new(client))
             }
         };
         let (handle, stop) = start_runtime(&config.name)?;
