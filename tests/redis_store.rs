@@ -1066,6 +1066,37 @@ async fn renewals_repair_redis_from_the_local_count() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_skip_keys_whose_releases_landed() {
+    let redis = RedisServer::start();
+    let mut c = leased(&redis.url(), "a");
+    c.lease = Duration::from_millis(300);
+    let (store, metrics) = start_up(c).await;
+    let n = names(&store, "conc");
+    let l = SharedInflight::new(&store, n.clone(), 10, SketchSize::DEFAULT);
+    let held = l.acquire(1).await.result.unwrap();
+    let before = Counts::of(&metrics);
+    // 20 keys come and go: an acquire and a release each.
+    for key in 100..120 {
+        drop(l.acquire(key).await.result.unwrap());
+    }
+    let started = Instant::now();
+    while Counts::of(&metrics).since(&before).ok < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "releases never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Four renewal intervals: only the held key is renewed (about once each).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let renewals = Counts::of(&metrics).since(&before).ok - 40;
+    assert!((1..=8).contains(&renewals), "{renewals} renewal calls");
+    assert_eq!(store.inflight_total(&n, 1).await.unwrap(), 1);
+    assert_eq!(store.inflight_total(&n, 100).await.unwrap(), 0);
+    drop(held);
+}
+
 async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
     let mut out = Vec::new();
     for f in fs {

@@ -32,9 +32,10 @@
 //! admitted by the fallback, releases lost while Redis was away). A guard's drop gives
 //! the unit back locally at once and sends the release in the background (only for units
 //! the store admitted, and only while the store is up): it never waits for Redis and never
-//! fails. A unit that Redis did not hear about is corrected by the next renewal. Between
-//! renewals Redis can be off by the operations racing one (a release or acquire landing
-//! just after a renewal read the local count): at most one renewal interval.
+//! fails. A key whose units all went back with releases that landed costs no renewal; one
+//! that Redis may disagree about is written at the next renewal. Between renewals Redis
+//! can be off by the operations racing one (a release or acquire landing just after a
+//! renewal read the local count): at most one renewal interval.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -414,7 +415,7 @@ impl SharedInflight {
     pub async fn acquire(&self, key: u64) -> InflightOutcome {
         let s = &self.shared;
         let guard = |source, local| {
-            s.held.add(key, 1);
+            s.held.add(key, source != Source::Store);
             SharedInflightGuard {
                 shared: Arc::clone(s),
                 key,
@@ -475,11 +476,19 @@ impl SharedInflightGuard {
 impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
-        s.held.sub(self.key, 1);
-        if self.source == Source::Store && s.store.is_up() {
+        let send = self.source == Source::Store && s.store.is_up();
+        s.held.sub(self.key, !send);
+        if send {
             let (shared, key) = (Arc::clone(s), self.key);
             s.store.handle().spawn(async move {
-                let _ = shared.store.inflight_release(&shared.names, key).await;
+                if shared
+                    .store
+                    .inflight_release(&shared.names, key)
+                    .await
+                    .is_err()
+                {
+                    shared.held.mark_dirty(key);
+                }
             });
         }
     }
@@ -497,26 +506,34 @@ async fn renew_loop(shared: Weak<InflightShared>, every: Duration) {
         }
         // Concurrent calls on the multiplexed connection: one pipelined burst.
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count) in s.held.snapshot() {
+        for (key, count) in s.held.to_renew() {
             let s = Arc::clone(&s);
             calls.spawn(async move {
-                let ok = s.store.inflight_renew(&s.names, key, count).await.is_ok();
-                (key, count, ok)
+                if s.store.inflight_renew(&s.names, key, count).await.is_ok() {
+                    s.held.renewed(key, count);
+                }
             });
         }
-        while let Some(done) = calls.join_next().await {
-            if let Ok((key, 0, true)) = done {
-                s.held.forget_if_zero(key);
-            }
-        }
+        while calls.join_next().await.is_some() {}
     }
 }
 
 /// Units this instance holds per key: 16 shards of maps behind their own locks, so that
-/// concurrent requests rarely share a lock. A key whose count drops to 0 stays until the
-/// next renewal has written the 0 to the store.
+/// concurrent requests rarely share a lock.
+///
+/// An entry is `dirty` when Redis may disagree with it: a unit the fallback admitted, or a
+/// release that was not sent or failed. A renewal writes every held or dirty key and
+/// cleans it; a key back to 0 units and clean (its releases all landed) is forgotten at
+/// the next renewal without a store call, so keys that come and go cost nothing extra.
 struct Held {
-    shards: Box<[Mutex<HashMap<u64, u64, ahash::RandomState>>]>,
+    shards: Box<[Mutex<HashMap<u64, Units, ahash::RandomState>>]>,
+}
+
+/// One key's units and whether Redis may disagree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Units {
+    count: u64,
+    dirty: bool,
 }
 
 impl Held {
@@ -528,36 +545,53 @@ impl Held {
         }
     }
 
-    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, u64, ahash::RandomState>> {
+    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, Units, ahash::RandomState>> {
         &self.shards[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize]
     }
 
-    fn add(&self, key: u64, n: u64) {
-        *self.shard(key).lock().entry(key).or_insert(0) += n;
+    /// One more unit; `dirty` when Redis did not count it.
+    fn add(&self, key: u64, dirty: bool) {
+        let mut shard = self.shard(key).lock();
+        let units = shard.entry(key).or_default();
+        units.count += 1;
+        units.dirty |= dirty;
     }
 
-    fn sub(&self, key: u64, n: u64) {
-        if let Some(count) = self.shard(key).lock().get_mut(&key) {
-            *count = count.saturating_sub(n);
-        }
+    /// One unit fewer; `dirty` when Redis will not hear of it.
+    fn sub(&self, key: u64, dirty: bool) {
+        let mut shard = self.shard(key).lock();
+        let units = shard.entry(key).or_default();
+        units.count = units.count.saturating_sub(1);
+        units.dirty |= dirty;
+    }
+
+    /// Redis may disagree about `key` (a release that failed).
+    fn mark_dirty(&self, key: u64) {
+        self.shard(key).lock().entry(key).or_default().dirty = true;
     }
 
     fn get(&self, key: u64) -> u64 {
-        self.shard(key).lock().get(&key).copied().unwrap_or(0)
+        self.shard(key).lock().get(&key).map_or(0, |u| u.count)
     }
 
-    fn snapshot(&self) -> Vec<(u64, u64)> {
+    /// The keys to renew (held or dirty) with their counts; forgets clean zeros.
+    fn to_renew(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            out.extend(shard.lock().iter().map(|(&k, &c)| (k, c)));
+            let mut shard = shard.lock();
+            shard.retain(|_, u| u.count > 0 || u.dirty);
+            out.extend(shard.iter().map(|(&k, u)| (k, u.count)));
         }
         out
     }
 
-    fn forget_if_zero(&self, key: u64) {
+    /// A renewal wrote `count` for `key`: clean if it still holds that count.
+    fn renewed(&self, key: u64, count: u64) {
         let mut shard = self.shard(key).lock();
-        if shard.get(&key) == Some(&0) {
-            shard.remove(&key);
+        if let Some(units) = shard.get_mut(&key) {
+            if units.count == count {
+                units.dirty = false;
+            }
         }
     }
 }
@@ -590,20 +624,33 @@ mod tests {
     }
 
     #[test]
-    fn held_counts_exactly_and_keeps_zeros_until_forgotten() {
+    fn held_counts_exactly_and_renews_only_what_redis_may_not_know() {
         let h = Held::new();
-        h.add(1, 1);
-        h.add(1, 1);
-        h.add(2, 1);
-        h.sub(1, 1);
-        h.sub(3, 1);
+        h.add(1, false);
+        h.add(1, false);
+        h.add(2, true);
+        h.sub(1, false);
+        h.sub(3, false);
         assert_eq!((h.get(1), h.get(2), h.get(3)), (1, 1, 0));
-        h.sub(2, 5);
-        let mut snap = h.snapshot();
-        snap.sort();
-        assert_eq!(snap, [(1, 1), (2, 0)]);
-        h.forget_if_zero(1);
-        h.forget_if_zero(2);
-        assert_eq!(h.snapshot(), [(1, 1)]);
+        let sorted = |mut v: Vec<(u64, u64)>| {
+            v.sort();
+            v
+        };
+        // Held keys are renewed; a clean zero (key 3) is forgotten without a call.
+        assert_eq!(sorted(h.to_renew()), [(1, 1), (2, 1)]);
+        h.renewed(2, 1);
+        h.sub(1, false);
+        h.sub(2, true);
+        // Key 1's release landed: forgotten. Key 2's did not: renewed with 0, then clean.
+        assert_eq!(h.to_renew(), [(2, 0)]);
+        h.renewed(2, 0);
+        assert_eq!(h.to_renew(), []);
+        // A failed release makes a key dirty again, even after it was forgotten.
+        h.mark_dirty(5);
+        assert_eq!(h.to_renew(), [(5, 0)]);
+        // A renewal that raced a change leaves the key dirty.
+        h.add(6, true);
+        h.renewed(6, 0);
+        assert_eq!(sorted(h.to_renew()), [(5, 0), (6, 1)]);
     }
 }
