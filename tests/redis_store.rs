@@ -552,6 +552,11 @@ async fn two_proxies_share_one_bucket_exactly() {
         admitted, 100,
         "320 requests across two proxies, capacity 100"
     );
+    // 32 concurrent callers, one connection per store (plus this INFO's own).
+    assert_eq!(
+        redis.info_field("clients", "connected_clients").as_deref(),
+        Some("3")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
