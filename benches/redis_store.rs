@@ -8,8 +8,9 @@
 //! - the latency a shared decision adds, p50 and p99, per kind;
 //! - the store calls the deny cache saves under a flood from one key.
 //!
-//! Each phase runs for `TOLLGATE_BENCH_SECS` seconds (default 2), so the whole run takes
-//! about 10 of them. Loopback only; the load is bounded in time.
+//! Each phase runs for `TOLLGATE_BENCH_SECS` seconds (default 2 under `cargo bench`, 0.1
+//! when `cargo test --all-targets` runs it as a smoke test), about 10 phases in all.
+//! Loopback only; the load is bounded in time.
 
 #[path = "../tests/common/redis.rs"]
 mod harness;
@@ -30,10 +31,17 @@ use tollgate::store::{
 const SEC: u64 = 1_000_000_000;
 
 fn phase() -> Duration {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this as a smoke test,
+    // with short phases so that the suite stays quick.
+    let default = if std::env::args().any(|a| a == "--bench") {
+        2.0
+    } else {
+        0.1
+    };
     let secs = std::env::var("TOLLGATE_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
+        .unwrap_or(default);
     Duration::from_secs_f64(secs.clamp(0.1, 60.0))
 }
 
