@@ -5,6 +5,8 @@
 #   promtool   - (Debian package `prometheus`) checks the metrics and alert rules in tests
 #   redis-cli, redis-benchmark - (Debian package `redis-tools`) the limiter API's tests and
 #                bench talk to it with them
+#   redis-server, redis-cli - (Debian packages `redis-server`, `redis-tools`) the Redis store's
+#                tests and benchmark start their own servers and a local Redis Cluster
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -12,6 +14,8 @@ declare -A pkg_of=(
   [cmake]=cmake
   [pkg-config]=pkg-config
   [promtool]=prometheus
+  [redis-server]=redis-server
+  [redis-cli]=redis-tools
   [wrk]=wrk
   [nginx]=nginx-light
   [valgrind]=valgrind
@@ -21,7 +25,7 @@ declare -A pkg_of=(
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-cli redis-benchmark "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

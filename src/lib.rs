@@ -23,3 +23,4 @@ pub mod reload;
 pub mod runtime;
 pub mod segments;
 pub mod server;
+pub mod store;

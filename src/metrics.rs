@@ -9,8 +9,8 @@
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The origin label used for requests whose host matched no origin.
@@ -51,6 +51,18 @@ pub struct Metrics {
     /// connections, exact, per configured resource (Charon's `CH.*` commands); back to 0
     /// when every holder has disconnected.
     pub api_holds: IntGaugeVec,
+    /// `tollgate_store_up{store}`: 1 while a shared store's breaker is closed (decisions
+    /// go to it), 0 while it is open (decisions fall back).
+    pub store_up: IntGaugeVec,
+    /// `tollgate_store_requests_total{store,result}`, result `ok`, `timeout`, `error` or
+    /// `breaker_open` (not sent: the breaker was open).
+    pub store_requests_total: IntCounterVec,
+    /// `tollgate_store_latency_seconds{store}`: time of the calls sent to the store,
+    /// whatever their result (a timed-out call counts its budget).
+    pub store_latency_seconds: HistogramVec,
+    /// `tollgate_store_fallback_decisions_total{store}`: decisions made by the fallback
+    /// because the store did not answer within its budget or its breaker was open.
+    pub store_fallback_decisions_total: IntCounterVec,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -102,6 +114,37 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let store_up = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_store_up",
+                "1 while the shared store answers (breaker closed), 0 while decisions fall back.",
+            ),
+            &["store"],
+        )?;
+        let store_requests_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_store_requests_total",
+                "Calls to a shared store by result (ok, timeout, error, breaker_open).",
+            ),
+            &["store", "result"],
+        )?;
+        let store_latency_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "tollgate_store_latency_seconds",
+                "Time of the calls sent to a shared store, from send to answer or timeout.",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+            ]),
+            &["store"],
+        )?;
+        let store_fallback_decisions_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_store_fallback_decisions_total",
+                "Decisions made by a shared store's fallback (local, allow or deny) instead of the store.",
+            ),
+            &["store"],
+        )?;
         let config_last_reload_success = Gauge::new(
             "tollgate_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful config load or reload.",
@@ -152,6 +195,10 @@ impl Metrics {
         registry.register(Box::new(api_commands_total.clone()))?;
         registry.register(Box::new(api_connections.clone()))?;
         registry.register(Box::new(api_holds.clone()))?;
+        registry.register(Box::new(store_up.clone()))?;
+        registry.register(Box::new(store_requests_total.clone()))?;
+        registry.register(Box::new(store_latency_seconds.clone()))?;
+        registry.register(Box::new(store_fallback_decisions_total.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -175,6 +222,10 @@ impl Metrics {
             api_commands_total,
             api_connections,
             api_holds,
+            store_up,
+            store_requests_total,
+            store_latency_seconds,
+            store_fallback_decisions_total,
         })
     }
 
@@ -210,6 +261,23 @@ impl Metrics {
             rejected: c("rejected"),
             shadow_rejected: c("shadow_rejected"),
             skipped: c("skipped"),
+        }
+    }
+
+    /// The metric children of one shared store, resolved once: every family gets its
+    /// series at once (every result at 0, so `rate()` and alerts see a 0, not a gap).
+    pub fn store(&self, store: &str) -> StoreMetrics {
+        let result = |r: &str| self.store_requests_total.with_label_values(&[store, r]);
+        StoreMetrics {
+            up: self.store_up.with_label_values(&[store]),
+            ok: result("ok"),
+            timeout: result("timeout"),
+            error: result("error"),
+            breaker_open: result("breaker_open"),
+            latency: self.store_latency_seconds.with_label_values(&[store]),
+            fallback: self
+                .store_fallback_decisions_total
+                .with_label_values(&[store]),
         }
     }
 
@@ -259,6 +327,33 @@ impl CodeCounters {
     }
 }
 
+/// The metric children of one shared store (see [`Metrics::store`]): a call costs atomic
+/// adds only, no label lookup.
+#[derive(Clone)]
+pub struct StoreMetrics {
+    /// `tollgate_store_up{store}`.
+    pub up: IntGauge,
+    /// `tollgate_store_requests_total{store,result="ok"}`.
+    pub ok: IntCounter,
+    /// `...{result="timeout"}`: the call missed its budget.
+    pub timeout: IntCounter,
+    /// `...{result="error"}`: the store answered an error or the connection failed.
+    pub error: IntCounter,
+    /// `...{result="breaker_open"}`: not sent, the breaker was open.
+    pub breaker_open: IntCounter,
+    /// `tollgate_store_latency_seconds{store}`.
+    pub latency: Histogram,
+    /// `tollgate_store_fallback_decisions_total{store}`.
+    pub fallback: IntCounter,
+}
+
+impl StoreMetrics {
+    /// Children registered nowhere, for a store built without a registry (tools, tests).
+    pub fn unregistered(store: &str) -> Result<Self, MetricsError> {
+        Ok(Metrics::new()?.store(store))
+    }
+}
+
 /// One limit's decision counters.
 #[derive(Clone)]
 pub struct DecisionCounters {
@@ -287,6 +382,10 @@ mod tests {
         codes.inc(61000);
         m.decisions("shop", "per_client", "rate").rejected.inc();
         m.inflight("shop").set(0);
+        let store = m.store("shared");
+        store.up.set(1);
+        store.ok.inc();
+        store.latency.observe(0.00008);
         m.request_duration_seconds
             .with_label_values(&["shop"])
             .observe(0.01);
@@ -306,6 +405,11 @@ mod tests {
             "tollgate_connection_timeouts_total{timeout=\"header\"} 0",
             "tollgate_connection_timeouts_total{timeout=\"keepalive\"} 0",
             "tollgate_api_connections 0",
+            "tollgate_store_up{store=\"shared\"} 1",
+            "tollgate_store_requests_total{result=\"ok\",store=\"shared\"} 1",
+            "tollgate_store_requests_total{result=\"breaker_open\",store=\"shared\"} 0",
+            "tollgate_store_latency_seconds_bucket{store=\"shared\",le=\"0.0001\"} 1",
+            "tollgate_store_fallback_decisions_total{store=\"shared\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

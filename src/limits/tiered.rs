@@ -126,7 +126,7 @@ pub const MAX_DURATION: Nanos = 1 << 62;
 /// Ways per set: as the token bucket's, rarely overflowing at half load.
 const WAYS: usize = 8;
 /// An entry time meaning "never entered".
-const NEVER: Nanos = Nanos::MAX;
+const NOT_ENTERED: Nanos = Nanos::MAX;
 /// `2^SPAN_BITS` time units cover the longest window.
 const SPAN_BITS: u32 = 30;
 /// Offsets at or past this many units trigger a rebase.
@@ -574,7 +574,7 @@ impl Shape {
     /// A new key's metadata word `i`: no tier entered, empty rings.
     fn fresh_word(&self, i: usize) -> u64 {
         if i < self.n {
-            NEVER
+            NOT_ENTERED
         } else {
             0
         }
@@ -618,7 +618,7 @@ impl View<'_> {
         self.base.get()
     }
 
-    /// When `tier` (1-based) was last entered, or [`NEVER`].
+    /// When `tier` (1-based) was last entered, or [`NOT_ENTERED`].
     fn entered(&self, tier: usize) -> Nanos {
         self.word(tier - 1)
     }
@@ -826,7 +826,7 @@ impl View<'_> {
     /// Where `tier` (1-based) stands at `t`.
     fn phase(&self, tier: usize, t: Nanos) -> Phase {
         let e = self.entered(tier);
-        if e == NEVER {
+        if e == NOT_ENTERED {
             return Phase::Inactive;
         }
         let spec = &self.shape.tiers[tier - 1];
@@ -911,7 +911,7 @@ impl View<'_> {
         let mut next = global.and_then(|g| g.turns_after(t)).unwrap_or(Nanos::MAX);
         for tier in 1..=self.shape.n {
             let e = self.entered(tier);
-            if e == NEVER {
+            if e == NOT_ENTERED {
                 continue;
             }
             let spec = &self.shape.tiers[tier - 1];

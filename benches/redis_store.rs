@@ -1,0 +1,302 @@
+//! The Redis store's costs, against a `redis-server` this benchmark starts on a free
+//! loopback port (and stops): `cargo bench --bench redis_store`.
+//!
+//! - decisions per second through one connection at 1, 16 and 64 concurrent callers;
+//! - Redis's own CPU per decision (INFO `used_cpu_user` + `used_cpu_sys` deltas);
+//! - this process's CPU per decision (getrusage: the callers, the store's runtime thread
+//!   and its connection driver), next to a local token-bucket decision's;
+//! - the latency a shared decision adds, p50 and p99, per kind;
+//! - the store calls the deny cache saves under a flood from one key.
+//!
+//! Each phase runs for `TOLLGATE_BENCH_SECS` seconds (default 2 under `cargo bench`, 0.1
+//! when `cargo test --all-targets` runs it as a smoke test), about 10 phases in all.
+//! Loopback only; the load is bounded in time.
+
+// A benchmark or example may unwrap: a failure aborts the measurement, not a user's request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/common/redis.rs"]
+mod harness;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate::limits::{
+    Clock, MonotonicClock, RateParams, SketchSize, TokenBucket, TokenBucketParams,
+};
+use tollgate::metrics::StoreMetrics;
+use tollgate::store::{
+    Endpoint, RedisStore, RedisStoreConfig, SharedInflight, SharedRate, SharedTokenBucket, Source,
+    Variant,
+};
+
+const SEC: u64 = 1_000_000_000;
+
+fn phase() -> Duration {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this as a smoke test,
+    // with short phases so that the suite stays quick.
+    let default = if std::env::args().any(|a| a == "--bench") {
+        2.0
+    } else {
+        0.1
+    };
+    let secs = std::env::var("TOLLGATE_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(default);
+    Duration::from_secs_f64(secs.clamp(0.1, 60.0))
+}
+
+/// CPU seconds this process used so far (user + system, all threads).
+fn process_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let redis = harness::RedisServer::start();
+    let mut config = RedisStoreConfig::new("bench", Endpoint::Standalone(redis.url()));
+    // A roomy budget: the benchmark measures the store, not its fallback.
+    config.timeout = Duration::from_millis(100);
+    let metrics = StoreMetrics::unregistered("bench").unwrap();
+    let store = RedisStore::new(config, metrics.clone()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(
+        rt.block_on(store.wait_up(Duration::from_secs(5))),
+        "store never came up"
+    );
+    let len = phase();
+    println!(
+        "redis_store: redis-server {} on 127.0.0.1:{}, {len:?} per phase, 2 caller threads",
+        redis
+            .info_field("server", "redis_version")
+            .unwrap_or_default(),
+        redis.port()
+    );
+
+    // Local baseline: one in-process token-bucket decision.
+    let local = TokenBucket::new(
+        TokenBucketParams {
+            capacity: u64::MAX / 2,
+            amount: 1,
+            every: SEC,
+            strict: false,
+        },
+        100_000,
+    );
+    let clock = MonotonicClock::new();
+    let (cpu0, started) = (process_cpu(), Instant::now());
+    let mut n = 0u64;
+    while started.elapsed() < len / 4 {
+        for i in 0..1_000u64 {
+            std::hint::black_box(local.acquire(
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                1,
+                clock.now(),
+            ));
+        }
+        n += 1_000;
+    }
+    let local_cpu = (process_cpu() - cpu0) / n as f64;
+    println!(
+        "local token bucket: {:.0} ns CPU per decision",
+        local_cpu * 1e9
+    );
+
+    // Throughput through one connection.
+    let p = TokenBucketParams {
+        capacity: 1_000_000_000,
+        amount: 1,
+        every: SEC,
+        strict: false,
+    };
+    let bucket = Arc::new(SharedTokenBucket::new(
+        &store,
+        store.names("bench", "tb", Variant::Base),
+        p,
+        1_000,
+        0,
+    ));
+    println!("\nshared token bucket, one connection:");
+    println!(
+        "{:>8} {:>12} {:>10} {:>10} {:>14} {:>14} {:>9}",
+        "callers", "decisions/s", "p50 µs", "p99 µs", "tollgate CPU", "redis CPU", "fallback"
+    );
+    for callers in [1usize, 16, 64] {
+        let done = Arc::new(AtomicU64::new(0));
+        let fallback_before = metrics.fallback.get();
+        let (cpu0, redis_cpu0) = (process_cpu(), redis.cpu_seconds());
+        let started = Instant::now();
+        let latencies = rt.block_on(async {
+            let tasks: Vec<_> = (0..callers)
+                .map(|c| {
+                    let (bucket, done) = (Arc::clone(&bucket), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        let mut lat = Vec::with_capacity(100_000);
+                        let mut key = c as u64 * 1_000_003;
+                        while started.elapsed() < len {
+                            key = key.wrapping_add(1);
+                            let t = Instant::now();
+                            let v = bucket.acquire(key % 10_000, 1, 0).await;
+                            lat.push(t.elapsed());
+                            std::hint::black_box(v);
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        lat
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            all
+        });
+        let elapsed = started.elapsed().as_secs_f64();
+        let n = done.load(Ordering::Relaxed) as f64;
+        let cpu = (process_cpu() - cpu0) / n;
+        let redis_cpu = (redis.cpu_seconds() - redis_cpu0) / n;
+        let mut lat = latencies;
+        lat.sort();
+        println!(
+            "{:>8} {:>12.0} {:>10.1} {:>10.1} {:>11.2} µs {:>11.2} µs {:>9}",
+            callers,
+            n / elapsed,
+            us(percentile(&lat, 0.5)),
+            us(percentile(&lat, 0.99)),
+            cpu * 1e6,
+            redis_cpu * 1e6,
+            metrics.fallback.get() - fallback_before,
+        );
+    }
+    println!("(tollgate CPU: this whole process per decision, callers + the store's thread; local decision: {:.2} µs)", local_cpu * 1e6);
+
+    // Latency per kind, one caller (a round trip each).
+    let rate = SharedRate::new(
+        &store,
+        store.names("bench", "rate", Variant::Base),
+        RateParams {
+            max: 1_000_000_000,
+            per: SEC,
+            strict: false,
+        },
+        100_000,
+        0,
+    );
+    let inflight = SharedInflight::new(
+        &store,
+        store.names("bench", "conc", Variant::Base),
+        1_000_000,
+        SketchSize::DEFAULT,
+    );
+    println!("\nadded latency per decision, one caller (p50 / p99 µs):");
+    rt.block_on(async {
+        let mut lat = Vec::new();
+        let started = Instant::now();
+        let mut key = 0u64;
+        while started.elapsed() < len / 2 {
+            key += 1;
+            let t = Instant::now();
+            std::hint::black_box(rate.acquire(key % 10_000, 1, 0).await);
+            lat.push(t.elapsed());
+        }
+        lat.sort();
+        println!(
+            "  rate           {:>8.1} / {:>8.1}",
+            us(percentile(&lat, 0.5)),
+            us(percentile(&lat, 0.99))
+        );
+        let mut lat = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < len / 2 {
+            key += 1;
+            let t = Instant::now();
+            let o = inflight.acquire(key % 10_000).await;
+            lat.push(t.elapsed());
+            assert_eq!(o.source, Source::Store);
+            drop(o);
+        }
+        lat.sort();
+        println!(
+            "  inflight       {:>8.1} / {:>8.1}  (acquire; the release is sent in the background)",
+            us(percentile(&lat, 0.5)),
+            us(percentile(&lat, 0.99))
+        );
+    });
+
+    // The deny cache under a flood from one key, on a store of its own (the inflight
+    // limiter's renewals must not count as the flood's store calls).
+    drop((rate, inflight));
+    let flood_metrics = StoreMetrics::unregistered("flood").unwrap();
+    let flood_store = RedisStore::new(
+        RedisStoreConfig {
+            timeout: Duration::from_millis(100),
+            ..RedisStoreConfig::new("flood", Endpoint::Standalone(redis.url()))
+        },
+        flood_metrics.clone(),
+    )
+    .unwrap();
+    assert!(rt.block_on(flood_store.wait_up(Duration::from_secs(5))));
+    let (store, metrics) = (flood_store, flood_metrics);
+    println!("\ndeny cache, a flood from one key (capacity 10, refill 1 per second):");
+    for cache in [0usize, 4_096] {
+        let p = TokenBucketParams {
+            capacity: 10,
+            amount: 1,
+            every: SEC,
+            strict: false,
+        };
+        let names = store.names(
+            "bench",
+            if cache == 0 { "flood_off" } else { "flood_on" },
+            Variant::Base,
+        );
+        let l = SharedTokenBucket::new(&store, names, p, 1_000, cache);
+        let sent_before = metrics.ok.get() + metrics.timeout.get() + metrics.error.get();
+        let (n, admitted) = rt.block_on(async {
+            let started = Instant::now();
+            let (mut n, mut admitted) = (0u64, 0u64);
+            while started.elapsed() < len / 2 {
+                let v = l.acquire(1, 1, clock.now()).await;
+                n += 1;
+                admitted += u64::from(v.verdict.allowed);
+            }
+            (n, admitted)
+        });
+        let sent = metrics.ok.get() + metrics.timeout.get() + metrics.error.get() - sent_before;
+        println!(
+            "  cache {:>5}: {n:>7} requests, {admitted:>3} admitted, {sent:>7} store calls ({:.2}% of requests; {} answered locally)",
+            if cache == 0 { "off" } else { "on" },
+            100.0 * sent as f64 / n as f64,
+            l.deny_cache_hits(),
+        );
+    }
+    println!(
+        "\nflood store: {} ok, {} timeout, {} error, {} breaker_open, {} fallback",
+        metrics.ok.get(),
+        metrics.timeout.get(),
+        metrics.error.get(),
+        metrics.breaker_open.get(),
+        metrics.fallback.get()
+    );
+}

@@ -1,0 +1,428 @@
+//! Names of limit state in a shared store: a stable hash of the key parts, and readable
+//! Redis key names that keep every key of one limit key in one Redis Cluster slot.
+//!
+//! **Why another hash.** [`KeySpec::hash`] uses `ahash`, whose output depends on the CPU
+//! (AES instructions or not) and on the crate's version: fine inside one process, wrong
+//! for state that several processes, machines and builds must find under the same name.
+//! [`stable_key_hash`] is XXH3-64 (a published, frozen algorithm whose output is the same
+//! on every CPU: SIMD only changes its speed) with the seed [`STABLE_SEED`], over the
+//! canonical bytes below. Test vectors pin it; changing any of it renames every key in
+//! Redis, which loses the shared state once (it starts full / empty again).
+//!
+//! **Canonical bytes (version 1).** For each part of the key, in the spec's order:
+//!
+//! | what | bytes |
+//! |---|---|
+//! | part tag | 1 byte: `client_ip` 1, `customer` 2, `host` 3, `server_ip` 4, `server_addr` 5, `origin` 6, `method` 7, `path` 8, `header:NAME` 9, `const:TEXT` 10 |
+//! | header name (`header:` only) | length as u32 little-endian, then the lower-case name |
+//! | the request's value, bytes | `B` (0x42), length as u64 little-endian, the bytes as received |
+//! | the request's value, IPv4 (or IPv4-mapped IPv6) | `4` (0x34), the 4 octets |
+//! | the request's value, IPv6 | `6` (0x36), the 16 octets |
+//! | the request's value, address | `A` (0x41), the IP as above, the port as u16 little-endian |
+//!
+//! Every variable-length field is length-prefixed, so the encoding is prefix-free: two
+//! different requests never produce the same bytes, whatever bytes a client sends
+//! (quotes, braces, newlines, NULs). Hostile bytes only ever reach Redis through this
+//! hash, never in a key name.
+//!
+//! **Key names.** `PREFIX ORIGIN ":" LIMIT ":" VARIANT ":{" HASH "}:" KIND`, for example
+//! `tollgate:shop:api_tokens:b:{9f86d081884c7d65}:tb`, where VARIANT is `b` for the limit's
+//! base parameters or `oN` for its override number N (0-based, config order), HASH the
+//! 16 lower-case hex digits of the stable hash and KIND the state's type (`tb` token
+//! bucket, `rate`, `ic`/`il` inflight counts and leases). The braces are a Redis Cluster
+//! hash tag: the slot depends only on the hash, so the keys of one limit key share a slot
+//! and one script can touch them all. `{`, `}` and `%` in the prefix, origin or limit
+//! names are written `%7B`, `%7D` and `%25`, so a name can never open a hash tag of its own.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::limits::key::{Fact, Facts, KeyPart, KeySpec};
+
+/// The seed of [`stable_key_hash`]: "tollgate" in ASCII, read big-endian. Fixed forever.
+pub const STABLE_SEED: u64 = 0x746f_6c6c_6761_7465;
+
+/// Hashes the request's key for `spec` with the stable, documented hash (module doc), or
+/// `None` when the request lacks a part (the limit then does not apply).
+///
+/// No allocation: the XXH3 streaming state lives on the stack.
+pub fn stable_key_hash<F: Facts + ?Sized>(spec: &KeySpec, facts: &F) -> Option<u64> {
+    let mut hasher = Xxh3::with_seed(STABLE_SEED);
+    for part in spec.parts() {
+        hasher.update(&[part_tag(part)]);
+        if let KeyPart::Header(name) = part {
+            hasher.update(&(name.len() as u32).to_le_bytes());
+            hasher.update(name.as_bytes());
+        }
+        match facts.fact(part)? {
+            Fact::Bytes(bytes) => {
+                hasher.update(b"B");
+                hasher.update(&(bytes.len() as u64).to_le_bytes());
+                hasher.update(bytes);
+            }
+            Fact::Ip(ip) => write_ip(&mut hasher, ip),
+            Fact::Addr(addr) => {
+                hasher.update(b"A");
+                write_ip(&mut hasher, addr.ip());
+                hasher.update(&addr.port().to_le_bytes());
+            }
+        }
+    }
+    Some(hasher.digest())
+}
+
+/// The documented tag of a part (module doc). Not [`KeyPart`]'s own private tag: this one
+/// is interface, frozen with the hash.
+fn part_tag(part: &KeyPart) -> u8 {
+    match part {
+        KeyPart::ClientIp => 1,
+        KeyPart::Customer => 2,
+        KeyPart::Host => 3,
+        KeyPart::ServerIp => 4,
+        KeyPart::ServerAddr => 5,
+        KeyPart::Origin => 6,
+        KeyPart::Method => 7,
+        KeyPart::Path => 8,
+        KeyPart::Header(_) => 9,
+        KeyPart::Const(_) => 10,
+    }
+}
+
+fn write_ip(hasher: &mut Xxh3, ip: IpAddr) {
+    // An IPv4-mapped IPv6 address is the same client as its IPv4 form.
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            hasher.update(b"4");
+            hasher.update(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            hasher.update(b"6");
+            hasher.update(&v6.octets());
+        }
+    }
+}
+
+/// Which parameters of a limit a key's state belongs to: an override that matches gets its
+/// own state, never shared with the traffic that did not match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The limit's own parameters.
+    Base,
+    /// Override number N of the limit (0-based, config order).
+    Override(usize),
+}
+
+/// The kind of state a key holds, the last segment of its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// A token bucket: hash `{t: tokens, l: last refill µs}`.
+    TokenBucket,
+    /// A sliding-window rate: hash `{p: period, c: current count, q: previous count}`.
+    Rate,
+    /// Inflight counts per instance: hash `{instance: count}`.
+    InflightCounts,
+    /// Inflight leases per instance: sorted set `{instance: lease end µs}`.
+    InflightLeases,
+}
+
+impl StateKind {
+    /// The name suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            StateKind::TokenBucket => "tb",
+            StateKind::Rate => "rate",
+            StateKind::InflightCounts => "ic",
+            StateKind::InflightLeases => "il",
+        }
+    }
+}
+
+/// The fixed part of the key names of one limit variant: `PREFIX ORIGIN:LIMIT:VARIANT:`,
+/// escaped once at construction, so a decision only appends the hash and kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyNames {
+    base: Box<str>,
+}
+
+impl KeyNames {
+    /// The names of `origin`'s `limit`, `variant`, under `prefix` (default `tollgate:`).
+    pub fn new(prefix: &str, origin: &str, limit: &str, variant: Variant) -> Self {
+        let mut base = String::with_capacity(prefix.len() + origin.len() + limit.len() + 8);
+        escape_into(&mut base, prefix);
+        escape_into(&mut base, origin);
+        base.push(':');
+        escape_into(&mut base, limit);
+        base.push(':');
+        match variant {
+            Variant::Base => base.push('b'),
+            Variant::Override(n) => {
+                let _ = write!(base, "o{n}");
+            }
+        }
+        base.push(':');
+        Self { base: base.into() }
+    }
+
+    /// Names outside the origin/limit scheme (the limiter API's ad-hoc buckets, tests):
+    /// `PREFIX SCOPE:`, escaped like the others.
+    pub fn scoped(prefix: &str, scope: &str) -> Self {
+        let mut base = String::with_capacity(prefix.len() + scope.len() + 1);
+        escape_into(&mut base, prefix);
+        escape_into(&mut base, scope);
+        base.push(':');
+        Self { base: base.into() }
+    }
+
+    /// The full name of `kind` state for the key hashed to `hash`.
+    pub fn key(&self, hash: u64, kind: StateKind) -> String {
+        let mut name = String::with_capacity(self.base.len() + 24);
+        name.push_str(&self.base);
+        let _ = write!(name, "{{{hash:016x}}}:{}", kind.suffix());
+        name
+    }
+
+    /// The fixed part, for logs and tests.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+}
+
+/// Appends `text` with `%`, `{` and `}` percent-encoded.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The Redis Cluster slot of a key name (CRC16/XMODEM of its hash tag, mod 16384), for
+/// tests and for checking that a limit key's names share one slot.
+pub fn cluster_slot(name: &[u8]) -> u16 {
+    let tagged = name
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &name[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(name);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    /// Facts from a list: every part maps to a fixed fact.
+    struct List(Vec<(KeyPart, Owned)>);
+
+    enum Owned {
+        Bytes(Vec<u8>),
+        Ip(IpAddr),
+        Addr(SocketAddr),
+    }
+
+    impl Facts for List {
+        fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
+            let (_, v) = self.0.iter().find(|(p, _)| p == part)?;
+            Some(match v {
+                Owned::Bytes(b) => Fact::Bytes(b),
+                Owned::Ip(ip) => Fact::Ip(*ip),
+                Owned::Addr(a) => Fact::Addr(*a),
+            })
+        }
+    }
+
+    fn bytes(part: KeyPart, v: &[u8]) -> (KeyPart, Owned) {
+        (part, Owned::Bytes(v.to_vec()))
+    }
+
+    /// Test vectors: the hash is interface (state in Redis is found by it), so these never
+    /// change. They were cross-checked with an independent XXH3 implementation (Python's
+    /// `xxhash` package) over the canonical bytes written out by hand in `canonical_bytes`.
+    #[test]
+    fn test_vectors_pin_the_stable_hash() {
+        let customer = KeySpec::new(vec![KeyPart::Customer]);
+        let f = List(vec![bytes(KeyPart::Customer, b"acme")]);
+        assert_eq!(stable_key_hash(&customer, &f), Some(0x5589_901a_6036_e910));
+
+        let ip = KeySpec::new(vec![KeyPart::ClientIp]);
+        let v4 = List(vec![(
+            KeyPart::ClientIp,
+            Owned::Ip("10.1.2.3".parse().unwrap()),
+        )]);
+        assert_eq!(stable_key_hash(&ip, &v4), Some(0x5c26_acd1_f3e1_aa6d));
+
+        let header = KeySpec::new(vec![
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::ServerAddr,
+        ]);
+        let f = List(vec![
+            bytes(KeyPart::Header("x-api-key".into()), b"k\0{}\n"),
+            (
+                KeyPart::ServerAddr,
+                Owned::Addr("[2001:db8::1]:8080".parse().unwrap()),
+            ),
+        ]);
+        assert_eq!(stable_key_hash(&header, &f), Some(0x209f_2174_513f_c46a));
+
+        // The empty key (no parts): XXH3-64 of no bytes with the seed.
+        assert_eq!(
+            stable_key_hash(&KeySpec::new(vec![]), &List(vec![])),
+            Some(0x5502_398c_d68b_329b)
+        );
+    }
+
+    /// The canonical bytes of the vectors above, written out literally: the documentation of
+    /// the encoding, checked against the streaming implementation.
+    #[test]
+    fn canonical_bytes() {
+        let h = |b: &[u8]| xxhash_rust::xxh3::xxh3_64_with_seed(b, STABLE_SEED);
+        let customer = KeySpec::new(vec![KeyPart::Customer]);
+        let f = List(vec![bytes(KeyPart::Customer, b"acme")]);
+        let mut want = vec![2u8, b'B'];
+        want.extend_from_slice(&4u64.to_le_bytes());
+        want.extend_from_slice(b"acme");
+        assert_eq!(stable_key_hash(&customer, &f), Some(h(&want)));
+
+        let ip = KeySpec::new(vec![KeyPart::ClientIp]);
+        let mapped = List(vec![(
+            KeyPart::ClientIp,
+            Owned::Ip("::ffff:10.1.2.3".parse().unwrap()),
+        )]);
+        assert_eq!(
+            stable_key_hash(&ip, &mapped),
+            Some(h(&[1, b'4', 10, 1, 2, 3]))
+        );
+
+        let spec = KeySpec::new(vec![
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::ServerAddr,
+        ]);
+        let f = List(vec![
+            bytes(KeyPart::Header("x-api-key".into()), b"k\0{}\n"),
+            (
+                KeyPart::ServerAddr,
+                Owned::Addr("[2001:db8::1]:8080".parse().unwrap()),
+            ),
+        ]);
+        let mut want = vec![9u8];
+        want.extend_from_slice(&9u32.to_le_bytes());
+        want.extend_from_slice(b"x-api-key");
+        want.push(b'B');
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(b"k\0{}\n");
+        want.extend_from_slice(&[5, b'A', b'6']);
+        want.extend_from_slice(
+            &"2001:db8::1"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        want.extend_from_slice(&8080u16.to_le_bytes());
+        assert_eq!(stable_key_hash(&spec, &f), Some(h(&want)));
+    }
+
+    #[test]
+    fn boundaries_parts_and_missing_parts() {
+        let spec = KeySpec::new(vec![KeyPart::Customer, KeyPart::Host]);
+        let a = List(vec![
+            bytes(KeyPart::Customer, b"ab"),
+            bytes(KeyPart::Host, b"c"),
+        ]);
+        let b = List(vec![
+            bytes(KeyPart::Customer, b"a"),
+            bytes(KeyPart::Host, b"bc"),
+        ]);
+        assert_ne!(stable_key_hash(&spec, &a), stable_key_hash(&spec, &b));
+        let swapped = KeySpec::new(vec![KeyPart::Host, KeyPart::Customer]);
+        let c = List(vec![
+            bytes(KeyPart::Customer, b"c"),
+            bytes(KeyPart::Host, b"ab"),
+        ]);
+        assert_ne!(stable_key_hash(&spec, &a), stable_key_hash(&swapped, &c));
+        // Two headers with the same value differ by name.
+        let h1 = KeySpec::new(vec![KeyPart::Header("a".into())]);
+        let h2 = KeySpec::new(vec![KeyPart::Header("b".into())]);
+        let f = List(vec![
+            bytes(KeyPart::Header("a".into()), b"v"),
+            bytes(KeyPart::Header("b".into()), b"v"),
+        ]);
+        assert_ne!(stable_key_hash(&h1, &f), stable_key_hash(&h2, &f));
+        let missing = KeySpec::new(vec![KeyPart::Customer, KeyPart::Path]);
+        assert_eq!(stable_key_hash(&missing, &a), None);
+    }
+
+    #[test]
+    fn names_are_readable_escaped_and_share_one_slot() {
+        let names = KeyNames::new("tollgate:", "shop", "api_tokens", Variant::Base);
+        assert_eq!(
+            names.key(0x9f86_d081_884c_7d65, StateKind::TokenBucket),
+            "tollgate:shop:api_tokens:b:{9f86d081884c7d65}:tb"
+        );
+        let o = KeyNames::new("tg:", "shop", "conc", Variant::Override(2));
+        let counts = o.key(7, StateKind::InflightCounts);
+        let leases = o.key(7, StateKind::InflightLeases);
+        assert_eq!(counts, "tg:shop:conc:o2:{0000000000000007}:ic");
+        assert_eq!(
+            cluster_slot(counts.as_bytes()),
+            cluster_slot(leases.as_bytes())
+        );
+        assert_eq!(
+            cluster_slot(counts.as_bytes()),
+            cluster_slot(b"0000000000000007")
+        );
+        // Hostile names cannot open a hash tag of their own.
+        let evil = KeyNames::new("p{x}:", "o}{", "l%", Variant::Base);
+        let name = evil.key(1, StateKind::Rate);
+        assert_eq!(name, "p%7Bx%7D:o%7D%7B:l%25:b:{0000000000000001}:rate");
+        assert_eq!(
+            cluster_slot(name.as_bytes()),
+            cluster_slot(b"0000000000000001")
+        );
+        assert_eq!(
+            KeyNames::scoped("tollgate:", "rl").key(1, StateKind::TokenBucket),
+            "tollgate:rl:{0000000000000001}:tb"
+        );
+    }
+
+    #[test]
+    fn cluster_slot_matches_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(cluster_slot(b"123456789"), 12739);
+        assert_eq!(cluster_slot(b"somekey"), 11058);
+        assert_eq!(cluster_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
+        // An empty tag does not count: the whole name is hashed.
+        assert_eq!(
+            cluster_slot(b"foo{}{bar}"),
+            crc16_xmodem(b"foo{}{bar}") % 16384
+        );
+    }
+}

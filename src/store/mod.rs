@@ -1,0 +1,70 @@
+//! Where limit state lives when it is shared by a fleet of proxies: Redis (or Valkey),
+//! standalone or Cluster, with fail-open.
+//!
+//! - [`redis`]: the store itself: one pipelined connection on its own runtime thread, a
+//!   budget per call, a breaker with a background probe, one Lua script per decision.
+//! - [`shared`]: the limiters the runtime calls, one per kind ([`SharedTokenBucket`],
+//!   [`SharedRate`], [`SharedInflight`]): each asks the store and, when the store cannot
+//!   answer in time, decides with its fallback; each says where its answer came from
+//!   ([`Source`]).
+//! - [`deny_cache`]: rejections remembered locally until their `retry_after`, so that a
+//!   flood from one key does not become a flood of store calls.
+//! - [`key`]: the stable hash of key parts and the readable key names in Redis.
+//! - [`breaker`]: the circuit breaker.
+//!
+//! The semantics are exactly the in-process limiters' (`crate::limits`): the scripts are
+//! the same algorithms over state in Redis, and a shared test table checks both against
+//! the same cases. How the pieces fit is described in `docs/architecture.md`.
+
+pub mod breaker;
+pub mod deny_cache;
+pub mod key;
+pub mod redis;
+pub mod shared;
+
+pub use self::redis::{default_instance, Endpoint, Fallback, Micros, RedisStore, RedisStoreConfig};
+pub use deny_cache::DenyCache;
+pub use key::{stable_key_hash, KeyNames, StateKind, Variant};
+pub use shared::{
+    InflightOutcome, SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket,
+    SharedVerdict, Source,
+};
+
+/// Why a store call did not produce an answer. Only construction errors (`BadUrl`,
+/// `Runtime`) reach the config; the others make the caller fall back.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store's URL does not parse.
+    #[error("store `{store}`: bad Redis URL `{url}`: {reason}")]
+    BadUrl {
+        /// The store's name.
+        store: String,
+        /// The URL as written.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store's runtime thread could not start.
+    #[error("store `{store}`: cannot start its runtime: {reason}")]
+    Runtime {
+        /// The store's name.
+        store: String,
+        /// The system's reason.
+        reason: String,
+    },
+    /// No answer within the budget.
+    #[error("no answer within the budget")]
+    Timeout,
+    /// The breaker is open: the call was not sent.
+    #[error("breaker open")]
+    BreakerOpen,
+    /// Redis answered an error, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// A reply of an unexpected shape (a script from another version?).
+    #[error("unexpected reply: {0}")]
+    Reply(String),
+    /// A probe step that did not finish in time.
+    #[error("{0} timed out")]
+    Probe(&'static str),
+}

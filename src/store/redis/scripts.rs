@@ -1,0 +1,173 @@
+//! The Lua scripts of the Redis store, one file each under `scripts/`, compiled into the
+//! binary. Each decision is one script run atomically by Redis; the store calls them by
+//! `EVALSHA` and falls back to `EVAL` (which also caches the script) when Redis answers
+//! `NOSCRIPT` (it restarted, or a failover reached a node that never saw the script). The
+//! breaker's probe `SCRIPT LOAD`s them all after every (re)connection.
+
+use redis::Value;
+
+use crate::store::StoreError;
+
+/// One script: its source and its SHA1, the name `EVALSHA` calls it by.
+#[derive(Debug)]
+pub struct LuaScript {
+    /// The file name, for logs.
+    pub name: &'static str,
+    /// The Lua source.
+    pub body: &'static str,
+    /// Lower-case hex SHA1 of `body`.
+    pub sha: String,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, body: &'static str) -> Self {
+        Self {
+            name,
+            body,
+            sha: redis::Script::new(body).get_hash().to_string(),
+        }
+    }
+}
+
+/// Every script the store runs.
+#[derive(Debug)]
+pub struct Scripts {
+    /// Token bucket acquire.
+    pub token_bucket: LuaScript,
+    /// Token bucket read (`RL.GET`).
+    pub token_bucket_get: LuaScript,
+    /// Token bucket refund.
+    pub token_bucket_refund: LuaScript,
+    /// Sliding-window rate acquire.
+    pub rate: LuaScript,
+    /// Sliding-window rate refund.
+    pub rate_refund: LuaScript,
+    /// Inflight acquire.
+    pub inflight_acquire: LuaScript,
+    /// Inflight release.
+    pub inflight_release: LuaScript,
+    /// Inflight lease renewal and repair.
+    pub inflight_renew: LuaScript,
+    /// Inflight fleet total (read only).
+    pub inflight_total: LuaScript,
+    /// The breaker's probe: a write and TIME.
+    pub probe: LuaScript,
+}
+
+impl Scripts {
+    /// Loads the sources and hashes them.
+    pub fn new() -> Self {
+        Self {
+            token_bucket: LuaScript::new(
+                "token_bucket.lua",
+                include_str!("scripts/token_bucket.lua"),
+            ),
+            token_bucket_get: LuaScript::new(
+                "token_bucket_get.lua",
+                include_str!("scripts/token_bucket_get.lua"),
+            ),
+            token_bucket_refund: LuaScript::new(
+                "token_bucket_refund.lua",
+                include_str!("scripts/token_bucket_refund.lua"),
+            ),
+            rate: LuaScript::new("rate.lua", include_str!("scripts/rate.lua")),
+            rate_refund: LuaScript::new("rate_refund.lua", include_str!("scripts/rate_refund.lua")),
+            inflight_acquire: LuaScript::new(
+                "inflight_acquire.lua",
+                include_str!("scripts/inflight_acquire.lua"),
+            ),
+            inflight_release: LuaScript::new(
+                "inflight_release.lua",
+                include_str!("scripts/inflight_release.lua"),
+            ),
+            inflight_renew: LuaScript::new(
+                "inflight_renew.lua",
+                include_str!("scripts/inflight_renew.lua"),
+            ),
+            inflight_total: LuaScript::new(
+                "inflight_total.lua",
+                include_str!("scripts/inflight_total.lua"),
+            ),
+            probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
+        }
+    }
+
+    /// Every script, for `SCRIPT LOAD`.
+    pub fn all(&self) -> [&LuaScript; 10] {
+        [
+            &self.token_bucket,
+            &self.token_bucket_get,
+            &self.token_bucket_refund,
+            &self.rate,
+            &self.rate_refund,
+            &self.inflight_acquire,
+            &self.inflight_release,
+            &self.inflight_renew,
+            &self.inflight_total,
+            &self.probe,
+        ]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An integer reply.
+pub fn int(value: &Value) -> Result<i64, StoreError> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(StoreError::Reply(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+/// An array reply of exactly `N` integers.
+pub fn ints<const N: usize>(value: &Value) -> Result<[i64; N], StoreError> {
+    let Value::Array(items) = value else {
+        return Err(StoreError::Reply(format!(
+            "expected an array, got {value:?}"
+        )));
+    };
+    if items.len() != N {
+        return Err(StoreError::Reply(format!(
+            "expected {N} integers, got {value:?}"
+        )));
+    }
+    let mut out = [0i64; N];
+    for (slot, item) in out.iter_mut().zip(items) {
+        *slot = int(item)?;
+    }
+    Ok(out)
+}
+
+/// A non-negative integer reply as `u64` (negative values, which the scripts never
+/// return, read as 0).
+pub fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_hash_to_sha1_and_decode_replies() {
+        let s = Scripts::new();
+        let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
+        assert_eq!(shas.len(), 10, "distinct scripts");
+        assert!(s.all().iter().all(|s| s.sha.len() == 40));
+        assert_eq!(
+            redis::Script::new("return 1").get_hash(),
+            "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+        );
+        let v = Value::Array(vec![Value::Int(1), Value::Int(-2)]);
+        assert_eq!(ints::<2>(&v).unwrap(), [1, -2]);
+        assert!(ints::<3>(&v).is_err());
+        assert!(int(&Value::Nil).is_err());
+        assert_eq!((count(-2), count(7)), (0, 7));
+    }
+}

@@ -1,0 +1,16 @@
+-- tollgate: inflight, read only: the fleet's units in flight, counting only instances
+-- whose lease has not ended.
+--
+-- KEYS[1]  counts: hash {instance = units it holds}
+-- KEYS[2]  leases: sorted set {instance = end of its lease, µs}
+--
+-- Returns the total. Writes nothing.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%.0f', now), '+inf')
+local total = 0
+for i = 1, #live do
+  total = total + (tonumber(redis.call('HGET', KEYS[1], live[i])) or 0)
+end
+return total

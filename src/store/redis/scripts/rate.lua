@@ -1,0 +1,157 @@
+-- tollgate: sliding-window rate, acquire (one atomic decision), exact per key.
+--
+-- KEYS[1]  the window: hash {p = current period, c = its count, q = the previous period's}
+-- ARGV     max, per (ticks), tick (µs), cost, strict (0|1), [at]
+--
+-- Time is read in microseconds (Redis TIME, or `at` for a replay) and counted in ticks of
+-- `tick` µs (1, 10, 100 or 1000: the caller picks the smallest with per <= 2^27 ticks).
+-- Period p covers ticks [p*per, (p+1)*per); e ticks of it have elapsed. The estimate is
+-- prev * (1 - e/per) + curr, and a request is admitted iff estimate + cost <= max, i.e.
+--
+--     prev * (per - e) <= (max - curr - cost) * per
+--
+-- decided with integers only. Why they stay exact in doubles (integers below 2^53): the
+-- caller bounds max <= 2^25 and per <= 2^27 ticks, so the right side is at most 2^52; the
+-- left side is never multiplied out: since per - e is an integer, the test is
+-- per - e <= floor(right / prev), an exact floor division of two integers below 2^52
+-- (fdiv). Counts saturate at 2^52. remaining multiplies prev * (per - e) only once it is
+-- known to be <= (max - curr) * per <= 2^52. Rejected requests do not count unless strict.
+-- retry_after is exact to the tick: admitted at now + retry_after, rejected a tick before.
+--
+-- The key expires when the estimate reaches 0 (the end of the next period if curr > 0,
+-- of this one if only prev > 0); an empty window is deleted.
+--
+-- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs}.
+
+local max = tonumber(ARGV[1])
+local per = tonumber(ARGV[2])
+local tick = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local strict = ARGV[5] == '1'
+local replay = ARGV[6] ~= nil
+local now
+if replay then
+  now = tonumber(ARGV[6])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(a, b)
+  return fdiv(a + b - 1, b)
+end
+
+local function str(x)
+  return string.format('%.0f', x)
+end
+
+local CAP = 4503599627370496 -- 2^52
+
+local t = fdiv(now, tick)
+local period = fdiv(t, per)
+local e = t - period * per
+local prev, curr = 0, 0
+local state = redis.call('HMGET', KEYS[1], 'p', 'c', 'q')
+if state[1] then
+  local sp = tonumber(state[1])
+  local sc = tonumber(state[2]) or 0
+  local sq = tonumber(state[3]) or 0
+  if sp == period then
+    curr, prev = sc, sq
+  elseif sp == period - 1 then
+    prev = sc
+  elseif sp > period then
+    -- The stored period is ahead of this clock (a replay going back, or another node's
+    -- clock): count at the start of the stored period, as the in-process limiter does.
+    period, e, curr, prev = sp, 0, sc, sq
+  end
+end
+-- The tick the answer is relative to (later than t when the stored period was ahead).
+local at = period * per + e
+
+local function fits(c, k)
+  if c + k > max then
+    return false
+  end
+  if prev == 0 then
+    return true
+  end
+  return per - e <= fdiv((max - c - k) * per, prev)
+end
+
+local allowed = 0
+if fits(curr, cost) then
+  curr = curr + cost
+  allowed = 1
+elseif strict then
+  curr = math.min(curr + cost, CAP)
+end
+
+local remaining = 0
+if curr <= max then
+  local room = (max - curr) * per
+  if prev == 0 then
+    remaining = max - curr
+  elseif per - e <= fdiv(room, prev) then
+    remaining = fdiv(room - prev * (per - e), per)
+  end
+end
+
+-- A duration of d ticks from `at`, in µs from now.
+local function micros(d)
+  return (at + d) * tick - now
+end
+
+local reset = 0
+if curr > 0 then
+  reset = micros(per - e + per)
+elseif prev > 0 then
+  reset = micros(per - e)
+end
+
+local retry = 0
+if allowed == 0 then
+  if cost > max then
+    -- It can never pass; one window is a hint.
+    retry = per * tick
+  else
+    local wait
+    if curr + cost <= max then
+      local budget = (max - curr - cost) * per
+      local q = math.min(fdiv(budget, math.max(prev, 1)), per)
+      wait = math.max(per - q - e, 0)
+    else
+      -- curr > max - cost >= 0, so floor(budget / curr) < per.
+      local budget = (max - cost) * per
+      wait = (per - e) + (per - fdiv(budget, curr))
+    end
+    retry = micros(math.max(wait, 1))
+  end
+end
+
+if curr == 0 and prev == 0 then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'p', str(period), 'c', str(curr), 'q', str(prev))
+  local ends = period + 1
+  if curr > 0 then
+    ends = period + 2
+  end
+  local ttl = cdiv(math.max(ends * per * tick - now, 1), 1000)
+  if replay then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', KEYS[1], str(ttl))
+end
+
+return {allowed, remaining, reset, retry}

@@ -1,0 +1,142 @@
+-- tollgate: token bucket, acquire (one atomic decision).
+--
+-- KEYS[1]  the bucket: hash {t = tokens, l = instant of the last refill}
+-- ARGV     capacity, amount, every, cost, strict (0|1), [at]
+--
+-- Units: time in microseconds from Redis TIME (one clock for the fleet), or `at` when the
+-- caller replays; counts in tokens. Every number stays an integer below 2^52, so Lua's
+-- doubles are exact (the caller clamps the parameters; TIME in µs is below 2^52 until 2112).
+--
+-- Semantics (the same as the in-process limiter): n = floor((now - last) / every) refills
+-- are due; tokens = min(capacity, tokens + n * amount), last += n * every, last = now once
+-- full. Admitted iff tokens >= cost, then tokens -= cost; `strict` also sets last = now on
+-- a rejection. A full bucket equals an absent one: it is deleted, and otherwise the key
+-- expires when it would be full again.
+--
+-- Returns {allowed (0|1), remaining tokens, reset_after µs, retry_after µs}.
+
+local capacity = tonumber(ARGV[1])
+local amount = tonumber(ARGV[2])
+local every = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local strict = ARGV[5] == '1'
+local now
+local replay = ARGV[6] ~= nil
+if replay then
+  now = tonumber(ARGV[6])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- floor(a / b) for integers 0 <= a, 1 <= b, a + b < 2^53: the double quotient is rounded,
+-- so the floor may be one off near an integer; one exact product corrects it.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(a, b)
+  return fdiv(a + b - 1, b)
+end
+
+local function str(x)
+  return string.format('%.0f', x)
+end
+
+local LIMIT = 4503599627370496 -- 2^52: durations saturate here
+
+local tokens, last
+local state = redis.call('HMGET', KEYS[1], 't', 'l')
+if state[1] and state[2] then
+  tokens = tonumber(state[1])
+  last = tonumber(state[2])
+  if now - last >= every then
+    local due = fdiv(now - last, every)
+    if tokens >= capacity or due >= cdiv(capacity - tokens, amount) then
+      tokens = capacity
+      last = now
+    else
+      tokens = tokens + due * amount
+      last = last + due * every
+    end
+  end
+  if tokens >= capacity then
+    -- Stored with a larger capacity (the limit was changed): full.
+    tokens = capacity
+    last = now
+  end
+else
+  tokens = capacity
+  last = now
+end
+
+local allowed = 0
+if tokens >= cost then
+  tokens = tokens - cost
+  allowed = 1
+elseif strict then
+  last = now
+end
+
+-- Microseconds from now until the refill that brings the bucket to `want` tokens.
+local function wait_for(want)
+  if want <= tokens then
+    return 0
+  end
+  local refills = cdiv(want - tokens, amount)
+  if refills >= LIMIT / every then
+    return LIMIT
+  end
+  local elapsed = now - last
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  local wait = refills * every - elapsed
+  if wait < 0 then
+    wait = 0
+  end
+  return wait
+end
+
+local reset = wait_for(capacity)
+local retry = 0
+if allowed == 0 then
+  if cost > capacity then
+    -- It can never pass; the time to fill an empty bucket is a hint.
+    local full = cdiv(capacity, amount)
+    if full >= LIMIT / every then
+      retry = LIMIT
+    else
+      retry = full * every
+    end
+  else
+    retry = wait_for(cost)
+  end
+  if retry < 1 then
+    retry = 1
+  end
+end
+
+if tokens >= capacity then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
+  -- Expire when full again, in whole milliseconds rounded up; a replay (`at`) keeps a
+  -- minute of slack, since its clock need not run with Redis's.
+  local ttl = cdiv(reset, 1000)
+  if replay then
+    ttl = ttl + 60000
+  end
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('PEXPIRE', KEYS[1], str(ttl))
+end
+
+return {allowed, tokens, reset, retry}

@@ -1,0 +1,647 @@
+//! The shared limiters: one per kind, each owning its store's fallback, so that the
+//! runtime calls one async method and gets a decision and where it came from.
+//!
+//! A decision goes, in order, to:
+//! 1. the local deny cache (token bucket and rate, not `strict`): a key the store rejected
+//!    is rejected here until its `retry_after`, without a store call ([`Source::DenyCache`]);
+//! 2. the store, within its budget ([`Source::Store`]);
+//! 3. the fallback, when the store missed its budget, answered an error or its breaker is
+//!    open ([`Source::Fallback`], counted in `tollgate_store_fallback_decisions_total`):
+//!    `local` decides with an in-process limiter of the same kind at this instance's share
+//!    of the limit, `allow` admits, `deny` rejects (retry after one probe interval).
+//!
+//! **Local share.** With `n = instances`: a rate's and an inflight limit's `max` become
+//! `⌈max / n⌉`; a bucket's capacity `⌈capacity / n⌉` and its refill `⌈amount / n⌉` tokens
+//! every `every · n · ⌈amount / n⌉ / amount`, so the fleet's refill rate is kept exactly
+//! while refills stay whole tokens (1 token a second across 3 instances becomes 1 token
+//! every 3 s each). The local state is separate from Redis's: when the store comes back,
+//! decisions continue from Redis's state, and local state is left to age out.
+//!
+//! **Refunds** (the no-burn rule) go back where the admission came from: to the store in
+//! the background (never waited for), or to the local fallback. A store refund that cannot
+//! be delivered (the breaker opened meanwhile, or it timed out) is dropped: those tokens
+//! stay spent until they refill, the price of never waiting on Redis.
+//!
+//! **Strict limits** skip the deny cache: in strict mode every rejection moves the state
+//! (a bucket's refill clock, a window's count), so every one must reach the store.
+//!
+//! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
+//! admitted them: the store or the fallback). A background task on the store's runtime
+//! renews this instance's lease every `lease / 3` for every key it holds, writing that
+//! local count to Redis: Redis is repaired from the local truth at each renewal (units
+//! admitted by the fallback, releases lost while Redis was away). A guard's drop gives
+//! the unit back locally at once and sends the release in the background (only for units
+//! the store admitted, and only while the store is up): it never waits for Redis and never
+//! fails. A key whose units all went back with releases that landed costs no renewal; one
+//! that Redis may disagree about is written at the next renewal. Between renewals Redis
+//! can be off by the operations racing one (a release or acquire landing just after a
+//! renewal read the local count): at most one renewal interval.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::limits::clock::{nanos, Nanos};
+use crate::limits::inflight::{InflightGuard, InflightLimiter};
+use crate::limits::rate::{RateLimiter, RateParams};
+use crate::limits::sketch::SketchSize;
+use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
+use crate::limits::verdict::Verdict;
+use crate::store::deny_cache::DenyCache;
+use crate::store::key::KeyNames;
+use crate::store::redis::{Fallback, Micros, RedisStore};
+
+/// Where a shared decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The store decided.
+    Store,
+    /// The store could not answer in time (or its breaker is open): the fallback decided.
+    Fallback,
+    /// A rejection remembered from the store, answered locally.
+    DenyCache,
+}
+
+/// A decision and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedVerdict {
+    /// The decision.
+    pub verdict: Verdict,
+    /// Who made it; pass it back to `refund`.
+    pub source: Source,
+}
+
+/// The default size of a shared limiter's deny cache, in keys (41 bytes each).
+pub const DEFAULT_DENY_CACHE_KEYS: usize = 4096;
+
+/// `⌈v / n⌉`, this instance's share of `v` across `n` instances.
+fn share(v: u64, n: u32) -> u64 {
+    v.div_ceil(u64::from(n.max(1)))
+}
+
+/// A bucket's local share (module doc): capacity and refill divided by `n`, rounded up,
+/// the refill interval stretched so that the refill rate is exactly `1/n` of the fleet's.
+pub fn local_bucket_share(p: TokenBucketParams, n: u32) -> TokenBucketParams {
+    let n = n.max(1);
+    let amount = p.amount.max(1);
+    let local_amount = share(amount, n);
+    let every =
+        u128::from(p.every.max(1)) * u128::from(n) * u128::from(local_amount) / u128::from(amount);
+    TokenBucketParams {
+        capacity: share(p.capacity, n),
+        amount: local_amount,
+        every: u64::try_from(every).unwrap_or(u64::MAX).max(1),
+        strict: p.strict,
+    }
+}
+
+/// The fallback `deny` verdict: retry after one probe interval.
+fn denied(store: &RedisStore) -> Verdict {
+    Verdict::reject(0, 0, nanos(store.config().probe_every).max(1))
+}
+
+/// A token bucket whose state is shared through a store.
+pub struct SharedTokenBucket {
+    store: RedisStore,
+    names: Arc<KeyNames>,
+    params: TokenBucketParams,
+    local: TokenBucket,
+    deny: Option<DenyCache>,
+}
+
+impl SharedTokenBucket {
+    /// A bucket of `params` in `store`, under `names`; the local fallback holds at most
+    /// `max_keys` keys (as the in-process limiter would), the deny cache `deny_cache_keys`
+    /// (0: none; strict buckets have none).
+    pub fn new(
+        store: &RedisStore,
+        names: KeyNames,
+        params: TokenBucketParams,
+        max_keys: usize,
+        deny_cache_keys: usize,
+    ) -> Self {
+        let local_keys = match store.config().fallback {
+            Fallback::Local => max_keys,
+            Fallback::Allow | Fallback::Deny => 0,
+        };
+        Self {
+            store: store.clone(),
+            names: Arc::new(names),
+            params,
+            local: TokenBucket::new(
+                local_bucket_share(params, store.config().instances),
+                local_keys,
+            ),
+            deny: (deny_cache_keys > 0 && !params.strict).then(|| DenyCache::new(deny_cache_keys)),
+        }
+    }
+
+    /// Decides a request of `cost` tokens for the key hashed to `key` (the stable hash), at
+    /// Redis's time. `now` is the local clock, for the deny cache and the fallback.
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> SharedVerdict {
+        self.acquire_at(key, cost, now, None).await
+    }
+
+    /// [`SharedTokenBucket::acquire`] at a time the caller supplies (a replay), in Redis's
+    /// clock.
+    pub async fn acquire_at(
+        &self,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> SharedVerdict {
+        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, cost, now)) {
+            return SharedVerdict {
+                verdict,
+                source: Source::DenyCache,
+            };
+        }
+        match self
+            .store
+            .token_bucket(&self.names, key, &self.params, cost, at)
+            .await
+        {
+            Ok(verdict) => {
+                if let Some(deny) = &self.deny {
+                    deny.insert(key, cost, &verdict, now);
+                }
+                SharedVerdict {
+                    verdict,
+                    source: Source::Store,
+                }
+            }
+            Err(_) => {
+                self.store.metrics().fallback.inc();
+                let verdict = match self.store.config().fallback {
+                    Fallback::Local => self.local.acquire(key, cost, now),
+                    Fallback::Allow => Verdict::allow(self.params.capacity, 0),
+                    Fallback::Deny => denied(&self.store),
+                };
+                SharedVerdict {
+                    verdict,
+                    source: Source::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Gives back `cost` tokens of an admission that came from `from` (a later limit
+    /// rejected the request). A store refund is sent in the background: this never waits.
+    pub fn refund(&self, key: u64, cost: u64, from: Source, now: Nanos) {
+        match from {
+            Source::Store => {
+                let (store, names, params) =
+                    (self.store.clone(), Arc::clone(&self.names), self.params);
+                self.store.handle().spawn(async move {
+                    let _ = store
+                        .token_bucket_refund(&names, key, &params, cost, None)
+                        .await;
+                });
+            }
+            Source::Fallback => self.local.refund(key, cost, now),
+            Source::DenyCache => {}
+        }
+    }
+
+    /// The tokens the key's bucket holds, taking nothing, and where the answer came from.
+    pub async fn tokens(&self, key: u64, now: Nanos, at: Option<Micros>) -> (u64, Source) {
+        match self
+            .store
+            .token_bucket_get(&self.names, key, &self.params, at)
+            .await
+        {
+            Ok((tokens, _)) => (tokens, Source::Store),
+            Err(_) => (self.local.tokens(key, now), Source::Fallback),
+        }
+    }
+
+    /// The parameters (the fleet's, not the local share).
+    pub fn params(&self) -> TokenBucketParams {
+        self.params
+    }
+
+    /// Store calls the deny cache saved.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny.as_ref().map_or(0, DenyCache::hits)
+    }
+}
+
+/// A sliding-window rate whose counts are shared through a store (exact per key there).
+pub struct SharedRate {
+    store: RedisStore,
+    names: Arc<KeyNames>,
+    params: RateParams,
+    local_max: u64,
+    local: RateLimiter,
+    deny: Option<DenyCache>,
+}
+
+impl SharedRate {
+    /// A rate of `params` in `store`, under `names`; the local fallback's table holds
+    /// `max_keys` keys, the deny cache `deny_cache_keys` (0: none; strict rates have none).
+    pub fn new(
+        store: &RedisStore,
+        names: KeyNames,
+        params: RateParams,
+        max_keys: usize,
+        deny_cache_keys: usize,
+    ) -> Self {
+        let local_max = share(params.max, store.config().instances);
+        let max_keys = match store.config().fallback {
+            Fallback::Local => max_keys,
+            Fallback::Allow | Fallback::Deny => 1,
+        };
+        Self {
+            store: store.clone(),
+            names: Arc::new(names),
+            params,
+            local_max,
+            local: RateLimiter::new(params.per, max_keys),
+            deny: (deny_cache_keys > 0 && !params.strict).then(|| DenyCache::new(deny_cache_keys)),
+        }
+    }
+
+    /// Decides one event of weight `cost` for the key hashed to `key`, at Redis's time.
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> SharedVerdict {
+        self.acquire_at(key, cost, now, None).await
+    }
+
+    /// [`SharedRate::acquire`] at a time the caller supplies, in Redis's clock.
+    pub async fn acquire_at(
+        &self,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> SharedVerdict {
+        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, cost, now)) {
+            return SharedVerdict {
+                verdict,
+                source: Source::DenyCache,
+            };
+        }
+        match self
+            .store
+            .rate(&self.names, key, &self.params, cost, at)
+            .await
+        {
+            Ok(verdict) => {
+                if let Some(deny) = &self.deny {
+                    deny.insert(key, cost, &verdict, now);
+                }
+                SharedVerdict {
+                    verdict,
+                    source: Source::Store,
+                }
+            }
+            Err(_) => {
+                self.store.metrics().fallback.inc();
+                let verdict = match self.store.config().fallback {
+                    Fallback::Local => {
+                        self.local
+                            .acquire(key, self.local_max, cost, self.params.strict, now)
+                    }
+                    Fallback::Allow => Verdict::allow(self.params.max, 0),
+                    Fallback::Deny => denied(&self.store),
+                };
+                SharedVerdict {
+                    verdict,
+                    source: Source::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Takes back an admission that came from `from`; a store refund is sent in the
+    /// background.
+    pub fn refund(&self, key: u64, cost: u64, from: Source, now: Nanos) {
+        match from {
+            Source::Store => {
+                let (store, names, params) =
+                    (self.store.clone(), Arc::clone(&self.names), self.params);
+                self.store.handle().spawn(async move {
+                    let _ = store.rate_refund(&names, key, &params, cost, None).await;
+                });
+            }
+            Source::Fallback => self.local.refund(key, cost, now),
+            Source::DenyCache => {}
+        }
+    }
+
+    /// The parameters (the fleet's).
+    pub fn params(&self) -> RateParams {
+        self.params
+    }
+
+    /// Store calls the deny cache saved.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny.as_ref().map_or(0, DenyCache::hits)
+    }
+}
+
+/// An inflight limit counted across the fleet, per instance with a lease (module doc).
+pub struct SharedInflight {
+    shared: Arc<InflightShared>,
+}
+
+struct InflightShared {
+    store: RedisStore,
+    names: KeyNames,
+    max: u64,
+    local_max: u64,
+    local: InflightLimiter,
+    held: Held,
+}
+
+/// The outcome of a shared inflight acquire.
+pub struct InflightOutcome {
+    /// The guard holding the unit, or the estimate that was over `max`.
+    pub result: Result<SharedInflightGuard, u64>,
+    /// Who decided.
+    pub source: Source,
+}
+
+/// Holds one unit of a key's fleet-wide inflight count. Dropping it gives the unit back
+/// locally at once and to the store in the background (module doc).
+pub struct SharedInflightGuard {
+    shared: Arc<InflightShared>,
+    key: u64,
+    source: Source,
+    /// The fallback's unit, when the local limiter admitted it.
+    _local: Option<InflightGuard>,
+}
+
+impl SharedInflight {
+    /// An inflight limit of `max` units per key across the fleet, in `store`, under
+    /// `names`; the local fallback uses a sketch of `sketch`. Starts the renewal task on
+    /// the store's runtime (it ends when this limiter and its last guard are gone).
+    pub fn new(store: &RedisStore, names: KeyNames, max: u64, sketch: SketchSize) -> Self {
+        let sketch = match store.config().fallback {
+            Fallback::Local => sketch,
+            Fallback::Allow | Fallback::Deny => SketchSize {
+                hashes: 1,
+                slots: 1,
+            },
+        };
+        let shared = Arc::new(InflightShared {
+            store: store.clone(),
+            names,
+            max,
+            local_max: share(max, store.config().instances),
+            local: InflightLimiter::new(sketch),
+            held: Held::new(),
+        });
+        let every = (store.config().lease / 3).max(Duration::from_millis(1));
+        store
+            .handle()
+            .spawn(renew_loop(Arc::downgrade(&shared), every));
+        Self { shared }
+    }
+
+    /// Takes one unit for the key hashed to `key` if the fleet's total stays within `max`
+    /// (the fallback's share while the store cannot answer).
+    pub async fn acquire(&self, key: u64) -> InflightOutcome {
+        let s = &self.shared;
+        let guard = |source, local| {
+            s.held.add(key, source != Source::Store);
+            SharedInflightGuard {
+                shared: Arc::clone(s),
+                key,
+                source,
+                _local: local,
+            }
+        };
+        match s.store.inflight_acquire(&s.names, key, s.max).await {
+            Ok(Ok(_)) => InflightOutcome {
+                result: Ok(guard(Source::Store, None)),
+                source: Source::Store,
+            },
+            Ok(Err(estimate)) => InflightOutcome {
+                result: Err(estimate),
+                source: Source::Store,
+            },
+            Err(_) => {
+                s.store.metrics().fallback.inc();
+                let result = match s.store.config().fallback {
+                    Fallback::Local => s
+                        .local
+                        .acquire(key, s.local_max)
+                        .map(|(g, _)| guard(Source::Fallback, Some(g))),
+                    Fallback::Allow => Ok(guard(Source::Fallback, None)),
+                    Fallback::Deny => Err(s.max.saturating_add(1)),
+                };
+                InflightOutcome {
+                    result,
+                    source: Source::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Units this instance holds for the key, whoever admitted them.
+    pub fn held(&self, key: u64) -> u64 {
+        self.shared.held.get(key)
+    }
+
+    /// The fleet's limit.
+    pub fn max(&self) -> u64 {
+        self.shared.max
+    }
+}
+
+impl SharedInflightGuard {
+    /// The key whose unit this guard holds.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Who admitted the unit.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+}
+
+impl Drop for SharedInflightGuard {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        let send = self.source == Source::Store && s.store.is_up();
+        s.held.sub(self.key, !send);
+        if send {
+            let (shared, key) = (Arc::clone(s), self.key);
+            s.store.handle().spawn(async move {
+                if shared
+                    .store
+                    .inflight_release(&shared.names, key)
+                    .await
+                    .is_err()
+                {
+                    shared.held.mark_dirty(key);
+                }
+            });
+        }
+    }
+}
+
+/// Renews this instance's leases every `every` while the limiter or a guard lives.
+async fn renew_loop(shared: Weak<InflightShared>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        if !s.store.is_up() {
+            continue;
+        }
+        // Concurrent calls on the multiplexed connection: one pipelined burst.
+        let mut calls = tokio::task::JoinSet::new();
+        for (key, count) in s.held.to_renew() {
+            let s = Arc::clone(&s);
+            calls.spawn(async move {
+                if s.store.inflight_renew(&s.names, key, count).await.is_ok() {
+                    s.held.renewed(key, count);
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
+    }
+}
+
+/// Units this instance holds per key: 16 shards of maps behind their own locks, so that
+/// concurrent requests rarely share a lock.
+///
+/// An entry is `dirty` when Redis may disagree with it: a unit the fallback admitted, or a
+/// release that was not sent or failed. A renewal writes every held or dirty key and
+/// cleans it; a key back to 0 units and clean (its releases all landed) is forgotten at
+/// the next renewal without a store call, so keys that come and go cost nothing extra.
+struct Held {
+    shards: Box<[Mutex<HashMap<u64, Units, ahash::RandomState>>]>,
+}
+
+/// One key's units and whether Redis may disagree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Units {
+    count: u64,
+    dirty: bool,
+}
+
+impl Held {
+    fn new() -> Self {
+        Self {
+            shards: (0..16)
+                .map(|_| Mutex::new(HashMap::with_hasher(ahash::RandomState::new())))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, Units, ahash::RandomState>> {
+        &self.shards[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize]
+    }
+
+    /// One more unit; `dirty` when Redis did not count it.
+    fn add(&self, key: u64, dirty: bool) {
+        let mut shard = self.shard(key).lock();
+        let units = shard.entry(key).or_default();
+        units.count += 1;
+        units.dirty |= dirty;
+    }
+
+    /// One unit fewer; `dirty` when Redis will not hear of it.
+    fn sub(&self, key: u64, dirty: bool) {
+        let mut shard = self.shard(key).lock();
+        let units = shard.entry(key).or_default();
+        units.count = units.count.saturating_sub(1);
+        units.dirty |= dirty;
+    }
+
+    /// Redis may disagree about `key` (a release that failed).
+    fn mark_dirty(&self, key: u64) {
+        self.shard(key).lock().entry(key).or_default().dirty = true;
+    }
+
+    fn get(&self, key: u64) -> u64 {
+        self.shard(key).lock().get(&key).map_or(0, |u| u.count)
+    }
+
+    /// The keys to renew (held or dirty) with their counts; forgets clean zeros.
+    fn to_renew(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            shard.retain(|_, u| u.count > 0 || u.dirty);
+            out.extend(shard.iter().map(|(&k, u)| (k, u.count)));
+        }
+        out
+    }
+
+    /// A renewal wrote `count` for `key`: clean if it still holds that count.
+    fn renewed(&self, key: u64, count: u64) {
+        let mut shard = self.shard(key).lock();
+        if let Some(units) = shard.get_mut(&key) {
+            if units.count == count {
+                units.dirty = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Nanos = 1_000_000_000;
+
+    #[test]
+    fn local_share_keeps_the_fleet_rate() {
+        let p = |capacity, amount, every| TokenBucketParams {
+            capacity,
+            amount,
+            every,
+            strict: false,
+        };
+        assert_eq!(local_bucket_share(p(60, 1, SEC), 1), p(60, 1, SEC));
+        assert_eq!(local_bucket_share(p(60, 1, SEC), 3), p(20, 1, 3 * SEC));
+        assert_eq!(local_bucket_share(p(60, 60, SEC), 3), p(20, 20, SEC));
+        // 10 every second over 3: 4 every 1.2 s, 3.33 a second each.
+        assert_eq!(
+            local_bucket_share(p(10, 10, SEC), 3),
+            p(4, 4, 1_200_000_000)
+        );
+        assert_eq!(local_bucket_share(p(1, 1, SEC), 5), p(1, 1, 5 * SEC));
+        assert_eq!(local_bucket_share(p(0, 0, 0), 0), p(0, 1, 1));
+        assert_eq!((share(100, 3), share(0, 3), share(7, 0)), (34, 0, 7));
+    }
+
+    #[test]
+    fn held_counts_exactly_and_renews_only_what_redis_may_not_know() {
+        let h = Held::new();
+        h.add(1, false);
+        h.add(1, false);
+        h.add(2, true);
+        h.sub(1, false);
+        h.sub(3, false);
+        assert_eq!((h.get(1), h.get(2), h.get(3)), (1, 1, 0));
+        let sorted = |mut v: Vec<(u64, u64)>| {
+            v.sort();
+            v
+        };
+        // Held keys are renewed; a clean zero (key 3) is forgotten without a call.
+        assert_eq!(sorted(h.to_renew()), [(1, 1), (2, 1)]);
+        h.renewed(2, 1);
+        h.sub(1, false);
+        h.sub(2, true);
+        // Key 1's release landed: forgotten. Key 2's did not: renewed with 0, then clean.
+        assert_eq!(h.to_renew(), [(2, 0)]);
+        h.renewed(2, 0);
+        assert_eq!(h.to_renew(), []);
+        // A failed release makes a key dirty again, even after it was forgotten.
+        h.mark_dirty(5);
+        assert_eq!(h.to_renew(), [(5, 0)]);
+        // A renewal that raced a change leaves the key dirty.
+        h.add(6, true);
+        h.renewed(6, 0);
+        assert_eq!(sorted(h.to_renew()), [(5, 0), (6, 1)]);
+    }
+}
