@@ -15,7 +15,9 @@ use std::collections::HashMap;
 
 use crate::config::model::{Limit, LimitParams};
 use crate::config::report::{At, Pos, Report};
-use crate::limits::{RateLimiter, SketchSize, TokenBucket};
+use crate::limits::{
+    ConcurrencyLimiter, RateLimiter, SketchSize, SlidingLog, TieredLimiter, TokenBucket,
+};
 
 /// Origins in one config. Each has its own metrics series.
 pub(crate) const MAX_ORIGINS: usize = 10_000;
@@ -54,12 +56,21 @@ pub(crate) fn too_many(what: &str, count: usize, max: usize) -> String {
 }
 
 /// The memory one variant (the base or one override) of `params` holds: a sketch for
-/// inflight, the window table for rate, the bucket table for a token bucket.
+/// inflight, the table of every other kind (its worst case: sliding logs and tier logs
+/// count every key's full log, though only touched pages take memory).
 pub(crate) fn variant_bytes(params: &LimitParams) -> u128 {
     let bytes = match params {
         LimitParams::Inflight { sketch, .. } => sketch.clamped().bytes(),
         LimitParams::Rate { max_keys, .. } => RateLimiter::table_bytes(*max_keys),
         LimitParams::TokenBucket { max_keys, .. } => TokenBucket::table_bytes(*max_keys),
+        LimitParams::Concurrency { max_keys, .. } => ConcurrencyLimiter::table_bytes(*max_keys),
+        LimitParams::SlidingLog {
+            windows, max_keys, ..
+        } => SlidingLog::memory_bytes(windows, *max_keys).unwrap_or(usize::MAX),
+        LimitParams::Tiered { tiered, max_keys } => {
+            let per_key = TieredLimiter::bytes_per_key(tiered);
+            usize::try_from(per_key.saturating_mul(*max_keys as u64)).unwrap_or(usize::MAX)
+        }
     };
     bytes as u128
 }

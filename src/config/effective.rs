@@ -11,7 +11,9 @@ use std::time::Duration;
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::config::model::{Config, Cost, HeadersMode, Limit, LimitParams, Mode, Origin, Server};
+use crate::config::model::{
+    Config, Cost, Group, HeadersMode, Limit, LimitParams, Members, Mode, Origin, Server,
+};
 use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
 
 /// The effective config as YAML text.
@@ -21,6 +23,12 @@ pub fn to_yaml(config: &Config) -> Result<String, serde_yaml::Error> {
 
 /// A map whose entries keep their order (origins and limits run in config order).
 struct Ordered<T>(Vec<(String, T)>);
+
+impl<T> Ordered<T> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 impl<T: Serialize> Serialize for Ordered<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -44,6 +52,8 @@ fn span(d: Duration) -> String {
 struct EffConfig {
     server: EffServer,
     api: EffApi,
+    #[serde(skip_serializing_if = "Ordered::is_empty")]
+    segments: Ordered<EffSegment>,
     origins: Ordered<EffOrigin>,
 }
 
@@ -55,6 +65,18 @@ impl EffConfig {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
             },
+            segments: Ordered(
+                c.segments
+                    .iter()
+                    .map(|s| {
+                        let seg = EffSegment {
+                            file: s.file.display().to_string(),
+                            of: s.of.to_string(),
+                        };
+                        (s.name.clone(), seg)
+                    })
+                    .collect(),
+            ),
             origins: Ordered(
                 c.origins
                     .iter()
@@ -63,6 +85,14 @@ impl EffConfig {
             ),
         }
     }
+}
+
+/// A segment's file is printed as resolved (relative to the directory `check` ran in when
+/// the config named it relatively).
+#[derive(Serialize)]
+struct EffSegment {
+    file: String,
+    of: String,
 }
 
 #[derive(Serialize)]
@@ -204,6 +234,7 @@ fn matcher(m: &Matcher) -> (String, String) {
         MatchValue::Net(net) if net.prefix_len() == net.max_prefix_len() => net.addr().to_string(),
         MatchValue::Net(net) => net.to_string(),
         MatchValue::Addr(addr) => addr.to_string(),
+        MatchValue::Segment(name) => return ("segment".to_string(), name.clone()),
     };
     (m.part.to_string(), value)
 }
@@ -237,7 +268,67 @@ struct EffParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     sketch: Option<EffSketch>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    windows: Option<Vec<EffWindow>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tiers: Option<Vec<EffTier>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hard_limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global_limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    groups: Option<Vec<EffGroup>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_keys: Option<usize>,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffWindow {
+    max: u64,
+    per: String,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffTier {
+    limit: u64,
+    window: String,
+    active: String,
+    cooldown: String,
+    skippable: bool,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffGroup {
+    name: String,
+    members: Ordered<EffMembers>,
+    max: u64,
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+#[serde(untagged)]
+enum EffMembers {
+    Values(Vec<String>),
+    Segment(String),
+}
+
+impl<T: PartialEq> PartialEq for Ordered<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl<T: Clone> Clone for Ordered<T> {
+    fn clone(&self) -> Self {
+        Ordered(self.0.clone())
+    }
+}
+
+fn eff_cost(cost: &Cost) -> EffCost {
+    match cost {
+        Cost::Fixed(c) => EffCost::Fixed(*c),
+        Cost::Header(name) => EffCost::Header(format!("header:{name}")),
+    }
 }
 
 #[derive(Serialize, Clone, PartialEq)]
@@ -293,11 +384,57 @@ impl EffParams {
                     amount: bucket.amount,
                     every: duration(bucket.every),
                 }),
-                cost: Some(match cost {
-                    Cost::Fixed(c) => EffCost::Fixed(*c),
-                    Cost::Header(name) => EffCost::Header(format!("header:{name}")),
-                }),
+                cost: Some(eff_cost(cost)),
                 strict: Some(bucket.strict),
+                max_keys: Some(*max_keys),
+                ..Self::default()
+            },
+            LimitParams::Tiered { tiered, max_keys } => Self {
+                tiers: Some(
+                    tiered
+                        .tiers
+                        .iter()
+                        .map(|t| EffTier {
+                            limit: t.limit,
+                            window: duration(t.window),
+                            active: duration(t.active),
+                            cooldown: duration(t.cooldown),
+                            skippable: t.skippable,
+                        })
+                        .collect(),
+                ),
+                hard_limit: tiered.hard_limit,
+                global_limit: tiered.global_limit,
+                max_keys: Some(*max_keys),
+                ..Self::default()
+            },
+            LimitParams::Concurrency {
+                max,
+                global,
+                groups,
+                max_keys,
+            } => Self {
+                max: Some(*max),
+                global: *global,
+                groups: Some(groups.iter().map(eff_group).collect()),
+                max_keys: Some(*max_keys),
+                ..Self::default()
+            },
+            LimitParams::SlidingLog {
+                windows,
+                cost,
+                max_keys,
+            } => Self {
+                windows: Some(
+                    windows
+                        .iter()
+                        .map(|w| EffWindow {
+                            max: w.max,
+                            per: duration(w.per),
+                        })
+                        .collect(),
+                ),
+                cost: Some(eff_cost(cost)),
                 max_keys: Some(*max_keys),
                 ..Self::default()
             },
@@ -317,9 +454,35 @@ impl EffParams {
             refill: keep(self.refill, &base.refill),
             cost: keep(self.cost, &base.cost),
             strict: keep(self.strict, &base.strict),
+            windows: keep(self.windows, &base.windows),
+            tiers: keep(self.tiers, &base.tiers),
+            hard_limit: keep(self.hard_limit, &base.hard_limit),
+            global_limit: None,
+            global: None,
+            groups: None,
             sketch: None,
             max_keys: None,
         }
+    }
+}
+
+fn eff_group(g: &Group) -> EffGroup {
+    let (key, members) = match &g.members {
+        Members::Values { part, values } => (
+            part.to_string(),
+            EffMembers::Values(
+                values
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect(),
+            ),
+        ),
+        Members::Segment { name, .. } => ("segment".to_string(), EffMembers::Segment(name.clone())),
+    };
+    EffGroup {
+        name: g.name.clone(),
+        members: Ordered(vec![(key, members)]),
+        max: g.max,
     }
 }
 

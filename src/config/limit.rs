@@ -11,7 +11,7 @@ use crate::config::overrides;
 use crate::config::params;
 use crate::config::report::{child, item, located, At, Report};
 use crate::config::scalar;
-use crate::config::spec::{limit_keys, LimitSpec, Setting};
+use crate::config::spec::{limit_keys, GroupSpec, LimitSpec, Setting};
 use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 use crate::limits::KeyPart;
@@ -96,6 +96,7 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
                 .map(located(v.pos, path));
         }
         "overrides" => spec.overrides = overrides::parse_list(r, v, path),
+        "groups" => spec.groups = groups(r, v, path).map(located(v.pos, path)),
         other => {
             params::param(r, other, e.key_pos, v, path, false, &mut spec.params);
         }
@@ -126,4 +127,97 @@ fn key(r: &mut Report, node: &Node, path: &str) -> Option<At<Vec<At<KeyPart>>>> 
         }
     }
     Some(At::new(parts, node.pos, path))
+}
+
+/// `groups: [{name, members, max}, ...]` of a concurrency limit: at most
+/// [`MAX_GROUPS`](crate::limits::concurrency::MAX_GROUPS), names unique labels.
+fn groups(r: &mut Report, node: &Node, path: &str) -> Option<Vec<GroupSpec>> {
+    let items = scalar::seq(r, node, path)?;
+    let most = crate::limits::concurrency::MAX_GROUPS;
+    if items.len() > most {
+        r.error(
+            node.pos,
+            path,
+            bounds::too_many("groups", items.len(), most),
+        );
+        return None;
+    }
+    let mut out: Vec<GroupSpec> = Vec::with_capacity(items.len());
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        let Some(entries) = scalar::map(r, n, &p) else {
+            continue;
+        };
+        let (mut name, mut max, mut members) = (None, None, None);
+        for e in entries {
+            let sub = child(&p, &e.key);
+            match e.key.as_str() {
+                "name" => {
+                    if let Some(t) = scalar::text(r, &e.value, &sub) {
+                        if !is_label(t) {
+                            r.error(e.value.pos, &sub, label_message("group", t));
+                        } else if out.iter().any(|g| g.name.v == t) {
+                            r.error(e.value.pos, &sub, format!("group `{t}` is listed twice"));
+                        } else {
+                            name = Some(At::new(t.to_string(), e.value.pos, &sub));
+                        }
+                    }
+                }
+                "max" => max = scalar::int(r, &e.value, &sub, 1, u64::MAX),
+                "members" => members = group_members(r, &e.value, &sub),
+                other => r.error(
+                    e.key_pos,
+                    &sub,
+                    suggest::unknown("key", other, &["name", "members", "max"]),
+                ),
+            }
+        }
+        for (field, present) in [
+            ("name", name.is_some()),
+            ("members", members.is_some()),
+            ("max", max.is_some()),
+        ] {
+            if !present && entries.iter().all(|e| e.key != field) {
+                r.error(n.pos, &p, format!("missing required field `{field}`"));
+            }
+        }
+        if let (Some(name), Some(max), Some((values, segment))) = (name, max, members) {
+            out.push(GroupSpec {
+                name,
+                values,
+                segment,
+                max,
+            });
+        }
+    }
+    Some(out)
+}
+
+/// `members: {PART: [VALUES...]}` or `members: {segment: NAME}`.
+type Members = (Option<(KeyPart, Vec<Box<[u8]>>)>, Option<At<String>>);
+
+fn group_members(r: &mut Report, node: &Node, path: &str) -> Option<Members> {
+    let entries = scalar::map(r, node, path)?;
+    let [e] = entries else {
+        r.error(
+            node.pos,
+            path,
+            "`members` needs exactly one of `{customer: [a, b]}` (any key part) or `{segment: NAME}`",
+        );
+        return None;
+    };
+    let sub = child(path, &e.key);
+    if e.key == "segment" {
+        let name = scalar::text(r, &e.value, &sub)?;
+        return Some((None, Some(At::new(name.to_string(), e.value.pos, &sub))));
+    }
+    let part = key_part(r, &e.key, e.key_pos, &sub)?;
+    let items = scalar::seq(r, &e.value, &sub)?;
+    let mut values = Vec::with_capacity(items.len());
+    for (i, n) in items.iter().enumerate() {
+        if let Some(t) = scalar::text(r, n, &item(&sub, i)) {
+            values.push(t.as_bytes().into());
+        }
+    }
+    Some((Some((part, values)), None))
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::config::model::Limit;
+use crate::config::model::{Limit, SegmentSpec};
 use crate::config::report::{At, Pos, Report};
 use crate::config::resolve::{resolve, Resolved};
 use crate::config::spec::LimitSpec;
@@ -20,8 +20,15 @@ pub(crate) struct Defaults {
 }
 
 /// Resolves each default limit on its own, reporting its errors once.
-pub(crate) fn resolve_defaults(r: &mut Report, specs: Vec<LimitSpec>) -> Defaults {
-    let resolved = specs.iter().map(|s| resolve(r, s, false)).collect();
+pub(crate) fn resolve_defaults(
+    r: &mut Report,
+    specs: Vec<LimitSpec>,
+    segments: &[SegmentSpec],
+) -> Defaults {
+    let resolved = specs
+        .iter()
+        .map(|s| resolve(r, s, false, segments))
+        .collect();
     Defaults { specs, resolved }
 }
 
@@ -34,6 +41,7 @@ pub(crate) fn origin_limits(
     r: &mut Report,
     defaults: &Defaults,
     own: &[LimitSpec],
+    segments: &[SegmentSpec],
 ) -> Vec<At<Limit>> {
     // Names are unique within a mapping (the YAML reader refuses repeats).
     let by_name: HashMap<&str, &LimitSpec> = own.iter().map(|o| (o.name.as_str(), o)).collect();
@@ -50,14 +58,14 @@ pub(crate) fn origin_limits(
             Some(mine) => {
                 check_kind(r, default, mine);
                 let merged = default.merged(mine);
-                keep(resolve(r, &merged, true), &merged);
+                keep(resolve(r, &merged, true, segments), &merged);
             }
             None => keep(resolved.clone(), default),
         }
     }
     for mine in own {
         if !default_names.contains(mine.name.as_str()) {
-            keep(resolve(r, mine, false), mine);
+            keep(resolve(r, mine, false, segments), mine);
         }
     }
     out

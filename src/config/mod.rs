@@ -19,6 +19,7 @@ mod params;
 mod report;
 mod resolve;
 mod scalar;
+mod segments;
 mod server;
 mod spec;
 mod suggest;

@@ -10,7 +10,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::limits::{KeyPart, KeySpec, Matcher, RateParams, SketchSize, TokenBucketParams};
+use std::path::PathBuf;
+
+use crate::limits::{
+    KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams, TokenBucketParams,
+};
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,8 +23,23 @@ pub struct Config {
     pub server: Server,
     /// The limiter API's settings.
     pub api: Api,
+    /// Named sets of integer IDs (`segments:`), loaded by the runtime.
+    pub segments: Vec<SegmentSpec>,
     /// Origins in file order.
     pub origins: Vec<Origin>,
+}
+
+/// One `segments.NAME` entry: a roaring-bitmap file of integer IDs and the key part whose
+/// value is looked up in it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SegmentSpec {
+    /// The segment's name, as `match: { segment: NAME }` and group members use it.
+    pub name: String,
+    /// The file, relative paths resolved against the config file's directory.
+    pub file: PathBuf,
+    /// The key part whose value (an unsigned integer) is looked up: a value that is not
+    /// an integer is not a member.
+    pub of: KeyPart,
 }
 
 /// The `api:` section: the limiter API (Redis protocol) for non-HTTP callers.
@@ -191,6 +210,12 @@ pub enum Kind {
     Rate,
     /// Exact per-key token bucket; 429 when empty.
     TokenBucket,
+    /// Charon's burst tiers with hard and global limits; 429.
+    Tiered,
+    /// Exact copies held per key, globally and per group; 503.
+    Concurrency,
+    /// Exact sliding log over several windows (frequency caps); 429.
+    SlidingLog,
 }
 
 impl Kind {
@@ -208,7 +233,10 @@ impl Kind {
     pub fn default_key(self) -> Vec<KeyPart> {
         match self {
             Kind::Inflight => vec![KeyPart::Customer, KeyPart::ServerIp, KeyPart::Host],
-            Kind::Rate | Kind::TokenBucket => vec![KeyPart::ClientIp],
+            Kind::Concurrency => vec![KeyPart::Customer],
+            Kind::Rate | Kind::TokenBucket | Kind::Tiered | Kind::SlidingLog => {
+                vec![KeyPart::ClientIp]
+            }
         }
     }
 
@@ -216,7 +244,7 @@ impl Kind {
     /// (and so is decided once the upstream server is picked, where `server_ip` is known),
     /// rather than deciding once at request time.
     pub fn holds_upstream(self) -> bool {
-        matches!(self, Kind::Inflight)
+        matches!(self, Kind::Inflight | Kind::Concurrency)
     }
 
     /// 503 for capacity kinds (the origin is busy), 429 for quota kinds (the client
@@ -291,6 +319,64 @@ pub enum LimitParams {
         /// Bound on keys holding state (`max_keys`).
         max_keys: usize,
     },
+    /// `kind: tiered`: Charon's burst tiers; 429.
+    Tiered {
+        /// The normalized tiers, `hard_limit` and `global_limit`.
+        tiered: TieredParams,
+        /// Bound on keys holding state (`max_keys`).
+        max_keys: usize,
+    },
+    /// `kind: concurrency`: exact copies per key, globally and per group; 503.
+    Concurrency {
+        /// Copies one key may hold (`max`, the domain limit); 0 (in an override) blocks.
+        max: u64,
+        /// Copies all keys together may hold (`global`).
+        global: Option<u64>,
+        /// Bulkheads: each group's members share its `max`.
+        groups: Vec<Group>,
+        /// Bound on keys holding copies (`max_keys`).
+        max_keys: usize,
+    },
+    /// `kind: sliding_log`: exact frequency caps over one or more windows; 429.
+    SlidingLog {
+        /// `windows: [{max, per}, ...]`.
+        windows: Vec<LogWindow>,
+        /// `cost`.
+        cost: Cost,
+        /// Bound on keys holding a log (`max_keys`).
+        max_keys: usize,
+    },
+}
+
+/// A concurrency group (a bulkhead): its members share `max` copies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Group {
+    /// The group's name: the `group` label of `tollgate_concurrency_in_use`.
+    pub name: String,
+    /// Who belongs to it.
+    pub members: Members,
+    /// Copies the members hold together.
+    pub max: u64,
+}
+
+/// A group's members.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Members {
+    /// Requests whose `part` has one of these exact values (`members: {customer: [a, b]}`).
+    Values {
+        /// The key part compared.
+        part: KeyPart,
+        /// The values, exact bytes.
+        values: Vec<Box<[u8]>>,
+    },
+    /// Requests whose value of the segment's `of` part is in the segment
+    /// (`members: {segment: NAME}`).
+    Segment {
+        /// The segment's key part.
+        part: KeyPart,
+        /// The segment's name.
+        name: String,
+    },
 }
 
 impl LimitParams {
@@ -300,6 +386,9 @@ impl LimitParams {
             LimitParams::Inflight { .. } => Kind::Inflight,
             LimitParams::Rate { .. } => Kind::Rate,
             LimitParams::TokenBucket { .. } => Kind::TokenBucket,
+            LimitParams::Tiered { .. } => Kind::Tiered,
+            LimitParams::Concurrency { .. } => Kind::Concurrency,
+            LimitParams::SlidingLog { .. } => Kind::SlidingLog,
         }
     }
 }

@@ -40,6 +40,7 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
         pos: node.pos,
         path: path.to_string(),
         matchers: Vec::new(),
+        segments: Vec::new(),
         mode: None,
         params: ParamSpec::default(),
         fields: Vec::new(),
@@ -51,7 +52,7 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
         match e.key.as_str() {
             "match" => {
                 has_match = true;
-                spec.matchers = matchers(r, v, &sub);
+                (spec.matchers, spec.segments) = matchers(r, v, &sub);
             }
             "mode" => {
                 if scalar::text(r, v, &sub) == Some("off") {
@@ -92,10 +93,11 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
     Some(spec)
 }
 
-/// `match: {PART: VALUE, ...}`: at least one condition.
-fn matchers(r: &mut Report, node: &Node, path: &str) -> Vec<At<Matcher>> {
+/// `match: {PART: VALUE, ...}`: at least one condition; `segment: NAME` conditions are
+/// returned apart, to be resolved against `segments:`.
+fn matchers(r: &mut Report, node: &Node, path: &str) -> (Vec<At<Matcher>>, Vec<At<String>>) {
     let Some(entries) = scalar::map(r, node, path) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     if entries.is_empty() {
         r.error(
@@ -107,9 +109,23 @@ fn matchers(r: &mut Report, node: &Node, path: &str) -> Vec<At<Matcher>> {
     if entries.len() > bounds::MAX_MATCH {
         let message = bounds::too_many("conditions", entries.len(), bounds::MAX_MATCH);
         r.error(node.pos, path, message);
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
-    entries.iter().filter_map(|e| matcher(r, e, path)).collect()
+    let (segments, parts): (Vec<&Entry>, Vec<&Entry>) =
+        entries.iter().partition(|e| e.key == "segment");
+    let segments = segments
+        .into_iter()
+        .filter_map(|e| {
+            let sub = child(path, &e.key);
+            let name = scalar::text(r, &e.value, &sub)?;
+            Some(At::new(name.to_string(), e.value.pos, &sub))
+        })
+        .collect();
+    let matchers = parts
+        .into_iter()
+        .filter_map(|e| matcher(r, e, path))
+        .collect();
+    (matchers, segments)
 }
 
 fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {

@@ -1,5 +1,6 @@
 //! The parameter fields a limit and its overrides share (`max`, `per`, `strict`,
-//! `capacity`, `refill`, `cost`), read without knowing the kind yet.
+//! `capacity`, `refill`, `cost`, `windows`, `tiers`, `hard_limit`, `global_limit`,
+//! `global`), read without knowing the kind yet.
 //!
 //! Each field has one type whatever the kind, so values are checked here, at once; whether
 //! the field belongs to the limit's kind is decided after merging, in [`super::resolve`].
@@ -8,11 +9,12 @@ use std::time::Duration;
 
 use crate::config::bounds;
 use crate::config::model::Cost;
-use crate::config::report::{child, located, At, Pos, Report};
+use crate::config::report::{child, item, located, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::spec::ParamSpec;
 use crate::config::suggest;
 use crate::config::yaml::{Node, Value};
+use crate::limits::{LogWindow, Tier};
 
 /// `per`: 100 ms to 1 day.
 pub(crate) const PER_RANGE: (Duration, Duration) =
@@ -20,6 +22,15 @@ pub(crate) const PER_RANGE: (Duration, Duration) =
 /// `refill.every`: 1 ms to 1 day.
 pub(crate) const EVERY_RANGE: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(86_400));
+/// A sliding log window's `per`: 1 s to 366 days (a leap year of frequency caps).
+pub(crate) const LOG_PER_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(366 * 86_400));
+/// A tier's `window`, `active` and `cooldown`: up to 366 days (`active`/`cooldown` may be
+/// 0; a zero window is refused by the tiered limiter's own check).
+pub(crate) const TIER_RANGE: (Duration, Duration) =
+    (Duration::ZERO, Duration::from_secs(366 * 86_400));
+/// Windows a sliding log may check at once.
+pub(crate) const MAX_WINDOWS: usize = 8;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -66,6 +77,28 @@ pub(crate) fn param(
             refill(r, node, path, spec);
             "refill"
         }
+        "windows" => {
+            spec.windows = windows(r, node, path, least).map(located(node.pos, path));
+            "windows"
+        }
+        "tiers" => {
+            spec.tiers = tiers(r, node, path).map(located(node.pos, path));
+            "tiers"
+        }
+        "hard_limit" => {
+            spec.hard_limit = scalar::int(r, node, path, 1, crate::limits::tiered::MAX_LIMIT)
+                .map(located(node.pos, path));
+            "hard_limit"
+        }
+        "global_limit" => {
+            let max = crate::limits::tiered::MAX_GLOBAL_LIMIT;
+            spec.global_limit = scalar::int(r, node, path, 1, max).map(located(node.pos, path));
+            "global_limit"
+        }
+        "global" => {
+            spec.global = scalar::int(r, node, path, 1, u64::MAX).map(located(node.pos, path));
+            "global"
+        }
         _ => return None,
     };
     spec.written.push(name);
@@ -105,6 +138,125 @@ fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {
             }
         }
     }
+}
+
+/// `windows: [{max, per}, ...]` of a sliding log: one to [`MAX_WINDOWS`], each `max` at
+/// least `least` (0 in an override: a block) and `per` within [`LOG_PER_RANGE`].
+fn windows(r: &mut Report, node: &Node, path: &str, least: u64) -> Option<Vec<LogWindow>> {
+    let items = scalar::seq(r, node, path)?;
+    if items.is_empty() || items.len() > MAX_WINDOWS {
+        let message = format!(
+            "`windows` needs 1 to {MAX_WINDOWS} windows, found {}",
+            items.len()
+        );
+        r.error(node.pos, path, message);
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        let Some(entries) = scalar::map(r, n, &p) else {
+            ok = false;
+            continue;
+        };
+        let (mut max, mut per) = (None, None);
+        for e in entries {
+            let sub = child(&p, &e.key);
+            match e.key.as_str() {
+                "max" => max = scalar::int(r, &e.value, &sub, least, u64::from(u32::MAX)),
+                "per" => {
+                    let range = LOG_PER_RANGE;
+                    per = scalar::duration(r, &e.value, &sub, range, ("1s", "366d")).map(nanos);
+                }
+                other => r.error(
+                    e.key_pos,
+                    &sub,
+                    suggest::unknown("key", other, &["max", "per"]),
+                ),
+            }
+        }
+        match (max, per) {
+            (Some(max), Some(per)) => out.push(LogWindow { max, per }),
+            _ => {
+                for (name, present) in [("max", max.is_some()), ("per", per.is_some())] {
+                    if !present && entries.iter().all(|e| e.key != name) {
+                        r.error(n.pos, &p, format!("missing required field `{name}`"));
+                    }
+                }
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(out)
+}
+
+/// `tiers: [{limit, window, active, cooldown, skippable}, ...]` of a tiered limit, as
+/// written; the paper's load-time normalization happens when the limit is resolved.
+fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
+    let items = scalar::seq(r, node, path)?;
+    let most = crate::limits::tiered::MAX_TIERS;
+    if items.is_empty() || items.len() > most {
+        let message = format!("`tiers` needs 1 to {most} tiers, found {}", items.len());
+        r.error(node.pos, path, message);
+        return None;
+    }
+    const FIELDS: [&str; 5] = ["limit", "window", "active", "cooldown", "skippable"];
+    let mut out = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        let Some(entries) = scalar::map(r, n, &p) else {
+            ok = false;
+            continue;
+        };
+        let mut tier = Tier {
+            limit: 0,
+            window: 0,
+            active: 0,
+            cooldown: 0,
+            skippable: false,
+        };
+        let mut seen = [false; 3];
+        for e in entries {
+            let sub = child(&p, &e.key);
+            let v = &e.value;
+            let span = |r: &mut Report| {
+                scalar::duration(r, v, &sub, TIER_RANGE, ("0s", "366d")).map(nanos)
+            };
+            match e.key.as_str() {
+                "limit" => {
+                    let max = crate::limits::tiered::MAX_LIMIT;
+                    if let Some(l) = scalar::int(r, v, &sub, 0, max) {
+                        (tier.limit, seen[0]) = (l, true);
+                    }
+                }
+                "window" => {
+                    if let Some(w) = span(r) {
+                        (tier.window, seen[1]) = (w, true);
+                    }
+                }
+                "active" => {
+                    if let Some(a) = span(r) {
+                        (tier.active, seen[2]) = (a, true);
+                    }
+                }
+                "cooldown" => tier.cooldown = span(r).unwrap_or(0),
+                "skippable" => tier.skippable = scalar::boolean(r, v, &sub).unwrap_or(false),
+                other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &FIELDS)),
+            }
+        }
+        for (name, present) in ["limit", "window", "active"].iter().zip(seen) {
+            if !present {
+                ok = false;
+                if entries.iter().all(|e| e.key != *name) {
+                    r.error(n.pos, &p, format!("missing required field `{name}`"));
+                }
+            }
+        }
+        out.push(tier);
+    }
+    ok.then_some(out)
 }
 
 /// `cost`: an integer of at least 1, or `header:NAME` to read it from a request header.

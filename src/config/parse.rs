@@ -16,6 +16,7 @@ use crate::config::model::{Config, Diagnostic, Limit, Origin, Severity};
 use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{At, Pos, Report};
 use crate::config::scalar;
+use crate::config::segments;
 use crate::config::server;
 use crate::config::spec::LimitSpec;
 use crate::config::suggest;
@@ -24,7 +25,7 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-const TOP_KEYS: [&str; 4] = ["server", "api", "defaults", "origins"];
+const TOP_KEYS: [&str; 5] = ["server", "api", "segments", "defaults", "origins"];
 
 /// A valid config and the warnings its normalizations produced.
 #[derive(Debug, Clone)]
@@ -117,7 +118,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Loaded, ConfigError> {
     let config = if syntax_failed {
         None
     } else {
-        build(&mut r, doc.root.as_ref())
+        build(&mut r, doc.root.as_ref(), file)
     };
     let (errors, warnings) = r.finish();
     match config {
@@ -135,7 +136,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Loaded, ConfigError> {
 }
 
 /// Reads the sections of the root mapping into a config.
-fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
+fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     let start = Pos { line: 1, col: 1 };
     let entries = match root.map(|n| (&n.value, n)) {
         Some((Value::Map(entries), _)) => entries,
@@ -170,12 +171,13 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
     }
     let server = server::parse(r, section("server"));
     let api = api::parse(r, section("api"));
+    let segments = segments::parse(r, section("segments"), file);
     let default_specs = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
     let default_count = default_specs.len();
     let defaults_pos = section("defaults").map_or(start, |n| n.pos);
-    let defaults = merge::resolve_defaults(r, default_specs);
+    let defaults = merge::resolve_defaults(r, default_specs, &segments);
     let drafts = match section("origins") {
         Some(node) => origin::parse_origins(r, node),
         None => {
@@ -194,7 +196,7 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
     let merged: Vec<(OriginDraft, Vec<At<Limit>>)> = drafts
         .into_iter()
         .map(|d| {
-            let limits = merge::origin_limits(r, &defaults, &d.limits);
+            let limits = merge::origin_limits(r, &defaults, &d.limits, &segments);
             if limits.len() > bounds::MAX_LIMITS && !too_many_defaults {
                 let message = format!(
                     "origin `{}` runs {} limits (defaults included); at most {} are allowed",
@@ -232,6 +234,7 @@ fn build(r: &mut Report, root: Option<&Node>) -> Option<Config> {
     Some(Config {
         server: server.server,
         api,
+        segments,
         origins,
     })
 }

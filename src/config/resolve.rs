@@ -8,10 +8,16 @@
 use std::time::Duration;
 
 use crate::config::bounds;
-use crate::config::model::{Cost, Kind, Limit, LimitParams, Mode, Override};
+use crate::config::model::{
+    Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec,
+};
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
-use crate::limits::{KeyPart, KeySpec, RateParams, SketchSize, TokenBucketParams};
+use crate::config::suggest;
+use crate::limits::tiered::{self, TieredParams};
+use crate::limits::{
+    KeyPart, KeySpec, MatchValue, Matcher, RateParams, SketchSize, TokenBucketParams,
+};
 
 /// `max_keys` when not given, for rate and token-bucket tables alike.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -38,7 +44,12 @@ pub(crate) enum Resolved {
 
 /// Resolves `spec`. `inherited` is set for an origin's limit laid over a default: then a
 /// missing kind was already reported at the default. `None` when anything was wrong.
-pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Option<Resolved> {
+pub(crate) fn resolve(
+    r: &mut Report,
+    spec: &LimitSpec,
+    inherited: bool,
+    segments: &[SegmentSpec],
+) -> Option<Resolved> {
     let before = r.error_count();
     let Some(kind) = spec.kind.as_ref().map(|k| k.v) else {
         let written = spec.fields.iter().any(|f| f.v == "kind");
@@ -65,14 +76,14 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
         }
         None => kind.default_key(),
     };
-    let params = base_params(r, kind, spec, inherited);
+    let params = base_params(r, kind, spec, inherited, segments);
     let mode = match spec.mode.as_ref().map(|m| m.v) {
         Some(Setting::On(mode)) => mode,
         Some(Setting::Off) | None => Mode::Enforce,
     };
     let mut overrides = Vec::new();
     for o in spec.overrides.iter().flat_map(|list| list.v.iter()) {
-        if let Some(o) = resolve_override(r, kind, spec, o, mode) {
+        if let Some(o) = resolve_override(r, kind, spec, o, mode, segments) {
             overrides.push(o);
         }
     }
@@ -85,7 +96,7 @@ pub(crate) fn resolve(r: &mut Report, spec: &LimitSpec, inherited: bool) -> Opti
             fill_warning(r, bucket, pos, path);
         }
         Some(LimitParams::Inflight { max, sketch }) => saturation_warning(r, spec, *max, *sketch),
-        Some(LimitParams::Rate { .. }) | None => {}
+        _ => {}
     }
     if kind == Kind::Rate {
         ignored_sketch(r, spec);
@@ -146,6 +157,7 @@ fn base_params(
     kind: Kind,
     spec: &LimitSpec,
     inherited: bool,
+    segments: &[SegmentSpec],
 ) -> Option<LimitParams> {
     let p = &spec.params;
     let missing = |name: &str, present: bool| !inherited && !present && !p.wrote(name);
@@ -156,6 +168,9 @@ fn base_params(
             ("capacity", p.capacity.is_some()),
             ("refill", p.refill.is_some()),
         ],
+        Kind::Tiered => &[("tiers", p.tiers.is_some())],
+        Kind::Concurrency => &[("max", p.max.is_some())],
+        Kind::SlidingLog => &[("windows", p.windows.is_some())],
     };
     for &(name, present) in required {
         if missing(name, present) {
@@ -171,11 +186,19 @@ fn base_params(
             }
         }
     }
-    params_of(kind, spec, p)
+    params_of(r, kind, spec, p, segments)
 }
 
-/// Builds a kind's parameters from `p`, or `None` when a required one is absent.
-fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams> {
+/// Builds a kind's parameters from `p`, or `None` when a required one is absent or a value
+/// is unusable (reported here: tiers the limiter refuses, unknown segments). The paper's
+/// normalization of tiers is applied, with its warnings.
+fn params_of(
+    r: &mut Report,
+    kind: Kind,
+    spec: &LimitSpec,
+    p: &ParamSpec,
+    segments: &[SegmentSpec],
+) -> Option<LimitParams> {
     let sketch = SketchSize {
         hashes: spec
             .hashes
@@ -211,7 +234,100 @@ fn params_of(kind: Kind, spec: &LimitSpec, p: &ParamSpec) -> Option<LimitParams>
             cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
             max_keys,
         },
+        Kind::Tiered => {
+            let tiers = p.tiers.as_ref()?;
+            let written = TieredParams {
+                tiers: tiers.v.clone(),
+                hard_limit: p.hard_limit.as_ref().map(|h| h.v),
+                global_limit: p.global_limit.as_ref().map(|g| g.v),
+            };
+            match tiered::normalize(&written) {
+                Ok(normalized) => {
+                    for change in normalized.changes.iter().filter(|c| c.is_warning()) {
+                        r.warn(tiers.pos, &tiers.path, change.to_string());
+                    }
+                    LimitParams::Tiered {
+                        tiered: normalized.params,
+                        max_keys,
+                    }
+                }
+                Err(e) => {
+                    r.error(tiers.pos, &tiers.path, e.to_string());
+                    return None;
+                }
+            }
+        }
+        Kind::Concurrency => LimitParams::Concurrency {
+            max: p.max.as_ref()?.v,
+            global: p.global.as_ref().map(|g| g.v),
+            groups: groups(r, spec, segments)?,
+            max_keys,
+        },
+        Kind::SlidingLog => LimitParams::SlidingLog {
+            windows: p.windows.as_ref()?.v.clone(),
+            cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
+            max_keys,
+        },
     })
+}
+
+/// A concurrency limit's groups, with `members: {segment: NAME}` resolved.
+fn groups(r: &mut Report, spec: &LimitSpec, segments: &[SegmentSpec]) -> Option<Vec<Group>> {
+    let Some(list) = &spec.groups else {
+        return Some(Vec::new());
+    };
+    let mut out = Vec::with_capacity(list.v.len());
+    let mut ok = true;
+    for g in &list.v {
+        let members = match (&g.values, &g.segment) {
+            (Some((part, values)), _) => Members::Values {
+                part: part.clone(),
+                values: values.clone(),
+            },
+            (None, Some(name)) => match segment(r, name, segments) {
+                Some(seg) => Members::Segment {
+                    part: seg.of.clone(),
+                    name: seg.name.clone(),
+                },
+                None => {
+                    ok = false;
+                    continue;
+                }
+            },
+            (None, None) => {
+                ok = false;
+                continue;
+            }
+        };
+        out.push(Group {
+            name: g.name.v.clone(),
+            members,
+            max: g.max,
+        });
+    }
+    ok.then_some(out)
+}
+
+/// The segment `name` refers to, or an error at the reference naming the known ones.
+fn segment<'s>(
+    r: &mut Report,
+    name: &At<String>,
+    segments: &'s [SegmentSpec],
+) -> Option<&'s SegmentSpec> {
+    let found = segments.iter().find(|s| s.name == name.v);
+    if found.is_none() {
+        let known: Vec<&str> = segments.iter().map(|s| s.name.as_str()).collect();
+        let message = if known.is_empty() {
+            format!(
+                "unknown segment `{}`: no `segments:` are configured",
+                name.v
+            )
+        } else {
+            suggest::unknown("segment", &name.v, &known)
+        };
+        r.error(name.pos, &name.path, message);
+    }
+    found
 }
 
 fn resolve_override(
@@ -220,6 +336,7 @@ fn resolve_override(
     spec: &LimitSpec,
     o: &OverrideSpec,
     mode: Mode,
+    segments: &[SegmentSpec],
 ) -> Option<Override> {
     for f in &o.fields {
         if !takes(kind, f.v) {
@@ -229,14 +346,26 @@ fn resolve_override(
     for m in &o.matchers {
         check_part(r, kind, &m.v.part, m.pos, &m.path);
     }
+    let mut matchers: Vec<Matcher> = o.matchers.iter().map(|m| m.v.clone()).collect();
+    for name in &o.segments {
+        let seg = segment(r, name, segments)?;
+        check_part(r, kind, &seg.of, name.pos, &name.path);
+        matchers.push(Matcher {
+            part: seg.of.clone(),
+            value: MatchValue::Segment(seg.name.clone()),
+        });
+    }
     let mut p = spec.params.clone();
     p.apply(&o.params);
-    let params = params_of(kind, spec, &p)?;
-    let (own, raised) = match kind {
-        Kind::Inflight | Kind::Rate => ("max", (&spec.params.max, &o.params.max)),
-        Kind::TokenBucket => ("capacity", (&spec.params.capacity, &o.params.capacity)),
+    let params = params_of(r, kind, spec, &p, segments)?;
+    let raised = match kind {
+        Kind::Inflight | Kind::Rate | Kind::Concurrency => {
+            Some(("max", (&spec.params.max, &o.params.max)))
+        }
+        Kind::TokenBucket => Some(("capacity", (&spec.params.capacity, &o.params.capacity))),
+        Kind::Tiered | Kind::SlidingLog => None,
     };
-    if let (Some(base), Some(new)) = raised {
+    if let Some((own, (Some(base), Some(new)))) = raised {
         raise_warning(r, own, base, new);
     }
     let changes_bucket =
@@ -249,7 +378,7 @@ fn resolve_override(
         .or_else(|| p.cost.as_ref().map(|c| (c.pos, &c.path)));
     cost_fits(r, &params, anchor);
     Some(Override {
-        matchers: o.matchers.iter().map(|m| m.v.clone()).collect(),
+        matchers,
         params,
         mode: o.mode.as_ref().map_or(mode, |m| m.v),
     })

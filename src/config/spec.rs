@@ -12,7 +12,7 @@ use strum::IntoEnumIterator;
 
 use crate::config::model::{Cost, HeadersMode, Kind, Mode};
 use crate::config::report::{At, Pos};
-use crate::limits::{KeyPart, Matcher};
+use crate::limits::{KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
 const COMMON: [&str; 5] = ["kind", "key", "mode", "headers", "overrides"];
@@ -22,6 +22,9 @@ const COMMON: [&str; 5] = ["kind", "key", "mode", "headers", "overrides"];
 pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Inflight => &["max", "sketch"],
+        Kind::Tiered => &["tiers", "hard_limit", "global_limit", "max_keys"],
+        Kind::Concurrency => &["max", "global", "groups", "max_keys"],
+        Kind::SlidingLog => &["windows", "cost", "max_keys"],
         Kind::Rate => &["max", "per", "strict", "max_keys"],
         Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
     }
@@ -34,7 +37,7 @@ pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
 pub(crate) fn ignored_fields(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::Rate => &["sketch"],
-        Kind::Inflight | Kind::TokenBucket => &[],
+        _ => &[],
     }
 }
 
@@ -70,13 +73,33 @@ pub(crate) fn limit_keys() -> &'static [&'static str] {
 }
 
 /// Keys an override item may hold.
-pub(crate) const OVERRIDE_KEYS: [&str; 8] = [
-    "match", "mode", "max", "per", "strict", "capacity", "refill", "cost",
+pub(crate) const OVERRIDE_KEYS: [&str; 11] = [
+    "match",
+    "mode",
+    "max",
+    "per",
+    "strict",
+    "capacity",
+    "refill",
+    "cost",
+    "windows",
+    "tiers",
+    "hard_limit",
 ];
 
-/// Limit keys that an override may not change.
-pub(crate) const NOT_OVERRIDABLE: [&str; 6] =
-    ["kind", "key", "headers", "overrides", "sketch", "max_keys"];
+/// Limit keys that an override may not change: they shape state shared by every variant
+/// (a global count, the groups) or identify the limit.
+pub(crate) const NOT_OVERRIDABLE: [&str; 9] = [
+    "kind",
+    "key",
+    "headers",
+    "overrides",
+    "sketch",
+    "max_keys",
+    "global",
+    "global_limit",
+    "groups",
+];
 
 /// `mode:` as written: `off` removes the limit from the origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +127,18 @@ pub(crate) struct ParamSpec {
     pub amount: Option<At<u64>>,
     /// `refill.every` in nanoseconds.
     pub every: Option<At<u64>>,
-    /// `cost` (token_bucket).
+    /// `cost` (token_bucket, sliding_log).
     pub cost: Option<At<Cost>>,
+    /// `windows` (sliding_log).
+    pub windows: Option<At<Vec<LogWindow>>>,
+    /// `tiers` (tiered), as written (normalized when resolved).
+    pub tiers: Option<At<Vec<Tier>>>,
+    /// `hard_limit` (tiered).
+    pub hard_limit: Option<At<u64>>,
+    /// `global_limit` (tiered).
+    pub global_limit: Option<At<u64>>,
+    /// `global` (concurrency).
+    pub global: Option<At<u64>>,
     /// Every parameter key written, valid or not (`refill.every` for sub-keys), so that an
     /// invalid value is not reported a second time as missing.
     pub written: Vec<&'static str>,
@@ -128,6 +161,11 @@ impl ParamSpec {
         lay(&mut self.amount, &over.amount);
         lay(&mut self.every, &over.every);
         lay(&mut self.cost, &over.cost);
+        lay(&mut self.windows, &over.windows);
+        lay(&mut self.tiers, &over.tiers);
+        lay(&mut self.hard_limit, &over.hard_limit);
+        lay(&mut self.global_limit, &over.global_limit);
+        lay(&mut self.global, &over.global);
         self.written.extend_from_slice(&over.written);
     }
 
@@ -135,6 +173,19 @@ impl ParamSpec {
     pub fn wrote(&self, name: &str) -> bool {
         self.written.contains(&name)
     }
+}
+
+/// One concurrency group as written: `{name, members, max}`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GroupSpec {
+    /// The group's name.
+    pub name: At<String>,
+    /// `members: {PART: [VALUES]}`: the part and its values.
+    pub values: Option<(KeyPart, Vec<Box<[u8]>>)>,
+    /// `members: {segment: NAME}`.
+    pub segment: Option<At<String>>,
+    /// `max`.
+    pub max: u64,
 }
 
 /// One `overrides:` item as written.
@@ -146,6 +197,8 @@ pub(crate) struct OverrideSpec {
     pub path: String,
     /// The parsed `match:` conditions, each at its part's key.
     pub matchers: Vec<At<Matcher>>,
+    /// `match: {segment: NAME}` conditions, resolved against `segments:` later.
+    pub segments: Vec<At<String>>,
     /// `mode:` (enforce or shadow).
     pub mode: Option<At<Mode>>,
     /// The parameter fields it changes.
@@ -179,6 +232,8 @@ pub(crate) struct LimitSpec {
     pub slots: Option<At<usize>>,
     /// `max_keys`.
     pub max_keys: Option<At<usize>>,
+    /// `groups` (concurrency), replaced as a whole when an origin sets it.
+    pub groups: Option<At<Vec<GroupSpec>>>,
     /// `overrides`, replaced as a whole when an origin sets it.
     pub overrides: Option<At<Vec<OverrideSpec>>>,
     /// Every known field written, at its key, for the kind check.
@@ -200,6 +255,7 @@ impl LimitSpec {
             hashes: None,
             slots: None,
             max_keys: None,
+            groups: None,
             overrides: None,
             fields: Vec::new(),
         }
@@ -223,6 +279,7 @@ impl LimitSpec {
         lay(&mut out.hashes, &origin.hashes);
         lay(&mut out.slots, &origin.slots);
         lay(&mut out.max_keys, &origin.max_keys);
+        lay(&mut out.groups, &origin.groups);
         lay(&mut out.overrides, &origin.overrides);
         out.fields.extend(origin.fields.iter().cloned());
         out

@@ -233,6 +233,20 @@ impl Iterator for Bits {
 }
 
 impl ConcurrencyLimiter {
+    /// The most keys one table may hold, whatever it is handed (the config refuses more):
+    /// the token bucket's bound.
+    pub const MAX_KEYS: usize = crate::limits::token_bucket::TokenBucket::MAX_KEYS;
+
+    /// The bytes [`ConcurrencyLimiter::new`] allocates for `max_keys` (after the same
+    /// clamping): whole sets of 8 slots.
+    pub fn table_bytes(max_keys: usize) -> usize {
+        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
+    }
+
+    fn sets_for(max_keys: usize) -> usize {
+        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
+    }
+
     /// A limiter with `params`, counting exactly for at most `max_keys` keys holding copies
     /// at once (see the module doc for the memory and for what happens beyond).
     ///
@@ -243,7 +257,7 @@ impl ConcurrencyLimiter {
         if n > MAX_GROUPS {
             return Err(ConcurrencyError::TooManyGroups(n));
         }
-        let sets = max_keys.max(1).div_ceil(WAYS);
+        let sets = Self::sets_for(max_keys);
         Ok(Self {
             state: Arc::new(State {
                 valid: u64::MAX

@@ -241,6 +241,10 @@ pub enum MatchValue {
     Net(IpNet),
     /// An address with port, for `server_addr`.
     Addr(SocketAddr),
+    /// Membership of the part's value (an integer ID) in the named segment. The segment's
+    /// IDs are loaded by the runtime, which evaluates this condition; [`Matcher::matches`]
+    /// alone never holds for it.
+    Segment(String),
 }
 
 /// One `PART: VALUE` condition of an override's `match:`.

@@ -415,6 +415,9 @@ pub struct TieredDecision {
 pub struct TieredLimiter {
     shape: Shape,
     params: TieredParams,
+    /// Entries into each tier (bursts, and a new key entering tier 1), since construction:
+    /// the `tollgate_tier_entries_total` counter. Written only when a tier is entered.
+    entries: Box<[AtomicU64]>,
     sets: Box<[Set]>,
     /// One fingerprint byte per way (the key's low byte), a word per set, read without the
     /// lock to start loading the metadata of the way the key probably holds before the set
@@ -1120,6 +1123,7 @@ impl TieredLimiter {
             .collect();
         Ok(Self {
             fresh,
+            entries: (0..params.tiers.len()).map(|_| AtomicU64::new(0)).collect(),
             global: params.global_limit.map(|limit| Global {
                 limit,
                 state: AtomicU64::new(0),
@@ -1387,6 +1391,14 @@ impl TieredLimiter {
         self.evictions.0.load(Ordering::Relaxed)
     }
 
+    /// Entries into `tier` (1-based in the normalized tiers) since construction: bursts into
+    /// it, and for tier 1 also new keys, whose first request enters it from the fake tier 0.
+    pub fn entries(&self, tier: usize) -> u64 {
+        tier.checked_sub(1)
+            .and_then(|i| self.entries.get(i))
+            .map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+
     fn peek<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
         let key = key.max(1);
         let set = self.set_of(key);
@@ -1430,6 +1442,9 @@ impl TieredLimiter {
     /// Enters `tier` at `now`; returns when its cooldown ends.
     fn enter(&self, view: &View, tier: usize, now: Nanos) -> Nanos {
         view.enter(tier, now);
+        if let Some(e) = tier.checked_sub(1).and_then(|i| self.entries.get(i)) {
+            e.fetch_add(1, Ordering::Relaxed);
+        }
         let spec = &self.shape.tiers[tier - 1];
         now.saturating_add(spec.active)
             .saturating_add(spec.cooldown)

@@ -262,7 +262,7 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: 
         origin: &origin.name,
         limit: &limit.name,
         policy_text: &variant.policy.text,
-        policy_item: &variant.policy.item,
+        policy_item: variant.policy.item(rejected.policy),
         remaining: rejected.verdict.remaining,
         retry_after: rejected.verdict.retry_after,
     })
@@ -390,7 +390,7 @@ impl ProxyHttp for Tollgate {
                 policies.push_str(", ");
                 limits.push_str(", ");
             }
-            policies.push_str(&variant.policy.item);
+            policies.push_str(variant.policy.item(note.policy));
             limits.push_str(&limit_item(&limit.name, remaining, ceil_secs(reset_after)));
         }
         if !policies.is_empty() {

@@ -1,12 +1,19 @@
 //! Metrics that limiters keep themselves, exported by a Prometheus [`Collector`] that reads
 //! the live runtime at each scrape, so the request path does no metric work for them.
 //!
-//! `tollgate_token_bucket_evictions_total{origin,limit}` and
-//! `tollgate_rate_evictions_total{origin,limit}` are each the sum of the evictions of
-//! every variant of the limit in the runtime serving now. A state carried over a reload
-//! keeps its count; a limit whose state is rebuilt (its bucket parameters, or its window
-//! or `max_keys`, changed) starts again from 0, which Prometheus reads as a counter reset,
-//! as it should.
+//! - `tollgate_token_bucket_evictions_total{origin,limit}`,
+//!   `tollgate_rate_evictions_total{origin,limit}` and
+//!   `tollgate_limit_evictions_total{origin,limit,kind}` (tiered and sliding-log tables):
+//!   the sum of the evictions of every variant of the limit in the runtime serving now.
+//! - `tollgate_tier_entries_total{origin,limit,tier}`: bursts into each tier of a tiered
+//!   limit (tiers are per key, so no per-key gauge).
+//! - `tollgate_concurrency_in_use{origin,limit,group}`: copies held now, exact, per group,
+//!   and `group="_all"` for every copy of the limit (bounded by the config).
+//! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
+//!
+//! A state carried over a reload keeps its counts; a limit whose state is rebuilt (its
+//! shape changed) starts again from 0, which Prometheus reads as a counter reset, as it
+//! should. Limits removed by a reload disappear from the next scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,9 +21,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
-use crate::runtime::limit::Limiter;
+use crate::runtime::limiter::Limiter;
 use crate::runtime::Runtime;
 
 /// Reads limiter-held counters from the live runtime at scrape time.
@@ -26,7 +33,18 @@ pub struct RuntimeCollector {
     evictions: IntCounterVec,
     /// `tollgate_rate_evictions_total`.
     rate_evictions: IntCounterVec,
+    /// `tollgate_limit_evictions_total` (tiered, sliding_log).
+    limit_evictions: IntCounterVec,
+    /// `tollgate_tier_entries_total`.
+    tier_entries: IntCounterVec,
+    /// `tollgate_concurrency_in_use`.
+    in_use: IntGaugeVec,
+    /// `tollgate_kill_switch`.
+    kill: IntGauge,
 }
+
+/// Counter totals by label values, summed over a limit's variants.
+type Totals<'a> = BTreeMap<Vec<&'a str>, u64>;
 
 impl RuntimeCollector {
     /// A collector over `runtime`, whichever config it holds at each scrape.
@@ -45,51 +63,120 @@ impl RuntimeCollector {
             ),
             &["origin", "limit"],
         )?;
+        let limit_evictions = IntCounterVec::new(
+            Opts::new(
+                "tollgate_limit_evictions_total",
+                "Keys of tiered and sliding-log limits evicted while their state was live because the table was full; each starts again as new (raise max_keys).",
+            ),
+            &["origin", "limit", "kind"],
+        )?;
+        let tier_entries = IntCounterVec::new(
+            Opts::new(
+                "tollgate_tier_entries_total",
+                "Entries into each tier of a tiered limit (bursts; tier 1 also counts new keys).",
+            ),
+            &["origin", "limit", "tier"],
+        )?;
+        let in_use = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_concurrency_in_use",
+                "Copies of a concurrency limit held now, exact, per group (`_all`: every copy).",
+            ),
+            &["origin", "limit", "group"],
+        )?;
+        let kill = IntGauge::new(
+            "tollgate_kill_switch",
+            "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
+        )?;
         Ok(Self {
             runtime,
             evictions,
             rate_evictions,
+            limit_evictions,
+            tier_entries,
+            in_use,
+            kill,
         })
     }
+}
+
+/// Replaces `family`'s children with `totals` and returns it for the scrape.
+fn counters(family: &IntCounterVec, totals: Totals<'_>) -> Vec<MetricFamily> {
+    family.reset();
+    for (labels, total) in totals {
+        family.with_label_values(&labels).inc_by(total);
+    }
+    family.collect()
 }
 
 impl Collector for RuntimeCollector {
     fn desc(&self) -> Vec<&Desc> {
         let mut desc = self.evictions.desc();
         desc.extend(self.rate_evictions.desc());
+        desc.extend(self.limit_evictions.desc());
+        desc.extend(self.tier_entries.desc());
+        desc.extend(self.in_use.desc());
+        desc.extend(self.kill.desc());
         desc
     }
 
-    /// The token-bucket family first, then the rate family.
+    /// The token-bucket family first, then the rate family, then the others.
     fn collect(&self) -> Vec<MetricFamily> {
         let rt = self.runtime.load();
-        let mut buckets: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        let mut rates: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        let (mut buckets, mut rates, mut others) = (Totals::new(), Totals::new(), Totals::new());
+        let mut tiers: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
+        self.in_use.reset();
         for origin in &rt.origins {
             for limit in origin.all_limits() {
-                let at = (origin.name.as_str(), limit.name.as_str());
+                let at = [origin.name.as_str(), limit.name.as_str()];
                 for variant in &limit.variants {
                     match &variant.limiter {
                         Limiter::TokenBucket(tb) => {
-                            *buckets.entry(at).or_default() += tb.state.evictions();
+                            *buckets.entry(at.to_vec()).or_default() += tb.state.evictions();
                         }
                         Limiter::Rate(rate) => {
-                            *rates.entry(at).or_default() += rate.state.evictions();
+                            *rates.entry(at.to_vec()).or_default() += rate.state.evictions();
+                        }
+                        Limiter::Tiered(t) => {
+                            let key = vec![at[0], at[1], "tiered"];
+                            *others.entry(key).or_default() += t.state.evictions();
+                            for tier in 1..=t.params.tiers.len() {
+                                *tiers.entry((at[0], at[1], tier)).or_default() +=
+                                    t.state.entries(tier);
+                            }
+                        }
+                        Limiter::SlidingLog(l) => {
+                            let key = vec![at[0], at[1], "sliding_log"];
+                            *others.entry(key).or_default() += l.state.evictions();
+                        }
+                        Limiter::Concurrency(c) => {
+                            let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
+                            all.add(c.state.in_use_global() as i64);
+                            for (i, g) in c.groups.iter().enumerate() {
+                                self.in_use
+                                    .with_label_values(&[at[0], at[1], g.name.as_str()])
+                                    .add(c.state.in_use(i) as i64);
+                            }
                         }
                         Limiter::Inflight(_) => {}
                     }
                 }
             }
         }
-        let mut families = Vec::new();
-        for (family, totals) in [(&self.evictions, buckets), (&self.rate_evictions, rates)] {
-            // A fresh family each scrape: limits removed by a reload disappear.
-            family.reset();
-            for ((origin, limit), total) in totals {
-                family.with_label_values(&[origin, limit]).inc_by(total);
-            }
-            families.extend(family.collect());
+        self.kill.set(i64::from(rt.kill.on()));
+        let mut families = counters(&self.evictions, buckets);
+        families.extend(counters(&self.rate_evictions, rates));
+        families.extend(counters(&self.limit_evictions, others));
+        self.tier_entries.reset();
+        for ((origin, limit, tier), total) in tiers {
+            let tier = tier.to_string();
+            self.tier_entries
+                .with_label_values(&[origin, limit, &tier])
+                .inc_by(total);
         }
+        families.extend(self.tier_entries.collect());
+        families.extend(self.in_use.collect());
+        families.extend(self.kill.collect());
         families
     }
 }

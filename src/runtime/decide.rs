@@ -12,6 +12,10 @@
 //! enforce would (a shadow rejection consumes nothing unless `strict`), so its counts
 //! predict what enforcing would do; only the response differs.
 //!
+//! **Kill switch.** While it is on (`server.kill_switch`, or the admin API), every
+//! rejection becomes a grant counted as `shadow_rejected`, exactly as if every limit were
+//! in shadow mode: a misbehaving limit is neutralized at once, without an edit.
+//!
 //! **Counting.** `allowed` is counted once the request has passed every limit
 //! ([`settle`]), so an admission that a later limit's rejection undid is counted as
 //! `refunded`, never as `allowed`: `allowed + refunded + rejected + shadow_rejected +
@@ -25,7 +29,8 @@ use smallvec::SmallVec;
 use crate::config::{HeadersMode, Mode};
 use crate::limits::{Facts, Nanos, Verdict};
 use crate::ratelog::suppressed_note;
-use crate::runtime::limit::{BadCost, Hold, LimitRt};
+use crate::runtime::limit::LimitRt;
+use crate::runtime::limiter::{BadCost, Hold};
 use crate::runtime::OriginRt;
 
 /// When a limit is decided.
@@ -61,6 +66,8 @@ pub struct Decided {
     pub limit: u16,
     /// The variant used.
     pub variant: u16,
+    /// Which of the variant's `RateLimit-Policy` members describes it (the current tier).
+    pub policy: u8,
     /// The decision.
     pub verdict: Verdict,
 }
@@ -83,6 +90,8 @@ pub fn run<F: Facts + ?Sized>(
     notes: &mut Notes,
 ) -> Result<Option<Decided>, BadCost> {
     let mut keys = KeyCache::default();
+    // The kill switch turns every rejection into a grant, counted as shadow_rejected.
+    let kill = origin.kill.on();
     for (index, limit) in origin.limits(phase).iter().enumerate() {
         let Some(key) = keys.hash(limit, facts) else {
             limit.counters.skipped.inc();
@@ -90,19 +99,22 @@ pub fn run<F: Facts + ?Sized>(
         };
         let v = limit.select(facts);
         let variant = &limit.variants[v];
-        let (verdict, hold) = match variant.limiter.decide(key, facts, now) {
-            Ok(decided) => decided,
+        let decision = match variant.limiter.decide(key, facts, now) {
+            Ok(decision) => decision,
             Err(e) => {
                 undo(origin, holds, now);
                 return Err(e);
             }
         };
+        let verdict = decision.verdict;
         let decided = Decided {
             phase,
             limit: index as u16,
             variant: v as u16,
+            policy: decision.policy,
             verdict,
         };
+        let hold = decision.hold;
         if let Some(hold) = hold {
             holds.push(Taken {
                 phase,
@@ -110,7 +122,7 @@ pub fn run<F: Facts + ?Sized>(
                 variant: decided.variant,
                 hold,
             });
-        } else if !verdict.allowed && variant.mode == Mode::Shadow {
+        } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
             limit.counters.shadow_rejected.inc();
             if let Some(suppressed) = limit.log.admit(now) {
                 log::info!(
@@ -193,7 +205,7 @@ pub fn settle(origin: &OriginRt, holds: &mut Holds) {
         if let Some(limit) = limit_of(origin, t.phase, t.limit) {
             limit.counters.allowed.inc();
         }
-        matches!(t.hold, Hold::Inflight(_))
+        t.hold.held_upstream()
     });
 }
 

@@ -18,8 +18,10 @@
 pub mod collector;
 pub mod decide;
 pub mod limit;
+pub mod limiter;
 pub mod policy;
 pub mod router;
+pub mod switch;
 pub mod upstreams;
 
 use std::collections::HashMap;
@@ -30,9 +32,12 @@ use crate::config::Config;
 use crate::limits::KeySpec;
 use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
-use crate::runtime::limit::{LimitRt, Limiter, StateId};
+use crate::runtime::limit::{Building, LimitRt, StateId};
+use crate::runtime::limiter::{Limiter, LimiterError};
 use crate::runtime::router::Router;
+use crate::runtime::switch::KillSwitch;
 use crate::runtime::upstreams::{ResolveError, Upstreams};
+use crate::segments::{Segment, SegmentError};
 
 /// One origin, live.
 pub struct OriginRt {
@@ -63,6 +68,8 @@ pub struct OriginRt {
     pub duration: prometheus::Histogram,
     /// `tollgate_requests_total{origin,code}`.
     pub requests: CodeCounters,
+    /// The process's kill switch.
+    pub kill: Arc<KillSwitch>,
 }
 
 impl OriginRt {
@@ -90,6 +97,10 @@ pub struct Runtime {
     pub origins: Vec<OriginRt>,
     /// `tollgate_requests_total` for hosts no origin serves.
     pub unmatched: CodeCounters,
+    /// The loaded segments, by name.
+    pub segments: HashMap<String, Arc<Segment>>,
+    /// The process's kill switch, shared by every runtime it builds.
+    pub kill: Arc<KillSwitch>,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -114,6 +125,24 @@ pub enum BuildError {
         /// What went wrong.
         source: ResolveError,
     },
+    /// A segment file is missing, unreadable or corrupt.
+    #[error("segment `{name}`: {source}")]
+    Segment {
+        /// The segment.
+        name: String,
+        /// What went wrong, with the file named.
+        source: SegmentError,
+    },
+    /// A limiter's state could not be built.
+    #[error("origin `{origin}`, limit `{limit}`: {source}")]
+    Limit {
+        /// The origin.
+        origin: String,
+        /// The limit.
+        limit: String,
+        /// What went wrong.
+        source: LimiterError,
+    },
 }
 
 impl Runtime {
@@ -133,6 +162,16 @@ impl Runtime {
             })
             .unwrap_or_default();
         let mut carried = Carried::default();
+        let kill = previous.map_or_else(Arc::default, |p| p.kill.clone());
+        kill.set_config(config.server.kill_switch);
+        let mut segments = HashMap::with_capacity(config.segments.len());
+        for spec in &config.segments {
+            let set = Segment::load(&spec.file).map_err(|source| BuildError::Segment {
+                name: spec.name.clone(),
+                source,
+            })?;
+            segments.insert(spec.name.clone(), Arc::new(set));
+        }
         let mut origins = Vec::with_capacity(config.origins.len());
         for origin in &config.origins {
             let upstreams =
@@ -142,10 +181,14 @@ impl Runtime {
                 })?;
             let (mut request_limits, mut upstream_limits) = (Vec::new(), Vec::new());
             let mut keys: Vec<&KeySpec> = Vec::new();
+            let at = Building {
+                origin: &origin.name,
+                previous: &before,
+                segments: &segments,
+            };
             for limit in &origin.limits {
                 let kind = limit.params.kind();
                 let counters = metrics.decisions(&origin.name, &limit.name, kind.name());
-                let lookup = |id: &StateId| before.get(id).copied();
                 let slot = keys
                     .iter()
                     .position(|k| **k == limit.key)
@@ -153,7 +196,14 @@ impl Runtime {
                         keys.push(&limit.key);
                         keys.len() - 1
                     });
-                let rt = LimitRt::build(&origin.name, limit, slot, counters, lookup, &mut carried);
+                let rt =
+                    LimitRt::build(&at, limit, slot, counters, &mut carried).map_err(|source| {
+                        BuildError::Limit {
+                            origin: origin.name.clone(),
+                            limit: limit.name.clone(),
+                            source,
+                        }
+                    })?;
                 if kind.holds_upstream() {
                     upstream_limits.push(rt);
                 } else {
@@ -181,6 +231,7 @@ impl Runtime {
                     .request_duration_seconds
                     .with_label_values(&[origin.name.as_str()]),
                 requests: CodeCounters::new(metrics, &origin.name),
+                kill: kill.clone(),
             });
         }
         carried.dropped = before.len().saturating_sub(carried.kept);
@@ -196,6 +247,8 @@ impl Runtime {
             router,
             origins,
             unmatched: CodeCounters::new(metrics, UNMATCHED_ORIGIN),
+            segments,
+            kill,
         };
         Ok((runtime, carried))
     }

@@ -13,36 +13,94 @@ use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 /// A limit variant's advertised policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// The `RateLimit-Policy` list member.
-    pub item: String,
+    /// The `RateLimit-Policy` list members this variant may advertise: one, or one per tier
+    /// of a tiered limit (a decision says which applies).
+    pub items: Vec<String>,
     /// A human sentence for problem bodies, e.g. "100 requests per 1s".
     pub text: String,
 }
 
 impl Policy {
+    /// The `RateLimit-Policy` member at `index` (the first when out of range).
+    pub fn item(&self, index: u8) -> &str {
+        self.items
+            .get(usize::from(index))
+            .or(self.items.first())
+            .map_or("", String::as_str)
+    }
+
     /// The policy of the limit `name` with `params`.
     pub fn of(name: &str, params: &LimitParams) -> Policy {
+        let one = |item: String, text: String| Policy {
+            items: vec![item],
+            text,
+        };
         match params {
-            LimitParams::Inflight { max, .. } => Policy {
-                item: policy_item(name, *max, None),
-                text: format!("{max} requests in flight"),
-            },
-            LimitParams::Rate { rate, .. } => Policy {
-                item: policy_item(name, rate.max, Some(ceil_secs(rate.per))),
-                text: format!("{} requests per {}", rate.max, human(rate.per)),
-            },
+            LimitParams::Inflight { max, .. } => one(
+                policy_item(name, *max, None),
+                format!("{max} requests in flight"),
+            ),
+            LimitParams::Rate { rate, .. } => one(
+                policy_item(name, rate.max, Some(ceil_secs(rate.per))),
+                format!("{} requests per {}", rate.max, human(rate.per)),
+            ),
             LimitParams::TokenBucket { bucket, .. } => {
                 let refills = bucket.capacity.div_ceil(bucket.amount.max(1));
                 let window = refills.saturating_mul(bucket.every);
-                Policy {
-                    item: policy_item(name, bucket.capacity, Some(ceil_secs(window))),
-                    text: format!(
+                one(
+                    policy_item(name, bucket.capacity, Some(ceil_secs(window))),
+                    format!(
                         "a burst of {} tokens, refilled by {} every {}",
                         bucket.capacity,
                         bucket.amount,
                         human(bucket.every)
                     ),
+                )
+            }
+            LimitParams::Tiered { tiered, .. } => {
+                let items = tiered
+                    .tiers
+                    .iter()
+                    .map(|t| policy_item(name, t.limit, Some(ceil_secs(t.window))))
+                    .collect();
+                let tiers: Vec<String> = tiered
+                    .tiers
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{} per {} for {}",
+                            t.limit,
+                            human(t.window),
+                            human(t.active)
+                        )
+                    })
+                    .collect();
+                let mut text = format!("bursts in tiers: {}", tiers.join(", then "));
+                if let Some(h) = tiered.hard_limit {
+                    text.push_str(&format!("; at most {h} per second"));
                 }
+                if let Some(g) = tiered.global_limit {
+                    text.push_str(&format!("; {g} per second across everyone"));
+                }
+                Policy { items, text }
+            }
+            LimitParams::Concurrency { max, global, .. } => {
+                let mut text = format!("{max} requests held at once");
+                if let Some(g) = global {
+                    text.push_str(&format!(" ({g} across everyone)"));
+                }
+                one(policy_item(name, *max, None), text)
+            }
+            LimitParams::SlidingLog { windows, .. } => {
+                let first = windows.first().map_or((0, 0), |w| (w.max, w.per));
+                let text: Vec<String> = windows
+                    .iter()
+                    .map(|w| format!("{} per {}", w.max, human(w.per)))
+                    .collect();
+                one(
+                    policy_item(name, first.0, Some(ceil_secs(first.1))),
+                    text.join(" and "),
+                )
             }
         }
     }

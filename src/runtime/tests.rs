@@ -13,7 +13,7 @@ use crate::limits::{Clock, Fact, Facts, KeyPart, ManualClock, NEVER};
 use crate::metrics::Metrics;
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::decide::{self, Holds, Notes, Phase};
-use crate::runtime::limit::Limiter;
+use crate::runtime::limiter::Limiter;
 use crate::runtime::Runtime;
 
 /// One request as the limiters see it: a client IP, a customer and an upstream server.

@@ -1,0 +1,583 @@
+//! A limit variant's kind, parameters and state, as one value: [`Limiter`].
+//!
+//! Holding a kind's state *together with* its parameters in one enum variant makes a
+//! mismatch (rate state with bucket parameters) unrepresentable, and gives every kind one
+//! entry point, [`Limiter::decide`], and one way back, [`Limiter::undo`]. A new kind is a
+//! new variant here with its arms in [`Limiter::build`], `decide` and `undo`; the decision
+//! loop and the front ends do not change.
+//!
+//! State is carried over a reload by [`Limiter::build`]: when the previous runtime had a
+//! variant with the same identity and the state has the same shape, the new limiter shares
+//! its `Arc`, so unchanged limits keep their counts, buckets, logs and holds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::config::{Cost, Group, Kind, LimitParams, Members};
+use crate::limits::concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
+use crate::limits::tiered::{TieredDecision, TieredLimiter, TieredParams};
+use crate::limits::{
+    Fact, Facts, InflightGuard, InflightLimiter, KeyPart, LogWindow, Nanos, RateLimiter,
+    RateParams, SketchSize, SlidingLog, TokenBucket, Verdict, NANOS_PER_SEC, NEVER,
+};
+use crate::segments::Segment;
+
+/// A cost header that is not a positive integer: answered with 400, because a caller that
+/// sends a broken cost must not be charged a guess.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header `{header}` must appear once, as a positive integer token cost")]
+pub struct BadCost {
+    /// The header's name.
+    pub header: String,
+}
+
+/// Why a limiter could not be built from a valid config (its state cannot be allocated,
+/// or a segment it names was not loaded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LimiterError(pub String);
+
+/// What an admission took, to give back when a later limit rejects the request or, for
+/// holding kinds, when the request ends.
+pub enum Hold {
+    /// Quota consumed at request time (rate, token bucket): refunded if a later limit
+    /// rejects; nothing to do when the request ends.
+    Refund {
+        /// The key charged.
+        key: u64,
+        /// What it was charged.
+        cost: u64,
+    },
+    /// Entries a sliding log recorded at `at`: removed exactly if a later limit rejects.
+    Log {
+        /// The key charged.
+        key: u64,
+        /// Entries recorded.
+        cost: u64,
+        /// Their time.
+        at: Nanos,
+    },
+    /// Hits a tiered limit recorded (tier entries stay, as the paper's structure has no
+    /// undo for them).
+    Tiered {
+        /// The key charged.
+        key: u64,
+        /// The decision to take back.
+        decision: TieredDecision,
+    },
+    /// An inflight unit: given back when dropped (the upstream is done) or undone.
+    Inflight(InflightGuard),
+    /// Concurrency copies: given back when dropped (the upstream is done) or undone.
+    Concurrency(ConcurrencyGuard),
+}
+
+impl Hold {
+    /// Whether the hold lasts while the upstream works on the request (it is given back
+    /// when the request ends), rather than being done with once every limit passed.
+    pub fn held_upstream(&self) -> bool {
+        matches!(self, Hold::Inflight(_) | Hold::Concurrency(_))
+    }
+}
+
+/// One decision: the verdict, what was taken, and which of the variant's advertised
+/// policies describes it (the current tier for a tiered limit, else 0).
+pub struct Decision {
+    /// Admitted or rejected, with what the headers need.
+    pub verdict: Verdict,
+    /// What an admission took.
+    pub hold: Option<Hold>,
+    /// Index into the variant's `RateLimit-Policy` items.
+    pub policy: u8,
+}
+
+impl Decision {
+    fn of(verdict: Verdict, hold: Option<Hold>) -> Self {
+        Self {
+            verdict,
+            hold,
+            policy: 0,
+        }
+    }
+}
+
+/// A request's cost, ready for the request path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostRt {
+    /// Every request costs this.
+    Fixed(u64),
+    /// Read from this header part, clamped to `[1, cap]`; absent means 1.
+    Header(KeyPart),
+}
+
+impl CostRt {
+    fn of(cost: &Cost) -> Self {
+        match cost {
+            Cost::Fixed(c) => CostRt::Fixed(*c),
+            Cost::Header(name) => CostRt::Header(KeyPart::Header(name.clone())),
+        }
+    }
+
+    /// The request's cost: the fixed cost, or the header's value clamped to `[1, cap]` (1
+    /// when the header is absent). A header that is not a positive decimal integer (`0`,
+    /// `-1`, `1.5`, `abc`), or that appears twice, is a [`BadCost`], answered with 400.
+    fn resolve<F: Facts + ?Sized>(&self, facts: &F, cap: u64) -> Result<u64, BadCost> {
+        let part = match self {
+            CostRt::Fixed(c) => return Ok(*c),
+            CostRt::Header(part) => part,
+        };
+        let bad = || BadCost {
+            header: part.to_string().trim_start_matches("header:").to_string(),
+        };
+        let Some(fact) = facts.fact(part) else {
+            return Ok(1);
+        };
+        if facts.repeated(part) {
+            return Err(bad());
+        }
+        let Fact::Bytes(bytes) = fact else {
+            return Err(bad());
+        };
+        let digits = bytes.trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(bad());
+        }
+        // Any positive integer is accepted and clamped, however long: 2^64 costs the same
+        // as 2^64 - 1, a full bucket.
+        let value = digits.iter().fold(0u64, |v, d| {
+            v.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+        if value == 0 {
+            return Err(bad());
+        }
+        Ok(value.min(cap.max(1)))
+    }
+}
+
+/// The inflight kind, live: `max` with the count-min sketch it applies to.
+pub struct InflightRt {
+    /// Allowed in flight per key; 0 blocks.
+    pub max: u64,
+    /// The sketch's size, part of the state's shape.
+    pub sketch: SketchSize,
+    /// The sketch, shared with every live guard.
+    pub state: Arc<InflightLimiter>,
+}
+
+/// The rate kind, live.
+pub struct RateRt {
+    /// `max`, `per` and `strict`; only `per` shapes the state, with `max_keys`.
+    pub rate: RateParams,
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// The bounded table of per-key windows.
+    pub state: Arc<RateLimiter>,
+}
+
+/// The token-bucket kind, live. The bucket parameters live in the state itself (they all
+/// shape it).
+pub struct TokenBucketRt {
+    /// A fixed cost, or the header to read it from.
+    pub cost: CostRt,
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// The bounded table of buckets.
+    pub state: Arc<TokenBucket>,
+}
+
+/// The tiered kind, live (Charon's burst tiers).
+pub struct TieredRt {
+    /// The normalized tiers, hard and global limits: all shape the state.
+    pub params: TieredParams,
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// The per-key tier logs.
+    pub state: Arc<TieredLimiter>,
+}
+
+/// The concurrency kind, live (Charon's copy-limited resources).
+pub struct ConcurrencyRt {
+    /// Copies one key may hold; 0 blocks.
+    pub max: u64,
+    /// The groups, in bit order: group `i` is bit `i` of the request's mask.
+    pub groups: Vec<GroupRt>,
+    /// The limiter's parameters (max, global, group maxes): they shape the state.
+    pub params: ConcurrencyParams,
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// Exact counts, shared with every live guard.
+    pub state: Arc<ConcurrencyLimiter>,
+}
+
+/// One concurrency group, live.
+pub struct GroupRt {
+    /// Its name: the `group` label of `tollgate_concurrency_in_use`.
+    pub name: String,
+    /// Who belongs to it.
+    pub members: MembersRt,
+}
+
+/// A group's members, ready for the request path.
+pub enum MembersRt {
+    /// The part's value is one of these.
+    Values {
+        /// The key part compared.
+        part: KeyPart,
+        /// The values.
+        values: HashSet<Box<[u8]>>,
+    },
+    /// The part's value (an integer ID) is in the segment.
+    Segment {
+        /// The segment's key part.
+        part: KeyPart,
+        /// The loaded segment.
+        set: Arc<Segment>,
+    },
+}
+
+impl MembersRt {
+    /// Whether the request belongs: its value of the part is listed, or is an ID in the
+    /// segment (a value that is not an integer is not a member).
+    fn contains<F: Facts + ?Sized>(&self, facts: &F) -> bool {
+        match self {
+            MembersRt::Values { part, values } => {
+                matches!(facts.fact(part), Some(Fact::Bytes(v)) if values.contains(v))
+            }
+            MembersRt::Segment { part, set } => {
+                matches!(facts.fact(part), Some(Fact::Bytes(v)) if set.contains_bytes(v))
+            }
+        }
+    }
+}
+
+/// The sliding-log kind, live (Grab's frequency caps).
+pub struct SlidingLogRt {
+    /// The windows: with `max_keys` they shape the state.
+    pub windows: Vec<LogWindow>,
+    /// A fixed cost, or the header to read it from (clamped to the smallest window's max).
+    pub cost: CostRt,
+    /// `max_keys`, part of the state's shape.
+    pub max_keys: usize,
+    /// The per-key logs.
+    pub state: Arc<SlidingLog>,
+}
+
+/// A limit variant's kind, parameters and state.
+pub enum Limiter {
+    /// `kind: inflight`.
+    Inflight(InflightRt),
+    /// `kind: rate`.
+    Rate(RateRt),
+    /// `kind: token_bucket`.
+    TokenBucket(TokenBucketRt),
+    /// `kind: tiered`.
+    Tiered(TieredRt),
+    /// `kind: concurrency`.
+    Concurrency(ConcurrencyRt),
+    /// `kind: sliding_log`.
+    SlidingLog(SlidingLogRt),
+}
+
+/// Reuses `previous`'s state when `same` says its shape is unchanged, else builds one.
+fn carry<S, P>(
+    previous: Option<&P>,
+    same: impl FnOnce(&P) -> Option<Arc<S>>,
+    fresh: impl FnOnce() -> Result<S, LimiterError>,
+) -> Result<(Arc<S>, bool), LimiterError> {
+    match previous.and_then(same) {
+        Some(state) => Ok((state, true)),
+        None => Ok((Arc::new(fresh()?), false)),
+    }
+}
+
+impl Limiter {
+    /// The limiter for `params`, sharing `previous`'s state when `previous` is the same
+    /// kind with the same state shape (then `true` is returned): an unchanged identity
+    /// keeps its counts over a reload. `max` alone never shapes a rate's or inflight's
+    /// state, so raising it keeps the counts too. `segments` are the loaded segments that
+    /// concurrency groups may name.
+    pub fn build(
+        params: &LimitParams,
+        previous: Option<&Limiter>,
+        segments: &HashMap<String, Arc<Segment>>,
+    ) -> Result<(Limiter, bool), LimiterError> {
+        Ok(match params {
+            LimitParams::Inflight { max, sketch } => {
+                let prev = match previous {
+                    Some(Limiter::Inflight(p)) => Some(p),
+                    _ => None,
+                };
+                let (state, kept) = carry(
+                    prev,
+                    |p| (p.sketch == *sketch).then(|| p.state.clone()),
+                    || Ok(InflightLimiter::new(*sketch)),
+                )?;
+                let rt = InflightRt {
+                    max: *max,
+                    sketch: *sketch,
+                    state,
+                };
+                (Limiter::Inflight(rt), kept)
+            }
+            LimitParams::Rate { rate, max_keys } => {
+                let prev = match previous {
+                    Some(Limiter::Rate(p)) => Some(p),
+                    _ => None,
+                };
+                let (state, kept) = carry(
+                    prev,
+                    |p| {
+                        (p.max_keys == *max_keys && p.rate.per == rate.per).then(|| p.state.clone())
+                    },
+                    || Ok(RateLimiter::new(rate.per, *max_keys)),
+                )?;
+                let rt = RateRt {
+                    rate: *rate,
+                    max_keys: *max_keys,
+                    state,
+                };
+                (Limiter::Rate(rt), kept)
+            }
+            LimitParams::TokenBucket {
+                bucket,
+                cost,
+                max_keys,
+            } => {
+                let prev = match previous {
+                    Some(Limiter::TokenBucket(p)) => Some(p),
+                    _ => None,
+                };
+                let (state, kept) = carry(
+                    prev,
+                    |p| {
+                        (p.max_keys == *max_keys && p.state.params() == *bucket)
+                            .then(|| p.state.clone())
+                    },
+                    || Ok(TokenBucket::new(*bucket, *max_keys)),
+                )?;
+                let rt = TokenBucketRt {
+                    cost: CostRt::of(cost),
+                    max_keys: *max_keys,
+                    state,
+                };
+                (Limiter::TokenBucket(rt), kept)
+            }
+            LimitParams::Tiered { tiered, max_keys } => {
+                let prev = match previous {
+                    Some(Limiter::Tiered(p)) => Some(p),
+                    _ => None,
+                };
+                let (state, kept) = carry(
+                    prev,
+                    |p| (p.max_keys == *max_keys && p.params == *tiered).then(|| p.state.clone()),
+                    || {
+                        TieredLimiter::new(tiered, *max_keys)
+                            .map_err(|e| LimiterError(e.to_string()))
+                    },
+                )?;
+                let rt = TieredRt {
+                    params: tiered.clone(),
+                    max_keys: *max_keys,
+                    state,
+                };
+                (Limiter::Tiered(rt), kept)
+            }
+            LimitParams::Concurrency {
+                max,
+                global,
+                groups,
+                max_keys,
+            } => {
+                let params = ConcurrencyParams {
+                    max: *max,
+                    global: *global,
+                    groups: groups.iter().map(|g| g.max).collect(),
+                };
+                let live = groups
+                    .iter()
+                    .map(|g| group_rt(g, segments))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let prev = match previous {
+                    Some(Limiter::Concurrency(p)) => Some(p),
+                    _ => None,
+                };
+                let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+                let (state, kept) = carry(
+                    prev,
+                    |p| {
+                        let same_groups = p
+                            .groups
+                            .iter()
+                            .map(|g| g.name.as_str())
+                            .eq(names.iter().copied());
+                        (p.max_keys == *max_keys && p.params == params && same_groups)
+                            .then(|| p.state.clone())
+                    },
+                    || {
+                        ConcurrencyLimiter::new(params.clone(), *max_keys)
+                            .map_err(|e| LimiterError(e.to_string()))
+                    },
+                )?;
+                let rt = ConcurrencyRt {
+                    max: *max,
+                    groups: live,
+                    params,
+                    max_keys: *max_keys,
+                    state,
+                };
+                (Limiter::Concurrency(rt), kept)
+            }
+            LimitParams::SlidingLog {
+                windows,
+                cost,
+                max_keys,
+            } => {
+                let prev = match previous {
+                    Some(Limiter::SlidingLog(p)) => Some(p),
+                    _ => None,
+                };
+                let (state, kept) = carry(
+                    prev,
+                    |p| (p.max_keys == *max_keys && p.windows == *windows).then(|| p.state.clone()),
+                    || SlidingLog::new(windows, *max_keys).map_err(|e| LimiterError(e.to_string())),
+                )?;
+                let rt = SlidingLogRt {
+                    windows: windows.clone(),
+                    cost: CostRt::of(cost),
+                    max_keys: *max_keys,
+                    state,
+                };
+                (Limiter::SlidingLog(rt), kept)
+            }
+        })
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Limiter::Inflight(_) => Kind::Inflight,
+            Limiter::Rate(_) => Kind::Rate,
+            Limiter::TokenBucket(_) => Kind::TokenBucket,
+            Limiter::Tiered(_) => Kind::Tiered,
+            Limiter::Concurrency(_) => Kind::Concurrency,
+            Limiter::SlidingLog(_) => Kind::SlidingLog,
+        }
+    }
+
+    /// Decides one request for `key` at `now`. An admission returns what it took, to be
+    /// undone if a later limit rejects. A rejection takes nothing (strict modes may still
+    /// have counted it, as their semantics say; a tiered burst keeps the tiers it entered).
+    pub fn decide<F: Facts + ?Sized>(
+        &self,
+        key: u64,
+        facts: &F,
+        now: Nanos,
+    ) -> Result<Decision, BadCost> {
+        Ok(match self {
+            Limiter::Inflight(l) => match l.state.acquire(key, l.max) {
+                Ok((guard, estimate)) => Decision::of(
+                    Verdict::allow(l.max.saturating_sub(estimate), 0),
+                    Some(Hold::Inflight(guard)),
+                ),
+                Err(estimate) => {
+                    // Concurrency frees up as soon as any request ends: one second is the
+                    // smallest honest Retry-After. `max: 0` is a block: no retry.
+                    let retry = if l.max == 0 { NEVER } else { NANOS_PER_SEC };
+                    let remaining = l.max.saturating_sub(estimate);
+                    Decision::of(Verdict::reject(remaining, 0, retry), None)
+                }
+            },
+            Limiter::Rate(l) => {
+                let v = l.state.acquire(key, l.rate.max, 1, l.rate.strict, now);
+                Decision::of(v, v.allowed.then_some(Hold::Refund { key, cost: 1 }))
+            }
+            Limiter::TokenBucket(l) => {
+                let cost = l.cost.resolve(facts, l.state.params().capacity)?;
+                let v = l.state.acquire(key, cost, now);
+                Decision::of(v, v.allowed.then_some(Hold::Refund { key, cost }))
+            }
+            Limiter::Tiered(l) => {
+                let decision = l.state.acquire(key, now);
+                let hold = decision
+                    .verdict
+                    .allowed
+                    .then_some(Hold::Tiered { key, decision });
+                Decision {
+                    verdict: decision.verdict,
+                    hold,
+                    // The headers describe the current tier (tier 1 while none is active).
+                    policy: u8::try_from(decision.tier.saturating_sub(1)).unwrap_or(0),
+                }
+            }
+            Limiter::Concurrency(l) => {
+                let mask = l
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, g)| g.members.contains(facts))
+                    .fold(0u64, |m, (i, _)| m | 1 << i);
+                match l.state.acquire(key, mask, 1) {
+                    Ok(guard) => Decision::of(guard.verdict(), Some(Hold::Concurrency(guard))),
+                    Err(rejection) => {
+                        let mut v = rejection.verdict();
+                        if rejection.max == 0 {
+                            v.retry_after = NEVER;
+                        }
+                        Decision::of(v, None)
+                    }
+                }
+            }
+            Limiter::SlidingLog(l) => {
+                let cap = l.windows.iter().map(|w| w.max).max().unwrap_or(0);
+                let cost = l.cost.resolve(facts, cap)?;
+                let mut v = l.state.acquire(key, cost, now);
+                if !v.allowed && l.windows.iter().any(|w| cost > w.max) {
+                    // A window smaller than the cost (a `max: 0` block among them) never
+                    // makes room: no retry is invited.
+                    v.retry_after = NEVER;
+                }
+                let hold = v.allowed.then_some(Hold::Log { key, cost, at: now });
+                Decision::of(v, hold)
+            }
+        })
+    }
+
+    /// Gives back what an admission took: a later limit rejected the request.
+    pub fn undo(&self, hold: Hold, now: Nanos) {
+        match (self, hold) {
+            (Limiter::Rate(l), Hold::Refund { key, cost }) => l.state.refund(key, cost, now),
+            (Limiter::TokenBucket(l), Hold::Refund { key, cost }) => l.state.refund(key, cost, now),
+            (Limiter::SlidingLog(l), Hold::Log { key, cost, at }) => {
+                l.state.refund(key, cost, at);
+            }
+            (Limiter::Tiered(l), Hold::Tiered { key, decision }) => {
+                l.state.refund(key, &decision, now)
+            }
+            // Dropping a guard gives its units back.
+            (_, Hold::Inflight(guard)) => drop(guard),
+            (_, Hold::Concurrency(guard)) => drop(guard),
+            // A hold of another kind cannot come from this limiter; nothing to give back.
+            _ => {}
+        }
+    }
+}
+
+/// A group, live: its members' values gathered in a set, or its segment looked up.
+fn group_rt(g: &Group, segments: &HashMap<String, Arc<Segment>>) -> Result<GroupRt, LimiterError> {
+    let members = match &g.members {
+        Members::Values { part, values } => MembersRt::Values {
+            part: part.clone(),
+            values: values.iter().cloned().collect(),
+        },
+        Members::Segment { part, name } => MembersRt::Segment {
+            part: part.clone(),
+            set: segments
+                .get(name)
+                .cloned()
+                .ok_or_else(|| LimiterError(format!("segment `{name}` is not loaded")))?,
+        },
+    };
+    Ok(GroupRt {
+        name: g.name.clone(),
+        members,
+    })
+}
