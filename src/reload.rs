@@ -51,6 +51,9 @@ use crate::config::{self, Config, ConfigError, Loaded};
 use crate::metrics::Metrics;
 use crate::runtime::{BuildError, Carried, Runtime};
 
+/// How often segment files are checked for changes.
+pub const SEGMENT_POLL: Duration = Duration::from_millis(500);
+
 /// How long after a file event the file is first read: one save is usually several
 /// events within a few milliseconds.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -409,8 +412,24 @@ impl Reloader {
         }
     }
 
-    /// SIGHUP: read once and apply as it is.
-    fn on_signal(&self, seen: &mut Seen) {
+    /// The stamps (modification time and length) of the running config's segment files,
+    /// in config order; `None` for a file that cannot be read now.
+    fn segment_stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.runtime
+            .load()
+            .config
+            .segments
+            .iter()
+            .map(|s| {
+                std::fs::metadata(&s.file)
+                    .ok()
+                    .and_then(|m| Some((m.modified().ok()?, m.len())))
+            })
+            .collect()
+    }
+
+    /// SIGHUP (or a changed segment file, `why` says which): read once and apply as it is.
+    fn on_signal(&self, seen: &mut Seen, why: &str) {
         match Snapshot::read(&self.path) {
             Ok(snapshot) => {
                 let result = apply(
@@ -425,9 +444,9 @@ impl Reloader {
                 } else {
                     seen.last = Some(snapshot);
                 }
-                self.log("SIGHUP", result);
+                self.log(why, result);
             }
-            Err(e) => self.log("SIGHUP", reload_read_error(&self.path, e, &self.metrics)),
+            Err(e) => self.log(why, reload_read_error(&self.path, e, &self.metrics)),
         }
     }
 
@@ -561,12 +580,19 @@ impl BackgroundService for Reloader {
         ready.notify_ready();
         let mut seen = self.initial.as_ref().map(Seen::of).unwrap_or_default();
         let mut settling: Option<Settling> = None;
+        // Segment files live anywhere, so they are polled (a few stat calls a second, off
+        // the request path): a file that changed and then stayed the same for one more
+        // poll (so a half-written one is not read) reloads the config as SIGHUP would.
+        let mut stamps = self.segment_stamps();
+        let mut changed: Option<Vec<Option<(SystemTime, u64)>>> = None;
+        let mut poll = tokio::time::interval(SEGMENT_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let due = settling.as_ref().map(|s| s.due);
             tokio::select! {
                 _ = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                     settling = None;
-                    self.on_signal(&mut seen);
+                    self.on_signal(&mut seen, "SIGHUP");
                 }
                 Some(()) = rx.recv() => {
                     if settling.is_none() {
@@ -580,8 +606,23 @@ impl BackgroundService for Reloader {
                         }
                     }
                 }
+                _ = poll.tick() => {
+                    let now = self.segment_stamps();
+                    if now == stamps {
+                        changed = None;
+                    } else if changed.as_ref() == Some(&now) {
+                        changed = None;
+                        self.on_signal(&mut seen, "segment file changed");
+                        stamps = self.segment_stamps();
+                    } else {
+                        changed = Some(now);
+                    }
+                    continue;
+                }
                 _ = shutdown.changed() => break,
             }
+            // A reload may have named other segment files.
+            stamps = self.segment_stamps();
         }
     }
 }

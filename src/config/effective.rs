@@ -54,6 +54,8 @@ struct EffConfig {
     api: EffApi,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
     segments: Ordered<EffSegment>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    defaults: Option<EffDefaults>,
     origins: Ordered<EffOrigin>,
 }
 
@@ -65,6 +67,9 @@ impl EffConfig {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
             },
+            defaults: c.unmatched.as_ref().map(|o| EffDefaults {
+                unmatched: EffOrigin::of(o),
+            }),
             segments: Ordered(
                 c.segments
                     .iter()
@@ -85,6 +90,13 @@ impl EffConfig {
             ),
         }
     }
+}
+
+/// Only the unmatched origin is printed under `defaults`: default limits are shown merged
+/// into every origin (and into the unmatched origin).
+#[derive(Serialize)]
+struct EffDefaults {
+    unmatched: EffOrigin,
 }
 
 /// A segment's file is printed as resolved (relative to the directory `check` ran in when
@@ -150,6 +162,7 @@ impl EffServer {
 
 #[derive(Serialize)]
 struct EffOrigin {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     hosts: Vec<String>,
     upstreams: Vec<String>,
     tls: bool,

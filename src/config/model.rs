@@ -27,6 +27,9 @@ pub struct Config {
     pub segments: Vec<SegmentSpec>,
     /// Origins in file order.
     pub origins: Vec<Origin>,
+    /// `defaults.unmatched`: the origin (named `_unmatched`) that serves hosts no origin
+    /// names; without it such hosts get 404.
+    pub unmatched: Option<Origin>,
 }
 
 /// One `segments.NAME` entry: a roaring-bitmap file of integer IDs and the key part whose

@@ -78,9 +78,27 @@ pub(crate) fn parse_origins(r: &mut Report, node: &Node) -> Vec<OriginDraft> {
 }
 
 fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
-    let path = child("origins", &entry.key);
+    parse_at(r, entry, &child("origins", &entry.key), &entry.key)
+}
+
+/// The name of the origin that serves hosts no other origin names (`defaults.unmatched`),
+/// and its `origin` metrics label: the label unknown hosts were already counted under.
+pub(crate) const UNMATCHED: &str = "_unmatched";
+
+/// `defaults.unmatched`: an origin (upstreams, limits, options) for every host that no
+/// origin names, instead of a 404, so that unconfigured traffic can be observed (typically
+/// with its limits in shadow mode) before it is configured (Charon's allow-unconfigured).
+pub(crate) fn parse_unmatched(r: &mut Report, entry: &Entry) -> OriginDraft {
+    parse_at(r, entry, "defaults.unmatched", UNMATCHED)
+}
+
+/// Reads the origin `entry` at `path`, named `name`. The unmatched origin takes no
+/// `hosts` (it serves every host no other origin names).
+fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraft {
+    let unmatched = name == UNMATCHED;
+    let path = path.to_string();
     let mut o = OriginDraft {
-        name: entry.key.clone(),
+        name: name.to_string(),
         pos: entry.key_pos,
         hosts: Vec::new(),
         upstreams: Vec::new(),
@@ -92,7 +110,7 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
         read_timeout: Duration::from_secs(60),
         limits: Vec::new(),
     };
-    if !is_label(&entry.key) {
+    if !unmatched && !is_label(&entry.key) {
         r.error(entry.key_pos, &path, label_message("origin", &entry.key));
     }
     let Some(fields) = scalar::map(r, &entry.value, &path) else {
@@ -103,6 +121,11 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
         let sub = child(&path, &e.key);
         let v = &e.value;
         match e.key.as_str() {
+            "hosts" if unmatched => r.error(
+                e.key_pos,
+                &sub,
+                "the unmatched origin serves every host that no origin names; it takes no `hosts`",
+            ),
             "hosts" => {
                 let empty = "`hosts` needs at least one host name";
                 o.hosts = list(r, v, &sub, empty, ("host names", bounds::MAX_HOSTS), host);
@@ -140,7 +163,12 @@ fn parse_origin(r: &mut Report, entry: &Entry) -> OriginDraft {
             ),
         }
     }
-    for required in ["hosts", "upstreams"] {
+    let required: &[&str] = if unmatched {
+        &["upstreams"]
+    } else {
+        &["hosts", "upstreams"]
+    };
+    for &required in required {
         if fields.iter().all(|e| e.key != required) {
             r.error(
                 entry.key_pos,

@@ -172,7 +172,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     let server = server::parse(r, section("server"));
     let api = api::parse(r, section("api"));
     let segments = segments::parse(r, section("segments"), file);
-    let default_specs = section("defaults")
+    let (default_specs, unmatched) = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
     let default_count = default_specs.len();
@@ -195,6 +195,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     }
     let merged: Vec<(OriginDraft, Vec<At<Limit>>)> = drafts
         .into_iter()
+        .chain(unmatched)
         .map(|d| {
             let limits = merge::origin_limits(r, &defaults, &d.limits, &segments);
             if limits.len() > bounds::MAX_LIMITS && !too_many_defaults {
@@ -210,7 +211,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         })
         .collect();
     bounds::state_budget(r, merged.iter().flat_map(|(_, limits)| limits));
-    let origins = merged
+    let mut origins: Vec<Origin> = merged
         .into_iter()
         .map(|(d, limits)| {
             let limits: Vec<Limit> = limits.into_iter().map(|l| l.v).collect();
@@ -231,31 +232,36 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             read_timeout: d.read_timeout,
         })
         .collect();
+    let unmatched = origins
+        .last()
+        .is_some_and(|o| o.name == origin::UNMATCHED)
+        .then(|| origins.pop())
+        .flatten();
     Some(Config {
         server: server.server,
         api,
         segments,
         origins,
+        unmatched,
     })
 }
 
-/// `defaults: {limits: {...}}`.
-fn defaults(r: &mut Report, node: &Node) -> Vec<LimitSpec> {
+/// `defaults: {limits: {...}, unmatched: {...}}`.
+fn defaults(r: &mut Report, node: &Node) -> (Vec<LimitSpec>, Option<OriginDraft>) {
     let Some(entries) = scalar::map(r, node, "defaults") else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
-    let mut specs = Vec::new();
+    let (mut specs, mut unmatched) = (Vec::new(), None);
     for e in entries {
-        if e.key == "limits" {
-            specs = parse_limits(r, &e.value, "defaults.limits");
-        } else {
-            let path = format!("defaults.{}", e.key);
-            r.error(
-                e.key_pos,
-                &path,
-                suggest::unknown("key", &e.key, &["limits"]),
-            );
+        match e.key.as_str() {
+            "limits" => specs = parse_limits(r, &e.value, "defaults.limits"),
+            "unmatched" => unmatched = Some(origin::parse_unmatched(r, e)),
+            other => {
+                let path = format!("defaults.{other}");
+                let known = ["limits", "unmatched"];
+                r.error(e.key_pos, &path, suggest::unknown("key", other, &known));
+            }
         }
     }
-    specs
+    (specs, unmatched)
 }

@@ -112,7 +112,7 @@ impl Tollgate {
             Err(e) => return Some(problem::bad_request(e.to_string())),
         };
         ctx.host = host;
-        let Some(origin_index) = rt.router.route(host.as_str()) else {
+        let Some(origin_index) = rt.route(host.as_str()) else {
             return Some(problem::unknown_host(host.as_str()));
         };
         ctx.origin = Some(origin_index);

@@ -93,8 +93,10 @@ pub struct Runtime {
     pub config: Arc<Config>,
     /// Host → origin.
     pub router: Router,
-    /// Origins, config order.
+    /// Origins, config order, then the unmatched origin if configured.
     pub origins: Vec<OriginRt>,
+    /// The index of the origin serving hosts no origin names (`defaults.unmatched`).
+    pub unmatched_origin: Option<usize>,
     /// `tollgate_requests_total` for hosts no origin serves.
     pub unmatched: CodeCounters,
     /// The loaded segments, by name.
@@ -146,6 +148,12 @@ pub enum BuildError {
 }
 
 impl Runtime {
+    /// The origin serving `host` (lower-cased): the one naming it, else the unmatched
+    /// origin if one is configured.
+    pub fn route(&self, host: &str) -> Option<usize> {
+        self.router.route(host).or(self.unmatched_origin)
+    }
+
     /// Builds the runtime for `config`, resolving upstream names and reusing state from
     /// `previous` where the identity and shape are unchanged.
     pub fn build(
@@ -172,8 +180,8 @@ impl Runtime {
             })?;
             segments.insert(spec.name.clone(), Arc::new(set));
         }
-        let mut origins = Vec::with_capacity(config.origins.len());
-        for origin in &config.origins {
+        let mut origins = Vec::with_capacity(config.origins.len() + 1);
+        for origin in config.origins.iter().chain(&config.unmatched) {
             let upstreams =
                 Upstreams::resolve(&origin.upstreams).map_err(|source| BuildError::Upstream {
                     origin: origin.name.clone(),
@@ -242,10 +250,12 @@ impl Runtime {
                 .enumerate()
                 .map(|(i, o)| (i, o.hosts.as_slice())),
         );
+        let unmatched_origin = config.unmatched.as_ref().map(|_| origins.len() - 1);
         let runtime = Runtime {
             config,
             router,
             origins,
+            unmatched_origin,
             unmatched: CodeCounters::new(metrics, UNMATCHED_ORIGIN),
             segments,
             kill,
