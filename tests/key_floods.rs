@@ -24,7 +24,7 @@ use tollgate::config::LimitParams;
 use tollgate::limits::{
     Fact, Facts, InflightLimiter, KeyPart, KeySpec, RateLimiter, RateParams, SketchSize,
 };
-use tollgate::runtime::limiter::Limiter;
+use tollgate::runtime::limiter::{BuildCtx, Limiter};
 
 const SEC: u64 = 1_000_000_000;
 const MINUTE: u64 = 60 * SEC;
@@ -198,20 +198,27 @@ fn a_rate_table_survives_a_reload_only_with_the_same_per_and_max_keys() {
         Limiter::Rate(rate) => rate.state.clone(),
         _ => panic!("not a rate limiter"),
     };
-    let (first, kept) = Limiter::build(&params(1, SEC, 8), None, &HashMap::new()).unwrap();
+    let (first, kept) =
+        Limiter::build(&params(1, SEC, 8), None, BuildCtx::local(&HashMap::new())).unwrap();
     assert!(!kept);
     for key in 1..=9 {
         assert!(table(&first).acquire(key, 1, 1, false, 0).allowed);
     }
     assert_eq!(table(&first).evictions(), 1);
     // A new max keeps the table, with its counts and its eviction count.
-    let (same, kept) = Limiter::build(&params(5, SEC, 8), Some(&first), &HashMap::new()).unwrap();
+    let (same, kept) = Limiter::build(
+        &params(5, SEC, 8),
+        Some(&first),
+        BuildCtx::local(&HashMap::new()),
+    )
+    .unwrap();
     assert!(kept);
     assert!(std::sync::Arc::ptr_eq(&table(&first), &table(&same)));
     assert_eq!(table(&same).evictions(), 1);
     // A new window or a new max_keys starts afresh.
     for changed in [params(1, 2 * SEC, 8), params(1, SEC, 16)] {
-        let (fresh, kept) = Limiter::build(&changed, Some(&first), &HashMap::new()).unwrap();
+        let (fresh, kept) =
+            Limiter::build(&changed, Some(&first), BuildCtx::local(&HashMap::new())).unwrap();
         assert!(!kept);
         assert_eq!((table(&fresh).len(), table(&fresh).evictions()), (0, 0));
     }

@@ -12,7 +12,8 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::config::model::{
-    Config, Cost, Group, HeadersMode, Limit, LimitParams, Members, Mode, Origin, Server,
+    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Members, Mode, Origin,
+    RedisEndpoint, Server,
 };
 use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
 
@@ -53,6 +54,8 @@ struct EffConfig {
     server: EffServer,
     api: EffApi,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
+    stores: Ordered<EffStore>,
+    #[serde(skip_serializing_if = "Ordered::is_empty")]
     segments: Ordered<EffSegment>,
     #[serde(skip_serializing_if = "Option::is_none")]
     defaults: Option<EffDefaults>,
@@ -70,6 +73,7 @@ impl EffConfig {
             defaults: c.unmatched.as_ref().map(|o| EffDefaults {
                 unmatched: EffOrigin::of(o),
             }),
+            stores: EffStore::all(c),
             segments: Ordered(
                 c.segments
                     .iter()
@@ -97,6 +101,85 @@ impl EffConfig {
 #[derive(Serialize)]
 struct EffDefaults {
     unmatched: EffOrigin,
+}
+
+/// A store: the local store's options, or a Redis store's.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EffStore {
+    Local {
+        kind: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        snapshot: Option<String>,
+        every: String,
+    },
+    Redis {
+        kind: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        urls: Option<Vec<String>>,
+        cluster: bool,
+        timeout: String,
+        breaker: EffBreaker,
+        fallback: &'static str,
+        instances: u32,
+        prefix: String,
+        lease: String,
+        deny_cache: usize,
+    },
+}
+
+#[derive(Serialize)]
+struct EffBreaker {
+    failures: u32,
+    probe_every: String,
+}
+
+impl EffStore {
+    fn all(c: &Config) -> Ordered<EffStore> {
+        let mut out = Vec::new();
+        let l = &c.local_store;
+        if l.snapshot.is_some() {
+            out.push((
+                "local".to_string(),
+                EffStore::Local {
+                    kind: "local",
+                    snapshot: l.snapshot.as_ref().map(|p| p.display().to_string()),
+                    every: span(l.every),
+                },
+            ));
+        }
+        for s in &c.stores {
+            let r = &s.redis;
+            let (url, urls, cluster) = match &r.endpoint {
+                RedisEndpoint::Standalone(u) => (Some(u.clone()), None, false),
+                RedisEndpoint::Cluster(list) => (None, Some(list.clone()), true),
+            };
+            let store = EffStore::Redis {
+                kind: "redis",
+                url,
+                urls,
+                cluster,
+                timeout: span(r.timeout),
+                breaker: EffBreaker {
+                    failures: r.failures,
+                    probe_every: span(r.probe_every),
+                },
+                fallback: match r.fallback {
+                    Fallback::Local => "local",
+                    Fallback::Allow => "allow",
+                    Fallback::Deny => "deny",
+                },
+                instances: r.instances,
+                prefix: r.prefix.clone(),
+                lease: span(r.lease),
+                deny_cache: r.deny_cache,
+            };
+            out.push((s.name.clone(), store));
+        }
+        Ordered(out)
+    }
 }
 
 /// A segment's file is printed as resolved (relative to the directory `check` ran in when
@@ -200,6 +283,8 @@ impl EffOrigin {
 #[derive(Serialize)]
 struct EffLimit {
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
     key: Vec<String>,
     mode: &'static str,
     headers: &'static str,
@@ -221,6 +306,7 @@ impl EffLimit {
         let base = EffParams::of(&l.params);
         Self {
             kind: l.params.kind().name(),
+            store: l.store.clone(),
             key: l.key.parts().iter().map(ToString::to_string).collect(),
             mode: mode(l.mode),
             headers: match l.headers {

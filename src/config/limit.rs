@@ -97,6 +97,9 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
         }
         "overrides" => spec.overrides = overrides::parse_list(r, v, path),
         "groups" => spec.groups = groups(r, v, path).map(located(v.pos, path)),
+        "store" => {
+            spec.store = scalar::text(r, v, path).map(|t| At::new(t.to_string(), v.pos, path));
+        }
         other => {
             params::param(r, other, e.key_pos, v, path, false, &mut spec.params);
         }

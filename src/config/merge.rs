@@ -7,9 +7,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::config::model::{Limit, SegmentSpec};
+use crate::config::model::Limit;
 use crate::config::report::{At, Pos, Report};
-use crate::config::resolve::{resolve, Resolved};
+use crate::config::resolve::{resolve, Known, Resolved};
 use crate::config::spec::LimitSpec;
 
 /// The default limits, as written and as resolved on their own.
@@ -23,12 +23,9 @@ pub(crate) struct Defaults {
 pub(crate) fn resolve_defaults(
     r: &mut Report,
     specs: Vec<LimitSpec>,
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Defaults {
-    let resolved = specs
-        .iter()
-        .map(|s| resolve(r, s, false, segments))
-        .collect();
+    let resolved = specs.iter().map(|s| resolve(r, s, false, known)).collect();
     Defaults { specs, resolved }
 }
 
@@ -41,7 +38,7 @@ pub(crate) fn origin_limits(
     r: &mut Report,
     defaults: &Defaults,
     own: &[LimitSpec],
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Vec<At<Limit>> {
     // Names are unique within a mapping (the YAML reader refuses repeats).
     let by_name: HashMap<&str, &LimitSpec> = own.iter().map(|o| (o.name.as_str(), o)).collect();
@@ -58,14 +55,14 @@ pub(crate) fn origin_limits(
             Some(mine) => {
                 check_kind(r, default, mine);
                 let merged = default.merged(mine);
-                keep(resolve(r, &merged, true, segments), &merged);
+                keep(resolve(r, &merged, true, known), &merged);
             }
             None => keep(resolved.clone(), default),
         }
     }
     for mine in own {
         if !default_names.contains(mine.name.as_str()) {
-            keep(resolve(r, mine, false, segments), mine);
+            keep(resolve(r, mine, false, known), mine);
         }
     }
     out

@@ -22,6 +22,7 @@ mod scalar;
 mod segments;
 mod server;
 mod spec;
+mod stores;
 mod suggest;
 mod text;
 mod validate;

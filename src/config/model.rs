@@ -25,6 +25,10 @@ pub struct Config {
     pub api: Api,
     /// Named sets of integer IDs (`segments:`), loaded by the runtime.
     pub segments: Vec<SegmentSpec>,
+    /// Shared stores (`stores:`), in file order.
+    pub stores: Vec<StoreSpec>,
+    /// The in-process store's options (`stores.local`).
+    pub local_store: LocalStore,
     /// Origins in file order.
     pub origins: Vec<Origin>,
     /// `defaults.unmatched`: the origin (named `_unmatched`) that serves hosts no origin
@@ -43,6 +47,96 @@ pub struct SegmentSpec {
     /// The key part whose value (an unsigned integer) is looked up: a value that is not
     /// an integer is not a member.
     pub of: KeyPart,
+}
+
+/// A shared (Redis or Valkey) store that limits select with `store: NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoreSpec {
+    /// The store's name: `store: NAME` in limits, the `store` label of its metrics.
+    pub name: String,
+    /// Where it is and how it fails.
+    pub redis: RedisStoreSpec,
+}
+
+/// Where a Redis store is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RedisEndpoint {
+    /// `url: redis://host:port/db`.
+    Standalone(String),
+    /// `urls: [...]` with `cluster: true`: seed nodes of a Redis Cluster.
+    Cluster(Vec<String>),
+}
+
+/// What decides while a shared store cannot answer within its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fallback {
+    /// An in-process limiter of the same kind at `max / instances` (the default).
+    Local,
+    /// Admit.
+    Allow,
+    /// Reject.
+    Deny,
+}
+
+/// A Redis store's settings, with their defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RedisStoreSpec {
+    /// Standalone or Cluster.
+    pub endpoint: RedisEndpoint,
+    /// Budget per decision (`timeout`, default 5 ms): past it the decision falls back.
+    pub timeout: Duration,
+    /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
+    pub failures: u32,
+    /// Probe interval while the breaker is open (`breaker.probe_every`, default 500 ms).
+    pub probe_every: Duration,
+    /// What decides while the store cannot (`fallback`).
+    pub fallback: Fallback,
+    /// Fleet size, to share limits while falling back (`instances`, default 1).
+    pub instances: u32,
+    /// Key prefix in Redis (`prefix`, default `tollgate:`).
+    pub prefix: String,
+    /// How long an instance's inflight and concurrency units outlive its last renewal
+    /// (`lease`, default 10 s).
+    pub lease: Duration,
+    /// Keys a limit remembers as rejected until their `Retry-After` (`deny_cache`, default
+    /// 4096; 0 turns it off).
+    pub deny_cache: usize,
+}
+
+impl Default for RedisStoreSpec {
+    fn default() -> Self {
+        Self {
+            endpoint: RedisEndpoint::Standalone(String::new()),
+            timeout: Duration::from_millis(5),
+            failures: 5,
+            probe_every: Duration::from_millis(500),
+            fallback: Fallback::Local,
+            instances: 1,
+            prefix: "tollgate:".to_string(),
+            lease: Duration::from_secs(10),
+            deny_cache: 4096,
+        }
+    }
+}
+
+/// The in-process store's options (`stores: {local: {snapshot, every}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LocalStore {
+    /// Where token buckets, sliding logs and tiers are written so that they survive a
+    /// restart or an upgrade (`snapshot`); none by default.
+    pub snapshot: Option<PathBuf>,
+    /// How often the snapshot is written (`every`, default 30 s), besides at shutdown and
+    /// upgrade.
+    pub every: Duration,
+}
+
+impl Default for LocalStore {
+    fn default() -> Self {
+        Self {
+            snapshot: None,
+            every: Duration::from_secs(30),
+        }
+    }
 }
 
 /// The `api:` section: the limiter API (Redis protocol) for non-HTTP callers.
@@ -409,6 +503,9 @@ pub struct Limit {
     pub headers: HeadersMode,
     /// Kind and parameters for requests that match no override.
     pub params: LimitParams,
+    /// The shared store its state lives in (`store: NAME`); `None` is the in-process
+    /// store.
+    pub store: Option<String>,
     /// Special cases, first match wins; each has its own state.
     pub overrides: Vec<Override>,
 }

@@ -15,17 +15,19 @@ use crate::config::merge;
 use crate::config::model::{Config, Diagnostic, Limit, Origin, Severity};
 use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{At, Pos, Report};
+use crate::config::resolve::Known;
 use crate::config::scalar;
 use crate::config::segments;
 use crate::config::server;
 use crate::config::spec::LimitSpec;
+use crate::config::stores;
 use crate::config::suggest;
 use crate::config::text;
 use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-const TOP_KEYS: [&str; 5] = ["server", "api", "segments", "defaults", "origins"];
+const TOP_KEYS: [&str; 6] = ["server", "api", "stores", "segments", "defaults", "origins"];
 
 /// A valid config and the warnings its normalizations produced.
 #[derive(Debug, Clone)]
@@ -172,12 +174,17 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     let server = server::parse(r, section("server"));
     let api = api::parse(r, section("api"));
     let segments = segments::parse(r, section("segments"), file);
+    let (stores, local_store) = stores::parse(r, section("stores"));
+    let known = Known {
+        segments: &segments,
+        stores: &stores,
+    };
     let (default_specs, unmatched) = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
     let default_count = default_specs.len();
     let defaults_pos = section("defaults").map_or(start, |n| n.pos);
-    let defaults = merge::resolve_defaults(r, default_specs, &segments);
+    let defaults = merge::resolve_defaults(r, default_specs, &known);
     let drafts = match section("origins") {
         Some(node) => origin::parse_origins(r, node),
         None => {
@@ -197,7 +204,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         .into_iter()
         .chain(unmatched)
         .map(|d| {
-            let limits = merge::origin_limits(r, &defaults, &d.limits, &segments);
+            let limits = merge::origin_limits(r, &defaults, &d.limits, &known);
             if limits.len() > bounds::MAX_LIMITS && !too_many_defaults {
                 let message = format!(
                     "origin `{}` runs {} limits (defaults included); at most {} are allowed",
@@ -241,6 +248,8 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         server: server.server,
         api,
         segments,
+        stores,
+        local_store,
         origins,
         unmatched,
     })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::bounds;
 use crate::config::model::{
-    Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec,
+    Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec, StoreSpec,
 };
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
@@ -33,6 +33,55 @@ const SATURATION_ODDS: f64 = 0.01;
 
 const DAY_NANOS: u128 = 86_400 * 1_000_000_000;
 
+/// What limits may refer to by name: the segments and the shared stores.
+pub(crate) struct Known<'a> {
+    /// `segments:`.
+    pub segments: &'a [SegmentSpec],
+    /// `stores:` (Redis stores; `local` is always known).
+    pub stores: &'a [StoreSpec],
+}
+
+/// Kinds whose state can live in a shared (Redis) store today.
+fn shareable(kind: Kind) -> bool {
+    matches!(kind, Kind::Inflight | Kind::Rate | Kind::TokenBucket)
+}
+
+/// The shared store `spec` names (`None` for the in-process store), checked against
+/// `stores:` and the kind.
+fn store_of(r: &mut Report, kind: Kind, spec: &LimitSpec, known: &Known<'_>) -> Option<String> {
+    let name = spec.store.as_ref()?;
+    if name.v == "local" {
+        return None;
+    }
+    let names: Vec<&str> = known.stores.iter().map(|s| s.name.as_str()).collect();
+    if !names.contains(&name.v.as_str()) {
+        let message = if names.is_empty() {
+            format!(
+                "unknown store `{}`: no Redis store is configured under `stores:`",
+                name.v
+            )
+        } else {
+            let mut all = names.clone();
+            all.push("local");
+            suggest::unknown("store", &name.v, &all)
+        };
+        r.error(name.pos, &name.path, message);
+        return None;
+    }
+    if !shareable(kind) {
+        r.error(
+            name.pos,
+            &name.path,
+            format!(
+                "kind `{}` cannot keep its state in a shared store yet; use `store: local`",
+                kind.name()
+            ),
+        );
+        return None;
+    }
+    Some(name.v.clone())
+}
+
 /// A resolved limit, or `mode: off` (the origin does not get it).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Resolved {
@@ -48,7 +97,7 @@ pub(crate) fn resolve(
     r: &mut Report,
     spec: &LimitSpec,
     inherited: bool,
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Option<Resolved> {
     let before = r.error_count();
     let Some(kind) = spec.kind.as_ref().map(|k| k.v) else {
@@ -76,14 +125,15 @@ pub(crate) fn resolve(
         }
         None => kind.default_key(),
     };
-    let params = base_params(r, kind, spec, inherited, segments);
+    let params = base_params(r, kind, spec, inherited, known);
+    let store = store_of(r, kind, spec, known);
     let mode = match spec.mode.as_ref().map(|m| m.v) {
         Some(Setting::On(mode)) => mode,
         Some(Setting::Off) | None => Mode::Enforce,
     };
     let mut overrides = Vec::new();
     for o in spec.overrides.iter().flat_map(|list| list.v.iter()) {
-        if let Some(o) = resolve_override(r, kind, spec, o, mode, segments) {
+        if let Some(o) = resolve_override(r, kind, spec, o, mode, known) {
             overrides.push(o);
         }
     }
@@ -125,6 +175,7 @@ pub(crate) fn resolve(
         mode,
         headers: spec.headers.as_ref().map(|h| h.v).unwrap_or_default(),
         params: params?,
+        store,
         overrides,
     }))
 }
@@ -157,7 +208,7 @@ fn base_params(
     kind: Kind,
     spec: &LimitSpec,
     inherited: bool,
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Option<LimitParams> {
     let p = &spec.params;
     let missing = |name: &str, present: bool| !inherited && !present && !p.wrote(name);
@@ -186,7 +237,7 @@ fn base_params(
             }
         }
     }
-    params_of(r, kind, spec, p, segments)
+    params_of(r, kind, spec, p, known)
 }
 
 /// Builds a kind's parameters from `p`, or `None` when a required one is absent or a value
@@ -197,7 +248,7 @@ fn params_of(
     kind: Kind,
     spec: &LimitSpec,
     p: &ParamSpec,
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Option<LimitParams> {
     let sketch = SketchSize {
         hashes: spec
@@ -260,7 +311,7 @@ fn params_of(
         Kind::Concurrency => LimitParams::Concurrency {
             max: p.max.as_ref()?.v,
             global: p.global.as_ref().map(|g| g.v),
-            groups: groups(r, spec, segments)?,
+            groups: groups(r, spec, known)?,
             max_keys,
         },
         Kind::SlidingLog => LimitParams::SlidingLog {
@@ -272,7 +323,7 @@ fn params_of(
 }
 
 /// A concurrency limit's groups, with `members: {segment: NAME}` resolved.
-fn groups(r: &mut Report, spec: &LimitSpec, segments: &[SegmentSpec]) -> Option<Vec<Group>> {
+fn groups(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<Vec<Group>> {
     let Some(list) = &spec.groups else {
         return Some(Vec::new());
     };
@@ -284,7 +335,7 @@ fn groups(r: &mut Report, spec: &LimitSpec, segments: &[SegmentSpec]) -> Option<
                 part: part.clone(),
                 values: values.clone(),
             },
-            (None, Some(name)) => match segment(r, name, segments) {
+            (None, Some(name)) => match segment(r, name, known) {
                 Some(seg) => Members::Segment {
                     part: seg.of.clone(),
                     name: seg.name.clone(),
@@ -309,14 +360,10 @@ fn groups(r: &mut Report, spec: &LimitSpec, segments: &[SegmentSpec]) -> Option<
 }
 
 /// The segment `name` refers to, or an error at the reference naming the known ones.
-fn segment<'s>(
-    r: &mut Report,
-    name: &At<String>,
-    segments: &'s [SegmentSpec],
-) -> Option<&'s SegmentSpec> {
-    let found = segments.iter().find(|s| s.name == name.v);
+fn segment<'s>(r: &mut Report, name: &At<String>, known: &Known<'s>) -> Option<&'s SegmentSpec> {
+    let found = known.segments.iter().find(|s| s.name == name.v);
     if found.is_none() {
-        let known: Vec<&str> = segments.iter().map(|s| s.name.as_str()).collect();
+        let known: Vec<&str> = known.segments.iter().map(|s| s.name.as_str()).collect();
         let message = if known.is_empty() {
             format!(
                 "unknown segment `{}`: no `segments:` are configured",
@@ -336,7 +383,7 @@ fn resolve_override(
     spec: &LimitSpec,
     o: &OverrideSpec,
     mode: Mode,
-    segments: &[SegmentSpec],
+    known: &Known<'_>,
 ) -> Option<Override> {
     for f in &o.fields {
         if !takes(kind, f.v) {
@@ -348,7 +395,7 @@ fn resolve_override(
     }
     let mut matchers: Vec<Matcher> = o.matchers.iter().map(|m| m.v.clone()).collect();
     for name in &o.segments {
-        let seg = segment(r, name, segments)?;
+        let seg = segment(r, name, known)?;
         check_part(r, kind, &seg.of, name.pos, &name.path);
         matchers.push(Matcher {
             part: seg.of.clone(),
@@ -357,7 +404,7 @@ fn resolve_override(
     }
     let mut p = spec.params.clone();
     p.apply(&o.params);
-    let params = params_of(r, kind, spec, &p, segments)?;
+    let params = params_of(r, kind, spec, &p, known)?;
     let raised = match kind {
         Kind::Inflight | Kind::Rate | Kind::Concurrency => {
             Some(("max", (&spec.params.max, &o.params.max)))

@@ -15,7 +15,7 @@ use crate::config::report::{At, Pos};
 use crate::limits::{KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
-const COMMON: [&str; 5] = ["kind", "key", "mode", "headers", "overrides"];
+const COMMON: [&str; 6] = ["kind", "key", "mode", "headers", "overrides", "store"];
 
 /// The parameter fields only `kind` (and maybe other kinds) takes: the one table of which
 /// field belongs to which kind.
@@ -89,7 +89,8 @@ pub(crate) const OVERRIDE_KEYS: [&str; 11] = [
 
 /// Limit keys that an override may not change: they shape state shared by every variant
 /// (a global count, the groups) or identify the limit.
-pub(crate) const NOT_OVERRIDABLE: [&str; 9] = [
+pub(crate) const NOT_OVERRIDABLE: [&str; 10] = [
+    "store",
     "kind",
     "key",
     "headers",
@@ -234,6 +235,8 @@ pub(crate) struct LimitSpec {
     pub max_keys: Option<At<usize>>,
     /// `groups` (concurrency), replaced as a whole when an origin sets it.
     pub groups: Option<At<Vec<GroupSpec>>>,
+    /// `store`: the shared store's name.
+    pub store: Option<At<String>>,
     /// `overrides`, replaced as a whole when an origin sets it.
     pub overrides: Option<At<Vec<OverrideSpec>>>,
     /// Every known field written, at its key, for the kind check.
@@ -256,6 +259,7 @@ impl LimitSpec {
             slots: None,
             max_keys: None,
             groups: None,
+            store: None,
             overrides: None,
             fields: Vec::new(),
         }
@@ -280,6 +284,7 @@ impl LimitSpec {
         lay(&mut out.slots, &origin.slots);
         lay(&mut out.max_keys, &origin.max_keys);
         lay(&mut out.groups, &origin.groups);
+        lay(&mut out.store, &origin.store);
         lay(&mut out.overrides, &origin.overrides);
         out.fields.extend(origin.fields.iter().cloned());
         out

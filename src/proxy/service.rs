@@ -99,7 +99,7 @@ impl Tollgate {
 
     /// Routes the request, resolves who is asking and runs the request-time limits.
     /// `Some` is the response to send instead of proxying (400, 404 or 429).
-    fn admit(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Option<Problem> {
+    async fn admit(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Option<Problem> {
         let req = session.req_header();
         let raw_host = req
             .headers
@@ -137,7 +137,8 @@ impl Tollgate {
             ctx.now,
             &mut ctx.holds,
             &mut ctx.notes,
-        );
+        )
+        .await;
         match decided {
             Ok(None) => None,
             Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, ctx.now)),
@@ -146,7 +147,12 @@ impl Tollgate {
     }
 
     /// Picks the upstream server round robin and runs the inflight limits against it.
-    fn pick_peer(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Result<Box<HttpPeer>> {
+    async fn pick_peer(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+        rt: &Runtime,
+    ) -> Result<Box<HttpPeer>> {
         let Some(origin_index) = ctx.origin else {
             return Err(Error::explain(
                 ErrorType::InternalError,
@@ -175,7 +181,8 @@ impl Tollgate {
             now,
             &mut ctx.holds,
             &mut ctx.notes,
-        );
+        )
+        .await;
         let client = ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let rejection = match decided {
             Ok(None) => None,
@@ -312,7 +319,7 @@ impl ProxyHttp for Tollgate {
             // Pingora then answers `Connection: close` and does not read another request.
             session.set_keepalive(None);
         }
-        let answer = self.admit(session, ctx, &rt);
+        let answer = self.admit(session, ctx, &rt).await;
         ctx.rt = Some(rt);
         match answer {
             None => Ok(false),
@@ -330,7 +337,7 @@ impl ProxyHttp for Tollgate {
                 "upstream_peer without a routed request",
             ));
         };
-        let peer = self.pick_peer(session, ctx, &rt);
+        let peer = self.pick_peer(session, ctx, &rt).await;
         ctx.rt = Some(rt);
         peer
     }

@@ -158,7 +158,10 @@ impl Collector for RuntimeCollector {
                                     .add(c.state.in_use(i) as i64);
                             }
                         }
-                        Limiter::Inflight(_) => {}
+                        Limiter::Inflight(_)
+                        | Limiter::SharedTokenBucket(_)
+                        | Limiter::SharedRate(_)
+                        | Limiter::SharedInflight(_) => {}
                     }
                 }
             }

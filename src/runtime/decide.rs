@@ -32,6 +32,7 @@ use crate::ratelog::suppressed_note;
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::{BadCost, Hold};
 use crate::runtime::OriginRt;
+use crate::store::stable_key_hash;
 
 /// When a limit is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +82,7 @@ pub type Notes = SmallVec<[Decided; 2]>;
 /// always` decisions into `notes`. On an enforced rejection everything in `holds` (both
 /// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
 /// returned as an error (400).
-pub fn run<F: Facts + ?Sized>(
+pub async fn run<F: Facts + Sync + ?Sized>(
     origin: &OriginRt,
     phase: Phase,
     facts: &F,
@@ -93,13 +94,20 @@ pub fn run<F: Facts + ?Sized>(
     // The kill switch turns every rejection into a grant, counted as shadow_rejected.
     let kill = origin.kill.on();
     for (index, limit) in origin.limits(phase).iter().enumerate() {
-        let Some(key) = keys.hash(limit, facts) else {
+        // State shared through a store is named by the portable hash every instance
+        // computes alike; in-process state by the fast one, shared between limits.
+        let key = if limit.shared {
+            stable_key_hash(&limit.key, facts)
+        } else {
+            keys.hash(limit, facts)
+        };
+        let Some(key) = key else {
             limit.counters.skipped.inc();
             continue;
         };
         let v = limit.select(facts);
         let variant = &limit.variants[v];
-        let decision = match variant.limiter.decide(key, facts, now) {
+        let decision = match variant.limiter.decide(key, facts, now).await {
             Ok(decision) => decision,
             Err(e) => {
                 undo(origin, holds, now);
@@ -211,17 +219,18 @@ pub fn settle(origin: &OriginRt, holds: &mut Holds) {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::limits::{Fact, KeyPart};
+    use crate::runtime::tests::block_on;
 
     /// Counts how often a key part is read.
-    struct Counting(Cell<usize>);
+    struct Counting(AtomicUsize);
 
     impl Facts for Counting {
         fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
-            self.0.set(self.0.get() + 1);
+            self.0.fetch_add(1, Ordering::Relaxed);
             (*part == KeyPart::Method).then_some(Fact::Bytes(b"GET"))
         }
     }
@@ -233,19 +242,19 @@ mod tests {
         let config = crate::config::parse_str(text, "t.yaml").unwrap().config;
         let (rt, _) =
             crate::runtime::Runtime::build(std::sync::Arc::new(config), None, &metrics).unwrap();
-        let facts = Counting(Cell::new(0));
+        let facts = Counting(AtomicUsize::new(0));
         let (mut holds, mut notes) = (Holds::new(), Notes::new());
-        let out = run(
+        let out = block_on(run(
             &rt.origins[0],
             Phase::Request,
             &facts,
             0,
             &mut holds,
             &mut notes,
-        );
+        ));
         assert!(matches!(out, Ok(None)));
         assert_eq!(holds.len(), 3);
         // One read for [method], one for the missing [path], shared by two limits each.
-        assert_eq!(facts.0.get(), 2);
+        assert_eq!(facts.0.load(Ordering::Relaxed), 2);
     }
 }

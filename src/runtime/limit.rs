@@ -9,9 +9,11 @@ use crate::config::{HeadersMode, Kind, Limit, Mode};
 use crate::limits::{Fact, Facts, KeySpec, MatchValue, Matcher};
 use crate::metrics::DecisionCounters;
 use crate::ratelog::LogBudget;
-use crate::runtime::limiter::{Limiter, LimiterError};
+use crate::runtime::limiter::{BuildCtx, Limiter, LimiterError, SharedAt};
 use crate::runtime::policy::Policy;
+use crate::runtime::stores::Stores;
 use crate::segments::Segment;
+use crate::store::Variant as StoreVariant;
 
 /// What makes two limit variants the same state across a reload: origin, limit name,
 /// override match (`None` for the base variant) and key parts. The state's shape (window,
@@ -74,6 +76,15 @@ impl Cond {
     }
 }
 
+/// The name a variant's keys carry in a shared store: `b` for the base, `o<i>` for an
+/// override.
+fn variant_of(index: usize) -> StoreVariant {
+    match index.checked_sub(1) {
+        None => StoreVariant::Base,
+        Some(i) => StoreVariant::Override(i),
+    }
+}
+
 /// One variant of a limit (base or override): mode, limiter and advertised policy.
 pub struct Variant {
     /// Enforce or shadow.
@@ -105,6 +116,8 @@ pub struct LimitRt {
     pub counters: DecisionCounters,
     /// Rejection log lines of this limit, rate-limited.
     pub log: LogBudget,
+    /// Whether its state lives in a shared store (its key is then the portable hash).
+    pub shared: bool,
 }
 
 /// What building a limit needs from the runtime being built.
@@ -115,6 +128,8 @@ pub struct Building<'a, 'p> {
     pub previous: &'a HashMap<StateId, &'p Limiter>,
     /// The loaded segments, by name.
     pub segments: &'a HashMap<String, Arc<Segment>>,
+    /// The runtime's shared stores.
+    pub stores: &'a Stores,
 }
 
 impl LimitRt {
@@ -133,7 +148,16 @@ impl LimitRt {
             .iter()
             .map(|o| (Some(o.matchers.clone()), &o.params, o.mode));
         let mut variants = Vec::with_capacity(limit.overrides.len() + 1);
-        for (matchers, params, mode) in bases.chain(overrides) {
+        let store = match &limit.store {
+            Some(name) => Some((
+                name.as_str(),
+                at.stores
+                    .get(name)
+                    .ok_or_else(|| LimiterError(format!("store `{name}` is not started")))?,
+            )),
+            None => None,
+        };
+        for (i, (matchers, params, mode)) in bases.chain(overrides).enumerate() {
             let id = StateId {
                 origin: at.origin.to_string(),
                 limit: limit.name.clone(),
@@ -141,7 +165,17 @@ impl LimitRt {
                 key: limit.key.clone(),
             };
             let previous = at.previous.get(&id).copied();
-            let (limiter, kept) = Limiter::build(params, previous, at.segments)?;
+            let shared = store.map(|(name, store)| SharedAt {
+                name,
+                store,
+                names: store.names(at.origin, &limit.name, variant_of(i)),
+                deny_cache: at.stores.deny_cache(name),
+            });
+            let ctx = BuildCtx {
+                segments: at.segments,
+                shared,
+            };
+            let (limiter, kept) = Limiter::build(params, previous, ctx)?;
             if kept {
                 carried.kept += 1;
             } else {
@@ -173,6 +207,7 @@ impl LimitRt {
             conds,
             counters,
             log: LogBudget::new(),
+            shared: store.is_some(),
         })
     }
 

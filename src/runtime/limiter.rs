@@ -18,9 +18,14 @@ use crate::limits::concurrency::{ConcurrencyGuard, ConcurrencyLimiter, Concurren
 use crate::limits::tiered::{TieredDecision, TieredLimiter, TieredParams};
 use crate::limits::{
     Fact, Facts, InflightGuard, InflightLimiter, KeyPart, LogWindow, Nanos, RateLimiter,
-    RateParams, SketchSize, SlidingLog, TokenBucket, Verdict, NANOS_PER_SEC, NEVER,
+    RateParams, SketchSize, SlidingLog, TokenBucket, TokenBucketParams, Verdict, NANOS_PER_SEC,
+    NEVER,
 };
 use crate::segments::Segment;
+use crate::store::{
+    KeyNames, RedisStore, SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket,
+    SharedVerdict, Source,
+};
 
 /// A cost header that is not a positive integer: answered with 400, because a caller that
 /// sends a broken cost must not be charged a guess.
@@ -69,13 +74,29 @@ pub enum Hold {
     Inflight(InflightGuard),
     /// Concurrency copies: given back when dropped (the upstream is done) or undone.
     Concurrency(ConcurrencyGuard),
+    /// Quota taken in a shared store (or by its fallback, as `source` says): refunded in
+    /// the background if a later limit rejects; a refund never waits.
+    SharedRefund {
+        /// The key charged (its stable hash).
+        key: u64,
+        /// What it was charged.
+        cost: u64,
+        /// Who admitted it.
+        source: Source,
+    },
+    /// A fleet-wide inflight unit: given back when dropped, locally at once and to the
+    /// store in the background.
+    SharedInflight(SharedInflightGuard),
 }
 
 impl Hold {
     /// Whether the hold lasts while the upstream works on the request (it is given back
     /// when the request ends), rather than being done with once every limit passed.
     pub fn held_upstream(&self) -> bool {
-        matches!(self, Hold::Inflight(_) | Hold::Concurrency(_))
+        matches!(
+            self,
+            Hold::Inflight(_) | Hold::Concurrency(_) | Hold::SharedInflight(_)
+        )
     }
 }
 
@@ -261,6 +282,44 @@ pub struct SlidingLogRt {
     pub state: Arc<SlidingLog>,
 }
 
+/// A token bucket shared through a store.
+pub struct SharedTokenBucketRt {
+    /// The store's name.
+    pub store: String,
+    /// The bucket's parameters (all shape the state).
+    pub params: TokenBucketParams,
+    /// A fixed cost, or the header to read it from.
+    pub cost: CostRt,
+    /// `max_keys` of the local fallback.
+    pub max_keys: usize,
+    /// The store's limiter, with its fallback and deny cache.
+    pub limiter: Arc<SharedTokenBucket>,
+}
+
+/// A rate shared through a store.
+pub struct SharedRateRt {
+    /// The store's name.
+    pub store: String,
+    /// `max`, `per`, `strict` (the store's script takes them all).
+    pub rate: RateParams,
+    /// `max_keys` of the local fallback.
+    pub max_keys: usize,
+    /// The store's limiter, with its fallback and deny cache.
+    pub limiter: Arc<SharedRate>,
+}
+
+/// An inflight limit shared through a store: per-instance counts under leases.
+pub struct SharedInflightRt {
+    /// The store's name.
+    pub store: String,
+    /// Allowed in flight per key across the fleet.
+    pub max: u64,
+    /// The local fallback's sketch.
+    pub sketch: SketchSize,
+    /// The store's limiter, with its fallback and lease renewals.
+    pub limiter: Arc<SharedInflight>,
+}
+
 /// A limit variant's kind, parameters and state.
 pub enum Limiter {
     /// `kind: inflight`.
@@ -275,6 +334,42 @@ pub enum Limiter {
     Concurrency(ConcurrencyRt),
     /// `kind: sliding_log`.
     SlidingLog(SlidingLogRt),
+    /// `kind: token_bucket` with `store:` a shared store.
+    SharedTokenBucket(SharedTokenBucketRt),
+    /// `kind: rate` with `store:` a shared store.
+    SharedRate(SharedRateRt),
+    /// `kind: inflight` with `store:` a shared store.
+    SharedInflight(SharedInflightRt),
+}
+
+/// What building a variant's limiter needs besides its parameters.
+pub struct BuildCtx<'a> {
+    /// The loaded segments concurrency groups may name.
+    pub segments: &'a HashMap<String, Arc<Segment>>,
+    /// The shared store the limit's state lives in, if not in-process.
+    pub shared: Option<SharedAt<'a>>,
+}
+
+impl<'a> BuildCtx<'a> {
+    /// An in-process limiter's context: only segments.
+    pub fn local(segments: &'a HashMap<String, Arc<Segment>>) -> Self {
+        Self {
+            segments,
+            shared: None,
+        }
+    }
+}
+
+/// A limit variant's place in a shared store.
+pub struct SharedAt<'a> {
+    /// The store's name.
+    pub name: &'a str,
+    /// The store.
+    pub store: &'a RedisStore,
+    /// The variant's key names in it.
+    pub names: KeyNames,
+    /// Keys remembered as rejected (0: none).
+    pub deny_cache: usize,
 }
 
 /// Reuses `previous`'s state when `same` says its shape is unchanged, else builds one.
@@ -298,8 +393,12 @@ impl Limiter {
     pub fn build(
         params: &LimitParams,
         previous: Option<&Limiter>,
-        segments: &HashMap<String, Arc<Segment>>,
+        ctx: BuildCtx<'_>,
     ) -> Result<(Limiter, bool), LimiterError> {
+        if let Some(at) = ctx.shared {
+            return Self::build_shared(params, previous, at);
+        }
+        let segments = ctx.segments;
         Ok(match params {
             LimitParams::Inflight { max, sketch } => {
                 let prev = match previous {
@@ -451,6 +550,114 @@ impl Limiter {
         })
     }
 
+    /// The limiter of a variant whose state lives in a shared store, carried over when
+    /// the store and every parameter are unchanged (its fallback state and, for inflight,
+    /// its held units and lease renewals live in the carried value).
+    fn build_shared(
+        params: &LimitParams,
+        previous: Option<&Limiter>,
+        at: SharedAt<'_>,
+    ) -> Result<(Limiter, bool), LimiterError> {
+        let store = at.name.to_string();
+        Ok(match params {
+            LimitParams::TokenBucket {
+                bucket,
+                cost,
+                max_keys,
+            } => {
+                let kept = match previous {
+                    Some(Limiter::SharedTokenBucket(p))
+                        if p.store == store && p.params == *bucket && p.max_keys == *max_keys =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = kept.unwrap_or_else(|| {
+                    Arc::new(SharedTokenBucket::new(
+                        at.store,
+                        at.names,
+                        *bucket,
+                        *max_keys,
+                        at.deny_cache,
+                    ))
+                });
+                let rt = SharedTokenBucketRt {
+                    store,
+                    params: *bucket,
+                    cost: CostRt::of(cost),
+                    max_keys: *max_keys,
+                    limiter,
+                };
+                (Limiter::SharedTokenBucket(rt), reused)
+            }
+            LimitParams::Rate { rate, max_keys } => {
+                let kept = match previous {
+                    Some(Limiter::SharedRate(p))
+                        if p.store == store && p.rate == *rate && p.max_keys == *max_keys =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = kept.unwrap_or_else(|| {
+                    Arc::new(SharedRate::new(
+                        at.store,
+                        at.names,
+                        *rate,
+                        *max_keys,
+                        at.deny_cache,
+                    ))
+                });
+                let rt = SharedRateRt {
+                    store,
+                    rate: *rate,
+                    max_keys: *max_keys,
+                    limiter,
+                };
+                (Limiter::SharedRate(rt), reused)
+            }
+            LimitParams::Inflight { max, sketch } => {
+                let kept = match previous {
+                    Some(Limiter::SharedInflight(p))
+                        if p.store == store && p.max == *max && p.sketch == *sketch =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = kept.unwrap_or_else(|| {
+                    Arc::new(SharedInflight::new(at.store, at.names, *max, *sketch))
+                });
+                let rt = SharedInflightRt {
+                    store,
+                    max: *max,
+                    sketch: *sketch,
+                    limiter,
+                };
+                (Limiter::SharedInflight(rt), reused)
+            }
+            other => {
+                return Err(LimiterError(format!(
+                    "kind `{}` cannot keep its state in a shared store",
+                    other.kind()
+                )))
+            }
+        })
+    }
+
+    /// Whether the variant's state lives in a shared store: its key must then be hashed
+    /// with the portable hash every instance computes alike.
+    pub fn is_shared(&self) -> bool {
+        matches!(
+            self,
+            Limiter::SharedTokenBucket(_) | Limiter::SharedRate(_) | Limiter::SharedInflight(_)
+        )
+    }
+
     /// The kind.
     pub fn kind(&self) -> Kind {
         match self {
@@ -460,19 +667,55 @@ impl Limiter {
             Limiter::Tiered(_) => Kind::Tiered,
             Limiter::Concurrency(_) => Kind::Concurrency,
             Limiter::SlidingLog(_) => Kind::SlidingLog,
+            Limiter::SharedTokenBucket(_) => Kind::TokenBucket,
+            Limiter::SharedRate(_) => Kind::Rate,
+            Limiter::SharedInflight(_) => Kind::Inflight,
         }
     }
 
     /// Decides one request for `key` at `now`. An admission returns what it took, to be
     /// undone if a later limit rejects. A rejection takes nothing (strict modes may still
     /// have counted it, as their semantics say; a tiered burst keeps the tiers it entered).
-    pub fn decide<F: Facts + ?Sized>(
+    ///
+    /// A local decision completes without waiting; a shared one makes one store call,
+    /// bounded by the store's budget (its fallback decides past it).
+    pub async fn decide<F: Facts + Sync + ?Sized>(
         &self,
         key: u64,
         facts: &F,
         now: Nanos,
     ) -> Result<Decision, BadCost> {
         Ok(match self {
+            Limiter::SharedTokenBucket(l) => {
+                let cost = l.cost.resolve(facts, l.params.capacity)?;
+                let SharedVerdict { verdict, source } = l.limiter.acquire(key, cost, now).await;
+                let hold = verdict
+                    .allowed
+                    .then_some(Hold::SharedRefund { key, cost, source });
+                Decision::of(verdict, hold)
+            }
+            Limiter::SharedRate(l) => {
+                let SharedVerdict { verdict, source } = l.limiter.acquire(key, 1, now).await;
+                let hold = verdict.allowed.then_some(Hold::SharedRefund {
+                    key,
+                    cost: 1,
+                    source,
+                });
+                Decision::of(verdict, hold)
+            }
+            Limiter::SharedInflight(l) => match l.limiter.acquire(key).await.result {
+                Ok(guard) => Decision::of(
+                    Verdict::allow(l.max.saturating_sub(l.limiter.held(key)), 0),
+                    Some(Hold::SharedInflight(guard)),
+                ),
+                Err(estimate) => {
+                    let retry = if l.max == 0 { NEVER } else { NANOS_PER_SEC };
+                    Decision::of(
+                        Verdict::reject(l.max.saturating_sub(estimate), 0, retry),
+                        None,
+                    )
+                }
+            },
             Limiter::Inflight(l) => match l.state.acquire(key, l.max) {
                 Ok((guard, estimate)) => Decision::of(
                     Verdict::allow(l.max.saturating_sub(estimate), 0),
@@ -552,6 +795,13 @@ impl Limiter {
             (Limiter::Tiered(l), Hold::Tiered { key, decision }) => {
                 l.state.refund(key, &decision, now)
             }
+            (Limiter::SharedTokenBucket(l), Hold::SharedRefund { key, cost, source }) => {
+                l.limiter.refund(key, cost, source, now)
+            }
+            (Limiter::SharedRate(l), Hold::SharedRefund { key, cost, source }) => {
+                l.limiter.refund(key, cost, source, now)
+            }
+            (_, Hold::SharedInflight(guard)) => drop(guard),
             // Dropping a guard gives its units back.
             (_, Hold::Inflight(guard)) => drop(guard),
             (_, Hold::Concurrency(guard)) => drop(guard),

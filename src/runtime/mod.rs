@@ -21,6 +21,7 @@ pub mod limit;
 pub mod limiter;
 pub mod policy;
 pub mod router;
+pub mod stores;
 pub mod switch;
 pub mod upstreams;
 
@@ -35,9 +36,11 @@ use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
 use crate::runtime::limiter::{Limiter, LimiterError};
 use crate::runtime::router::Router;
+use crate::runtime::stores::Stores;
 use crate::runtime::switch::KillSwitch;
 use crate::runtime::upstreams::{ResolveError, Upstreams};
 use crate::segments::{Segment, SegmentError};
+use crate::store::StoreError;
 
 /// One origin, live.
 pub struct OriginRt {
@@ -103,6 +106,8 @@ pub struct Runtime {
     pub segments: HashMap<String, Arc<Segment>>,
     /// The process's kill switch, shared by every runtime it builds.
     pub kill: Arc<KillSwitch>,
+    /// The shared stores, carried over reloads while their settings hold.
+    pub stores: Stores,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -134,6 +139,12 @@ pub enum BuildError {
         name: String,
         /// What went wrong, with the file named.
         source: SegmentError,
+    },
+    /// A shared store could not be started (a malformed URL).
+    #[error("{source}")]
+    Store {
+        /// What went wrong, with the store named.
+        source: StoreError,
     },
     /// A limiter's state could not be built.
     #[error("origin `{origin}`, limit `{limit}`: {source}")]
@@ -180,6 +191,8 @@ impl Runtime {
             })?;
             segments.insert(spec.name.clone(), Arc::new(set));
         }
+        let stores = Stores::build(&config, previous.map(|p| &p.stores), metrics)
+            .map_err(|source| BuildError::Store { source })?;
         let mut origins = Vec::with_capacity(config.origins.len() + 1);
         for origin in config.origins.iter().chain(&config.unmatched) {
             let upstreams =
@@ -193,6 +206,7 @@ impl Runtime {
                 origin: &origin.name,
                 previous: &before,
                 segments: &segments,
+                stores: &stores,
             };
             for limit in &origin.limits {
                 let kind = limit.params.kind();
@@ -259,6 +273,7 @@ impl Runtime {
             unmatched: CodeCounters::new(metrics, UNMATCHED_ORIGIN),
             segments,
             kill,
+            stores,
         };
         Ok((runtime, carried))
     }

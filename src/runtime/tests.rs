@@ -16,6 +16,16 @@ use crate::runtime::decide::{self, Holds, Notes, Phase};
 use crate::runtime::limiter::Limiter;
 use crate::runtime::Runtime;
 
+/// Runs a decision future to completion: local decisions never wait, so a current-thread
+/// runtime is all a test needs.
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 /// One request as the limiters see it: a client IP, a customer and an upstream server.
 struct Req {
     client: IpAddr,
@@ -63,7 +73,7 @@ fn pass(rt: &Runtime, facts: &Req, now: u64, holds: &mut Holds) -> bool {
     let origin = &rt.origins[0];
     let mut notes = Notes::new();
     for phase in [Phase::Request, Phase::Upstream] {
-        match decide::run(origin, phase, facts, now, holds, &mut notes) {
+        match block_on(decide::run(origin, phase, facts, now, holds, &mut notes)) {
             Ok(None) => {}
             _ => return false,
         }
@@ -118,14 +128,14 @@ fn a_block_never_invites_a_retry_and_other_keys_pass() {
     let origin = &rt.origins[0];
     for (customer, limit) in [("blocked", "tokens"), ("muted", "per_client")] {
         let mut holds = Holds::new();
-        let rejected = decide::run(
+        let rejected = block_on(decide::run(
             origin,
             Phase::Request,
             &req(customer),
             0,
             &mut holds,
             &mut Notes::new(),
-        )
+        ))
         .unwrap()
         .unwrap();
         assert_eq!(rejected.verdict.retry_after, NEVER, "{customer}");

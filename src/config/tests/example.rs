@@ -123,6 +123,7 @@ fn parses_the_design_example() {
                 max: 200,
                 sketch: SketchSize::DEFAULT
             },
+            store: None,
             overrides: vec![],
         }
     );

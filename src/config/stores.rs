@@ -1,0 +1,267 @@
+//! The `stores:` section: where limit state lives. `local` (in the process) is the
+//! default store and needs no entry; an entry named `local` sets its options (a snapshot
+//! file). Any other entry is a Redis (or Valkey) store, standalone or Cluster, that limits
+//! select with `store: NAME` to share their state across a fleet.
+//!
+//! Only the shape is checked here; the runtime connects (never failing on an unreachable
+//! Redis: it starts failed open and recovers by itself).
+
+use std::time::Duration;
+
+use crate::config::model::{Fallback, LocalStore, RedisEndpoint, RedisStoreSpec, StoreSpec};
+use crate::config::names::{is_label, label_message};
+use crate::config::report::{child, item, Report};
+use crate::config::scalar;
+use crate::config::suggest;
+use crate::config::yaml::Node;
+
+/// The keys a Redis store takes.
+const REDIS_KEYS: [&str; 11] = [
+    "kind",
+    "url",
+    "urls",
+    "cluster",
+    "timeout",
+    "breaker",
+    "fallback",
+    "instances",
+    "prefix",
+    "lease",
+    "deny_cache",
+];
+
+/// The keys the local store takes.
+const LOCAL_KEYS: [&str; 3] = ["kind", "snapshot", "every"];
+
+/// Stores a config may name.
+const MAX_STORES: usize = 16;
+
+/// Reads `stores:`.
+pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> (Vec<StoreSpec>, LocalStore) {
+    let mut local = LocalStore::default();
+    let Some(entries) = node.and_then(|n| scalar::map(r, n, "stores")) else {
+        return (Vec::new(), local);
+    };
+    if entries.len() > MAX_STORES {
+        let pos = node.map(|n| n.pos).unwrap_or_default();
+        let message = crate::config::bounds::too_many("stores", entries.len(), MAX_STORES);
+        r.error(pos, "stores", message);
+        return (Vec::new(), local);
+    }
+    let mut stores = Vec::new();
+    for e in entries {
+        let path = child("stores", &e.key);
+        if !is_label(&e.key) {
+            r.error(e.key_pos, &path, label_message("store", &e.key));
+            continue;
+        }
+        let Some(fields) = scalar::map(r, &e.value, &path) else {
+            continue;
+        };
+        let kind = fields.iter().find(|f| f.key == "kind").and_then(|f| {
+            scalar::choice(
+                r,
+                &f.value,
+                &child(&path, "kind"),
+                "store kind",
+                &["redis", "local"],
+            )
+        });
+        let is_local = e.key == "local" || kind == Some(1);
+        if e.key == "local" && kind == Some(0) {
+            r.error(
+                e.key_pos,
+                &path,
+                "the store named `local` is the in-process store; name a Redis store otherwise",
+            );
+            continue;
+        }
+        if is_local {
+            if e.key != "local" {
+                r.error(
+                    e.key_pos,
+                    &path,
+                    "only the store named `local` can be of kind `local`",
+                );
+                continue;
+            }
+            local = local_store(r, fields, &path);
+        } else if let Some(spec) = redis_store(r, &e.key, fields, e.key_pos, &path) {
+            stores.push(spec);
+        }
+    }
+    (stores, local)
+}
+
+fn local_store(r: &mut Report, fields: &[crate::config::yaml::Entry], path: &str) -> LocalStore {
+    let mut local = LocalStore::default();
+    for f in fields {
+        let sub = child(path, &f.key);
+        match f.key.as_str() {
+            "kind" => {}
+            "snapshot" => local.snapshot = scalar::text(r, &f.value, &sub).map(Into::into),
+            "every" => {
+                let range = (Duration::from_secs(1), Duration::from_secs(86_400));
+                if let Some(d) = scalar::duration(r, &f.value, &sub, range, ("1s", "1d")) {
+                    local.every = d;
+                }
+            }
+            other => r.error(f.key_pos, &sub, suggest::unknown("key", other, &LOCAL_KEYS)),
+        }
+    }
+    local
+}
+
+fn redis_store(
+    r: &mut Report,
+    name: &str,
+    fields: &[crate::config::yaml::Entry],
+    pos: crate::config::report::Pos,
+    path: &str,
+) -> Option<StoreSpec> {
+    let mut spec = RedisStoreSpec::default();
+    let (mut url, mut urls, mut cluster) = (None, None, false);
+    let before = r.error_count();
+    for f in fields {
+        let sub = child(path, &f.key);
+        let v = &f.value;
+        match f.key.as_str() {
+            "kind" => {}
+            "url" => url = scalar::text(r, v, &sub).and_then(|u| redis_url(r, v, &sub, u)),
+            "urls" => {
+                if let Some(items) = scalar::seq(r, v, &sub) {
+                    let list: Vec<String> = items
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, n)| {
+                            let p = item(&sub, i);
+                            scalar::text(r, n, &p).and_then(|u| redis_url(r, n, &p, u))
+                        })
+                        .collect();
+                    if list.is_empty() {
+                        r.error(v.pos, &sub, "`urls` needs at least one Redis URL");
+                    }
+                    urls = Some(list);
+                }
+            }
+            "cluster" => cluster = scalar::boolean(r, v, &sub).unwrap_or(false),
+            "timeout" => {
+                let range = (Duration::from_micros(100), Duration::from_secs(1));
+                if let Some(d) = scalar::duration(r, v, &sub, range, ("100us", "1s")) {
+                    spec.timeout = d;
+                }
+            }
+            "breaker" => breaker(r, v, &sub, &mut spec),
+            "fallback" => {
+                let options = ["local", "allow", "deny"];
+                if let Some(i) = scalar::choice(r, v, &sub, "fallback", &options) {
+                    spec.fallback = [Fallback::Local, Fallback::Allow, Fallback::Deny][i];
+                }
+            }
+            "instances" => {
+                if let Some(n) = scalar::int(r, v, &sub, 1, 10_000) {
+                    spec.instances = u32::try_from(n).unwrap_or(1);
+                }
+            }
+            "prefix" => {
+                if let Some(p) = scalar::text(r, v, &sub) {
+                    if p.len() > 64 || p.bytes().any(|b| !b.is_ascii_graphic()) {
+                        r.error(
+                            v.pos,
+                            &sub,
+                            "`prefix` must be at most 64 printable characters without spaces",
+                        );
+                    } else {
+                        spec.prefix = p.to_string();
+                    }
+                }
+            }
+            "lease" => {
+                let range = (Duration::from_millis(300), Duration::from_secs(3600));
+                if let Some(d) = scalar::duration(r, v, &sub, range, ("300ms", "1h")) {
+                    spec.lease = d;
+                }
+            }
+            "deny_cache" => {
+                if let Some(n) = scalar::int(r, v, &sub, 0, 1 << 20) {
+                    spec.deny_cache = usize::try_from(n).unwrap_or(0);
+                }
+            }
+            other => r.error(f.key_pos, &sub, suggest::unknown("key", other, &REDIS_KEYS)),
+        }
+    }
+    spec.endpoint = match (url, urls, cluster) {
+        (Some(u), None, false) => RedisEndpoint::Standalone(u),
+        (None, Some(list), true) => RedisEndpoint::Cluster(list),
+        (Some(u), None, true) => RedisEndpoint::Cluster(vec![u]),
+        (None, Some(_), false) => {
+            r.error(
+                pos,
+                path,
+                "`urls` is for Redis Cluster: add `cluster: true`, or give one `url`",
+            );
+            return None;
+        }
+        (Some(_), Some(_), _) => {
+            r.error(pos, path, "give `url` or `urls`, not both");
+            return None;
+        }
+        (None, None, _) => {
+            if r.error_count() == before {
+                r.error(
+                    pos,
+                    path,
+                    "missing required field `url` (or `urls` with `cluster: true`)",
+                );
+            }
+            return None;
+        }
+    };
+    (r.error_count() == before).then(|| StoreSpec {
+        name: name.to_string(),
+        redis: spec,
+    })
+}
+
+/// A Redis URL: `redis://`, `rediss://` (TLS) or `unix://`, at most 1 KiB.
+fn redis_url(r: &mut Report, node: &Node, path: &str, url: &str) -> Option<String> {
+    let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
+        .iter()
+        .any(|s| url.starts_with(s));
+    if !scheme_ok || url.len() > 1024 {
+        r.error(
+            node.pos,
+            path,
+            format!("`{url}` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
+        );
+        return None;
+    }
+    Some(url.to_string())
+}
+
+fn breaker(r: &mut Report, node: &Node, path: &str, spec: &mut RedisStoreSpec) {
+    let Some(entries) = scalar::map(r, node, path) else {
+        return;
+    };
+    for e in entries {
+        let sub = child(path, &e.key);
+        match e.key.as_str() {
+            "failures" => {
+                if let Some(n) = scalar::int(r, &e.value, &sub, 1, 1000) {
+                    spec.failures = u32::try_from(n).unwrap_or(5);
+                }
+            }
+            "probe_every" => {
+                let range = (Duration::from_millis(10), Duration::from_secs(60));
+                if let Some(d) = scalar::duration(r, &e.value, &sub, range, ("10ms", "60s")) {
+                    spec.probe_every = d;
+                }
+            }
+            other => r.error(
+                e.key_pos,
+                &sub,
+                suggest::unknown("key", other, &["failures", "probe_every"]),
+            ),
+        }
+    }
+}
