@@ -1,5 +1,6 @@
 //! The command line: `tollgate check` exit codes and output, and the shipped example
-//! config serving through its demo upstream (200, then 503 above the inflight max).
+//! config serving through its demo upstream (200, then 503 above the inflight max), with
+//! the README's worked examples of tiers, concurrency and frequency caps.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -25,6 +26,15 @@ fn check(text: &str, strict: bool) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).replace(&path.display().to_string(), "FILE"),
         String::from_utf8_lossy(&out.stderr).replace(&path.display().to_string(), "FILE"),
     )
+}
+
+/// The shipped example config, with its segment file's path made absolute (the tests run
+/// it from a temporary directory).
+fn example() -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    std::fs::read_to_string(format!("{root}/conf/tollgate.yaml"))
+        .unwrap()
+        .replace("file: segments/", &format!("file: {root}/conf/segments/"))
 }
 
 const CLEAN: &str = r#"
@@ -141,9 +151,7 @@ async fn warnings_read_the_same_in_check_and_in_the_log() {
 
 #[test]
 fn shipped_example_config_is_clean() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let (code, out, err) = check(&text, false);
+    let (code, out, err) = check(&example(), false);
     assert_eq!(code, 0, "{out}{err}");
     // The only note is the deliberate one: bigco's override raises its capacity.
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -155,10 +163,8 @@ fn shipped_example_config_is_clean() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_serves_200_then_503_over_inflight_max() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate.yaml"))
-        .unwrap();
     let demo = format!("127.0.0.1:{}", free_port());
-    let text = text
+    let text = example()
         .replace("127.0.0.1:8080", "{listen}")
         .replace("127.0.0.1:9100", "{metrics}")
         .replace("127.0.0.1:8081", &demo);
@@ -219,4 +225,118 @@ fn segment_build_and_info_round_trip_and_bad_lines_fail() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("line 2") && err.contains("line 4"), "{err}");
     assert!(!bad.exists(), "nothing is written when a line is bad");
+}
+
+/// Sends `n` requests for `host` with `headers`, returning each status with the header
+/// `show` (empty when absent).
+async fn statuses(
+    t: &Tollgate,
+    host: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+    show: &str,
+) -> Vec<(u16, String)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut req = client().get(t.url("/")).header("host", host);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.unwrap();
+        let value = resp
+            .headers()
+            .get(show)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        out.push((resp.status().as_u16(), value));
+    }
+    out
+}
+
+/// The README's worked examples, on the shipped config: what the README prints is what
+/// tollgate does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_config_worked_examples_behave_as_the_readme_says() {
+    let demo = format!("127.0.0.1:{}", free_port());
+    let text = example()
+        .replace("127.0.0.1:8080", "{listen}")
+        .replace("127.0.0.1:9100", "{metrics}")
+        .replace("127.0.0.1:8081", &demo);
+    let t = Tollgate::start(&text).await;
+
+    // Burst tiers: three in tier 1, two more in tier 2, then 429 for 10 s.
+    let tiers = statuses(&t, "search.localhost", &[], 6, "ratelimit-policy").await;
+    let q3 = "\"search_tiers\";q=3;w=10".to_string();
+    let q2 = "\"search_tiers\";q=2;w=10".to_string();
+    assert_eq!(
+        tiers,
+        [
+            (200, q3.clone()),
+            (200, q3.clone()),
+            (200, q3),
+            (200, q2.clone()),
+            (200, q2.clone()),
+            (429, q2)
+        ]
+    );
+    assert_eq!(
+        t.metric(
+            "tollgate_tier_entries_total{limit=\"search_tiers\",origin=\"search\",tier=\"2\"}"
+        )
+        .await,
+        1.0
+    );
+
+    // Frequency caps: 3 a day for user 42, 1 a day for 1234, a member of new_users.
+    let user = |id: &'static str| [("x-user-id", id)];
+    let capped = statuses(&t, "notify.localhost", &user("42"), 4, "retry-after").await;
+    let codes: Vec<u16> = capped.iter().map(|c| c.0).collect();
+    assert_eq!(codes, [200, 200, 200, 429]);
+    assert_eq!(capped[3].1, "86400");
+    let new_user = statuses(&t, "notify.localhost", &user("1234"), 2, "retry-after").await;
+    assert_eq!(new_user, [(200, String::new()), (429, "86400".to_string())]);
+
+    // Concurrency: the trial group's one copy, and bigco's own max of 2.
+    let hold = |customer: &'static str| {
+        let req = client()
+            .get(t.url("/?sleep=3s"))
+            .header("host", "uploads.localhost")
+            .header("x-customer-id", customer);
+        tokio::spawn(req.send())
+    };
+    let trial_a = hold("trial-a");
+    let big = [hold("bigco"), hold("bigco")];
+    let held =
+        "tollgate_concurrency_in_use{group=\"_all\",limit=\"upload_slots\",origin=\"uploads\"}";
+    eventually("three copies held", 200, || async {
+        t.metric(held).await == 3.0
+    })
+    .await;
+    let trial =
+        "tollgate_concurrency_in_use{group=\"trial\",limit=\"upload_slots\",origin=\"uploads\"}";
+    assert_eq!(t.metric(trial).await, 1.0);
+    // The maxes the alert compares them with: the group's and the global one.
+    let max = |group: &str| {
+        format!("tollgate_concurrency_max{{group=\"{group}\",limit=\"upload_slots\",origin=\"uploads\"}}")
+    };
+    assert_eq!(t.metric(&max("trial")).await, 1.0);
+    assert_eq!(t.metric(&max("_all")).await, 10.0);
+    let up = |customer: &'static str| {
+        client()
+            .get(t.url("/"))
+            .header("host", "uploads.localhost")
+            .header("x-customer-id", customer)
+            .send()
+    };
+    assert_eq!(up("trial-b").await.unwrap().status(), 503);
+    assert_eq!(up("bigco").await.unwrap().status(), 503);
+    assert_eq!(up("smallco").await.unwrap().status(), 200);
+    assert_eq!(trial_a.await.unwrap().unwrap().status(), 200);
+    for b in big {
+        assert_eq!(b.await.unwrap().unwrap().status(), 200);
+    }
+    eventually("copies given back", 200, || async {
+        t.metric(held).await == 0.0
+    })
+    .await;
 }

@@ -9,6 +9,8 @@
 //!   limit (tiers are per key, so no per-key gauge).
 //! - `tollgate_concurrency_in_use{origin,limit,group}`: copies held now, exact, per group,
 //!   and `group="_all"` for every copy of the limit (bounded by the config).
+//! - `tollgate_concurrency_max{origin,limit,group}`: the max each of those series is held
+//!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
 //!
 //! A state carried over a reload keeps its counts; a limit whose state is rebuilt (its
@@ -39,6 +41,8 @@ pub struct RuntimeCollector {
     tier_entries: IntCounterVec,
     /// `tollgate_concurrency_in_use`.
     in_use: IntGaugeVec,
+    /// `tollgate_concurrency_max`.
+    max: IntGaugeVec,
     /// `tollgate_kill_switch`.
     kill: IntGauge,
 }
@@ -84,6 +88,13 @@ impl RuntimeCollector {
             ),
             &["origin", "limit", "group"],
         )?;
+        let max = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_concurrency_max",
+                "The max each tollgate_concurrency_in_use series is held against (`_all`: the global limit, when set).",
+            ),
+            &["origin", "limit", "group"],
+        )?;
         let kill = IntGauge::new(
             "tollgate_kill_switch",
             "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
@@ -95,9 +106,15 @@ impl RuntimeCollector {
             limit_evictions,
             tier_entries,
             in_use,
+            max,
             kill,
         })
     }
+}
+
+/// `value` as a gauge's `i64`, saturating (a max is at most 2⁶⁴ − 1 in the config).
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Replaces `family`'s children with `totals` and returns it for the scrape.
@@ -116,6 +133,7 @@ impl Collector for RuntimeCollector {
         desc.extend(self.limit_evictions.desc());
         desc.extend(self.tier_entries.desc());
         desc.extend(self.in_use.desc());
+        desc.extend(self.max.desc());
         desc.extend(self.kill.desc());
         desc
     }
@@ -126,6 +144,7 @@ impl Collector for RuntimeCollector {
         let (mut buckets, mut rates, mut others) = (Totals::new(), Totals::new(), Totals::new());
         let mut tiers: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
         self.in_use.reset();
+        self.max.reset();
         for origin in &rt.origins {
             for limit in origin.all_limits() {
                 let at = [origin.name.as_str(), limit.name.as_str()];
@@ -152,10 +171,19 @@ impl Collector for RuntimeCollector {
                         Limiter::Concurrency(c) => {
                             let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
                             all.add(c.state.in_use_global() as i64);
+                            if let Some(global) = c.params.global {
+                                self.max
+                                    .with_label_values(&[at[0], at[1], "_all"])
+                                    .set(gauge(global));
+                            }
                             for (i, g) in c.groups.iter().enumerate() {
+                                let labels = [at[0], at[1], g.name.as_str()];
                                 self.in_use
-                                    .with_label_values(&[at[0], at[1], g.name.as_str()])
+                                    .with_label_values(&labels)
                                     .add(c.state.in_use(i) as i64);
+                                if let Some(&max) = c.params.groups.get(i) {
+                                    self.max.with_label_values(&labels).set(gauge(max));
+                                }
                             }
                         }
                         Limiter::Inflight(_)
@@ -179,6 +207,7 @@ impl Collector for RuntimeCollector {
         }
         families.extend(self.tier_entries.collect());
         families.extend(self.in_use.collect());
+        families.extend(self.max.collect());
         families.extend(self.kill.collect());
         families
     }
