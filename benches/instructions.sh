@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Instructions per request, counted by valgrind's callgrind: the noise-free check of the
 # "three limits cost at most 2%" budget. Wall-clock CPU on a shared 2-core machine moves ±10%
-# between 10-second rounds, so benches/e2e.sh cannot resolve 3%; instruction counts are
+# between 10-second rounds, so benches/e2e.sh cannot resolve 2%; instruction counts are
 # repeatable for the same binary and inputs, whatever else the machine is doing.
 #
-# For tollgate (a) without limits and (b) with an inflight, a rate and a token-bucket
-# limit (out of reach), on loopback in front of an nginx upstream: start tollgate under
-# callgrind, send a warm-up, zero the counters, send N keep-alive requests from one
-# client, dump, and divide the instructions by N. Prints both and the ratio b/a.
+# For tollgate (a) without limits, (b) with an inflight, a rate and a token-bucket limit
+# (out of reach), and (c) with one tiered, one concurrency or one sliding-log limit alone,
+# on loopback in front of an nginx upstream: start tollgate under callgrind, send a
+# warm-up, zero the counters, send N keep-alive requests from one client, dump, and divide
+# the instructions by N. Prints each and its ratio to (a).
 #
-# Run:   benches/instructions.sh            (N=2000 requests; about a minute)
+# Run:   benches/instructions.sh            (N=2000 requests; a few minutes)
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
 #        instructions go, function by function)
@@ -129,11 +130,23 @@ b=$(measure limits "    limits:
       per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }
       tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s } }")
 
-awk -v a="$a" -v b="$b" -v n="$requests" 'BEGIN {
-  if (a <= 0 || b <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+# One limit of each newer kind alone, each against no limits: the budget per added limit.
+t=$(measure tiered "    limits:
+      tiers: { kind: tiered, key: [client_ip], tiers: [{ limit: 100000000, window: 1s, active: 1h }, { limit: 100000000, window: 1s, active: 1h }] }")
+c=$(measure concurrency "    limits:
+      slots: { kind: concurrency, key: [customer], max: 100000, global: 1000000, groups: [{ name: big, members: { customer: [bench] }, max: 100000 }] }")
+l=$(measure sliding_log "    limits:
+      caps: { kind: sliding_log, key: [client_ip], windows: [{ max: 100000000, per: 1s }] }")
+
+awk -v a="$a" -v b="$b" -v t="$t" -v c="$c" -v l="$l" -v n="$requests" 'BEGIN {
+  if (a <= 0 || b <= 0 || t <= 0 || c <= 0 || l <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
   printf "## Instructions per request (callgrind, %d keep-alive requests, 1 proxy thread)\n\n", n
-  printf "| tollgate | instructions/request |\n|---|---:|\n"
-  printf "| no limits | %.0f |\n| inflight + rate + token bucket | %.0f |\n\n", a / n, b / n
+  printf "| tollgate | instructions/request | / no limits |\n|---|---:|---:|\n"
+  printf "| no limits | %.0f | 1 |\n", a / n
+  printf "| inflight + rate + token bucket | %.0f | %.4f |\n", b / n, b / a
+  printf "| one tiered limit (2 tiers) | %.0f | %.4f |\n", t / n, t / a
+  printf "| one concurrency limit (global + 1 group) | %.0f | %.4f |\n", c / n, c / a
+  printf "| one sliding_log limit | %.0f | %.4f |\n\n", l / n, l / a
   r = b / a
-  printf "- with limits / without: %.4f (%s: budget <= 1.02)\n", r, r <= 1.02 ? "PASS" : "MISS"
+  printf "- with three limits / without: %.4f (%s: budget <= 1.02)\n", r, r <= 1.02 ? "PASS" : "MISS"
 }'

@@ -3,10 +3,10 @@
 #   cmake      - Pingora's zlib-ng build
 #   pkg-config, libssl-dev - Pingora's OpenSSL TLS to upstreams
 #   promtool   - (Debian package `prometheus`) checks the metrics and alert rules in tests
-#   redis-cli, redis-benchmark - (Debian package `redis-tools`) the limiter API's tests and
-#                bench talk to it with them
-#   redis-server, redis-cli - (Debian packages `redis-server`, `redis-tools`) the Redis store's
-#                tests and benchmark start their own servers and a local Redis Cluster
+#   redis-server, redis-cli, redis-benchmark - (Debian packages `redis-server`, `redis-tools`)
+#                the Redis store's tests start their own servers and a local Redis Cluster;
+#                the limiter API's tests and bench talk to tollgate with redis-cli and
+#                redis-benchmark
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -19,9 +19,7 @@ declare -A pkg_of=(
   [wrk]=wrk
   [nginx]=nginx-light
   [valgrind]=valgrind
-  [redis-cli]=redis-tools
   [redis-benchmark]=redis-tools
-  [redis-server]=redis-server
 )
 
 missing=()
