@@ -130,15 +130,13 @@ impl Tollgate {
         ctx.trusted_peer = is_trusted(peer, trusted);
         ctx.now = self.clock.now();
         let facts = facts(session, ctx, rt, origin, None);
-        let decided = decide::run(
-            origin,
-            Phase::Request,
-            &facts,
-            ctx.now,
-            &mut ctx.holds,
-            &mut ctx.notes,
-        )
-        .await;
+        let (phase, now) = (Phase::Request, ctx.now);
+        let (holds, notes) = (&mut ctx.holds, &mut ctx.notes);
+        let decided = if origin.waits(phase) {
+            decide::run(origin, phase, &facts, now, holds, notes).await
+        } else {
+            decide::run_local(origin, phase, &facts, now, holds, notes)
+        };
         match decided {
             Ok(None) => None,
             Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, ctx.now)),
@@ -174,15 +172,13 @@ impl Tollgate {
         // The request's decision time: the holding kinds read no clock, and an undo on a
         // rejection refunds at the time the quota was taken.
         let now = ctx.now;
-        let decided = decide::run(
-            origin,
-            Phase::Upstream,
-            &facts,
-            now,
-            &mut ctx.holds,
-            &mut ctx.notes,
-        )
-        .await;
+        let phase = Phase::Upstream;
+        let (holds, notes) = (&mut ctx.holds, &mut ctx.notes);
+        let decided = if origin.waits(phase) {
+            decide::run(origin, phase, &facts, now, holds, notes).await
+        } else {
+            decide::run_local(origin, phase, &facts, now, holds, notes)
+        };
         let client = ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let rejection = match decided {
             Ok(None) => None,
