@@ -130,13 +130,15 @@ impl Tollgate {
         ctx.trusted_peer = is_trusted(peer, trusted);
         ctx.now = self.clock.now();
         let facts = facts(session, ctx, rt, origin, None);
-        let (phase, now) = (Phase::Request, ctx.now);
-        let (holds, notes) = (&mut ctx.holds, &mut ctx.notes);
-        let decided = if origin.waits(phase) {
-            decide::run(origin, phase, &facts, now, holds, notes).await
-        } else {
-            decide::run_local(origin, phase, &facts, now, holds, notes)
-        };
+        let decided = decide::run(
+            origin,
+            Phase::Request,
+            &facts,
+            ctx.now,
+            &mut ctx.holds,
+            &mut ctx.notes,
+        )
+        .await;
         match decided {
             Ok(None) => None,
             Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, ctx.now)),
@@ -172,13 +174,15 @@ impl Tollgate {
         // The request's decision time: the holding kinds read no clock, and an undo on a
         // rejection refunds at the time the quota was taken.
         let now = ctx.now;
-        let phase = Phase::Upstream;
-        let (holds, notes) = (&mut ctx.holds, &mut ctx.notes);
-        let decided = if origin.waits(phase) {
-            decide::run(origin, phase, &facts, now, holds, notes).await
-        } else {
-            decide::run_local(origin, phase, &facts, now, holds, notes)
-        };
+        let decided = decide::run(
+            origin,
+            Phase::Upstream,
+            &facts,
+            now,
+            &mut ctx.holds,
+            &mut ctx.notes,
+        )
+        .await;
         let client = ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let rejection = match decided {
             Ok(None) => None,

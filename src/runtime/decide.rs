@@ -30,7 +30,7 @@ use crate::config::{HeadersMode, Mode};
 use crate::limits::{Facts, Nanos, Verdict};
 use crate::ratelog::suppressed_note;
 use crate::runtime::limit::LimitRt;
-use crate::runtime::limiter::{BadCost, Decision, Hold};
+use crate::runtime::limiter::{BadCost, Hold};
 use crate::runtime::OriginRt;
 use crate::store::stable_key_hash;
 
@@ -38,9 +38,9 @@ use crate::store::stable_key_hash;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// When the request arrives (`request_filter`).
-    Request = 0,
+    Request,
     /// Once an upstream server is picked (`upstream_peer`); runs again on a retry.
-    Upstream = 1,
+    Upstream,
 }
 
 /// One admission to undo if a later limit rejects (and, for holding kinds, to release when
@@ -82,10 +82,6 @@ pub type Notes = SmallVec<[Decided; 2]>;
 /// always` decisions into `notes`. On an enforced rejection everything in `holds` (both
 /// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
 /// returned as an error (400).
-///
-/// A phase whose limits are all in-process never waits: callers decide it with
-/// [`run_local`] instead (when `!origin.waits(phase)`), which makes the same decisions
-/// without building a future per limit.
 pub async fn run<F: Facts + Sync + ?Sized>(
     origin: &OriginRt,
     phase: Phase,
@@ -98,117 +94,63 @@ pub async fn run<F: Facts + Sync + ?Sized>(
     // The kill switch turns every rejection into a grant, counted as shadow_rejected.
     let kill = origin.kill.on();
     for (index, limit) in origin.limits(phase).iter().enumerate() {
-        let Some(key) = keys.key(limit, facts) else {
+        // State shared through a store is named by the portable hash every instance
+        // computes alike; in-process state by the fast one, shared between limits.
+        let key = if limit.shared {
+            stable_key_hash(&limit.key, facts)
+        } else {
+            keys.hash(limit, facts)
+        };
+        let Some(key) = key else {
             limit.counters.skipped.inc();
             continue;
         };
         let v = limit.select(facts);
-        let decision = limit.variants[v].limiter.decide(key, facts, now).await;
-        let at = At { phase, index, v };
-        if let Some(out) = record(origin, limit, at, decision, kill, now, holds, notes) {
-            return out;
-        }
-    }
-    Ok(None)
-}
-
-/// [`run`] for a phase whose limits are all in-process (`!origin.waits(phase)`): the same
-/// loop, synchronous. A shared limit met here anyway (it cannot be, by `waits`) is skipped
-/// rather than waited for.
-pub fn run_local<F: Facts + Sync + ?Sized>(
-    origin: &OriginRt,
-    phase: Phase,
-    facts: &F,
-    now: Nanos,
-    holds: &mut Holds,
-    notes: &mut Notes,
-) -> Result<Option<Decided>, BadCost> {
-    let mut keys = KeyCache::default();
-    let kill = origin.kill.on();
-    for (index, limit) in origin.limits(phase).iter().enumerate() {
-        let Some(key) = keys.key(limit, facts) else {
-            limit.counters.skipped.inc();
-            continue;
+        let variant = &limit.variants[v];
+        let decision = match variant.limiter.decide(key, facts, now).await {
+            Ok(decision) => decision,
+            Err(e) => {
+                undo(origin, holds, now);
+                return Err(e);
+            }
         };
-        let v = limit.select(facts);
-        let Some(decision) = limit.variants[v].limiter.decide_local(key, facts, now) else {
-            limit.counters.skipped.inc();
-            continue;
+        let verdict = decision.verdict;
+        let decided = Decided {
+            phase,
+            limit: index as u16,
+            variant: v as u16,
+            policy: decision.policy,
+            verdict,
         };
-        let at = At { phase, index, v };
-        if let Some(out) = record(origin, limit, at, decision, kill, now, holds, notes) {
-            return out;
-        }
-    }
-    Ok(None)
-}
-
-/// Where a decision was made: phase, limit index, variant index.
-#[derive(Clone, Copy)]
-struct At {
-    phase: Phase,
-    index: usize,
-    v: usize,
-}
-
-/// Acts on one limit's decision: keeps what it took, counts and logs a shadow rejection,
-/// or undoes everything on an enforced rejection or a bad cost. `Some` ends the phase
-/// with that result; `None` goes on to the next limit.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn record(
-    origin: &OriginRt,
-    limit: &LimitRt,
-    at: At,
-    decision: Result<Decision, BadCost>,
-    kill: bool,
-    now: Nanos,
-    holds: &mut Holds,
-    notes: &mut Notes,
-) -> Option<Result<Option<Decided>, BadCost>> {
-    let decision = match decision {
-        Ok(decision) => decision,
-        Err(e) => {
+        let hold = decision.hold;
+        if let Some(hold) = hold {
+            holds.push(Taken {
+                phase,
+                limit: decided.limit,
+                variant: decided.variant,
+                hold,
+            });
+        } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
+            limit.counters.shadow_rejected.inc();
+            if let Some(suppressed) = limit.log.admit(now) {
+                log::info!(
+                    "shadow: limit `{}` of origin `{}` would reject ({}){}",
+                    limit.name,
+                    origin.name,
+                    variant.policy.text,
+                    suppressed_note(suppressed)
+                );
+            }
+        } else if !verdict.allowed {
+            limit.counters.rejected.inc();
             undo(origin, holds, now);
-            return Some(Err(e));
+            return Ok(Some(decided));
         }
-    };
-    let variant = &limit.variants[at.v];
-    let verdict = decision.verdict;
-    let decided = Decided {
-        phase: at.phase,
-        limit: at.index as u16,
-        variant: at.v as u16,
-        policy: decision.policy,
-        verdict,
-    };
-    if let Some(hold) = decision.hold {
-        holds.push(Taken {
-            phase: at.phase,
-            limit: decided.limit,
-            variant: decided.variant,
-            hold,
-        });
-    } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
-        limit.counters.shadow_rejected.inc();
-        if let Some(suppressed) = limit.log.admit(now) {
-            log::info!(
-                "shadow: limit `{}` of origin `{}` would reject ({}){}",
-                limit.name,
-                origin.name,
-                variant.policy.text,
-                suppressed_note(suppressed)
-            );
+        if limit.headers == HeadersMode::Always {
+            notes.push(decided);
         }
-    } else if !verdict.allowed {
-        limit.counters.rejected.inc();
-        undo(origin, holds, now);
-        return Some(Ok(Some(decided)));
     }
-    if limit.headers == HeadersMode::Always {
-        notes.push(decided);
-    }
-    None
+    Ok(None)
 }
 
 /// The keys of one phase of one request, each hashed at most once: limits that share a key
@@ -223,18 +165,6 @@ struct KeyCache {
 }
 
 impl KeyCache {
-    /// The key of `limit` for this request: state shared through a store is named by the
-    /// portable hash every instance computes alike; in-process state by the fast one,
-    /// shared between limits.
-    #[inline]
-    fn key<F: Facts + ?Sized>(&mut self, limit: &LimitRt, facts: &F) -> Option<u64> {
-        if limit.shared {
-            stable_key_hash(&limit.key, facts)
-        } else {
-            self.hash(limit, facts)
-        }
-    }
-
     fn hash<F: Facts + ?Sized>(&mut self, limit: &LimitRt, facts: &F) -> Option<u64> {
         let slot = limit.key_slot;
         let Some(bit) = u16::try_from(slot)
@@ -326,46 +256,5 @@ mod tests {
         assert_eq!(holds.len(), 3);
         // One read for [method], one for the missing [path], shared by two limits each.
         assert_eq!(facts.0.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
-    fn run_local_decides_as_run_does() {
-        let metrics = crate::metrics::Metrics::new().unwrap();
-        let text = "origins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n    limits:\n      tb: {kind: token_bucket, key: [method], capacity: 3, refill: {amount: 1, every: 1s}, headers: always}\n      r: {kind: rate, key: [method], max: 2, per: 1s}\n";
-        let config = crate::config::parse_str(text, "t.yaml").unwrap().config;
-        let (rt, _) =
-            crate::runtime::Runtime::build(std::sync::Arc::new(config), None, &metrics).unwrap();
-        let origin = &rt.origins[0];
-        assert!(!origin.waits(Phase::Request));
-        let facts = Counting(AtomicUsize::new(0));
-        let mut outcomes = [Vec::new(), Vec::new()];
-        // Two fresh runtimes would be needed to compare state; instead, one key per loop:
-        // `run` at second 0 and `run_local` at second 10, each from full state.
-        for (i, base) in [0u64, 10_000_000_000].into_iter().enumerate() {
-            for n in 0..4u64 {
-                let (mut holds, mut notes) = (Holds::new(), Notes::new());
-                let now = base + n;
-                let out = if i == 0 {
-                    block_on(run(
-                        origin,
-                        Phase::Request,
-                        &facts,
-                        now,
-                        &mut holds,
-                        &mut notes,
-                    ))
-                } else {
-                    run_local(origin, Phase::Request, &facts, now, &mut holds, &mut notes)
-                };
-                let rejected = out.unwrap().map(|d| (d.limit, d.verdict.remaining));
-                settle(origin, &mut holds);
-                outcomes[i].push((rejected, notes.len(), holds.len()));
-            }
-        }
-        assert_eq!(outcomes[0], outcomes[1]);
-        // Two pass both limits, the third is refused by the rate limit (index 1) and its
-        // token is given back.
-        assert_eq!(outcomes[0][2].0, Some((1, 0)));
-        assert_eq!(origin.request_limits[0].counters.refunded.get(), 4);
     }
 }

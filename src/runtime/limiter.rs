@@ -685,9 +685,6 @@ impl Limiter {
         facts: &F,
         now: Nanos,
     ) -> Result<Decision, BadCost> {
-        if let Some(local) = self.decide_local(key, facts, now) {
-            return local;
-        }
         Ok(match self {
             Limiter::SharedTokenBucket(l) => {
                 let cost = l.cost.resolve(facts, l.params.capacity)?;
@@ -719,41 +716,6 @@ impl Limiter {
                     )
                 }
             },
-            // Decided by `decide_local` above.
-            _ => Decision::of(Verdict::allow(0, 0), None),
-        })
-    }
-
-    /// Decides for an in-process limiter, without waiting; `None` for a limiter whose
-    /// state is in a shared store (its decision needs [`Limiter::decide`]).
-    #[inline]
-    pub fn decide_local<F: Facts + Sync + ?Sized>(
-        &self,
-        key: u64,
-        facts: &F,
-        now: Nanos,
-    ) -> Option<Result<Decision, BadCost>> {
-        match self {
-            Limiter::SharedTokenBucket(_) | Limiter::SharedRate(_) | Limiter::SharedInflight(_) => {
-                None
-            }
-            _ => Some(self.decide_here(key, facts, now)),
-        }
-    }
-
-    /// [`Limiter::decide_local`]'s decision for an in-process limiter.
-    #[inline]
-    fn decide_here<F: Facts + Sync + ?Sized>(
-        &self,
-        key: u64,
-        facts: &F,
-        now: Nanos,
-    ) -> Result<Decision, BadCost> {
-        Ok(match self {
-            // Shared limiters are decided by `decide`, never here.
-            Limiter::SharedTokenBucket(_) | Limiter::SharedRate(_) | Limiter::SharedInflight(_) => {
-                Decision::of(Verdict::allow(0, 0), None)
-            }
             Limiter::Inflight(l) => match l.state.acquire(key, l.max) {
                 Ok((guard, estimate)) => Decision::of(
                     Verdict::allow(l.max.saturating_sub(estimate), 0),

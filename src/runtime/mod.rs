@@ -65,10 +65,6 @@ pub struct OriginRt {
     pub request_limits: Vec<LimitRt>,
     /// Limits decided once the upstream server is picked, config order.
     pub upstream_limits: Vec<LimitRt>,
-    /// Whether some limit of the request (`[0]`) or upstream (`[1]`) phase keeps its state
-    /// in a shared store, so deciding that phase may wait for it. A phase without one is
-    /// decided by [`decide::run_local`], synchronously.
-    pub waits: [bool; 2],
     /// `tollgate_inflight_requests{origin}`.
     pub inflight_gauge: prometheus::IntGauge,
     /// `tollgate_request_duration_seconds{origin}`.
@@ -86,11 +82,6 @@ impl OriginRt {
             Phase::Request => &self.request_limits,
             Phase::Upstream => &self.upstream_limits,
         }
-    }
-
-    /// Whether deciding `phase` may wait for a shared store.
-    pub fn waits(&self, phase: Phase) -> bool {
-        self.waits[phase as usize]
     }
 
     /// Every limit, request phase first.
@@ -255,10 +246,6 @@ impl Runtime {
                 tls_verify: origin.tls_verify,
                 connect_timeout: origin.connect_timeout,
                 read_timeout: origin.read_timeout,
-                waits: [
-                    request_limits.iter().any(|l| l.shared),
-                    upstream_limits.iter().any(|l| l.shared),
-                ],
                 request_limits,
                 upstream_limits,
                 inflight_gauge: metrics.inflight(&origin.name),
