@@ -22,62 +22,11 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{eventually, Tollgate, Upstream};
-use fleet::{config, get, get_bytes, status, wait_up, Traffic, FALLBACK, ROOMY, UP};
+use fleet::{
+    bucket, burst, config, fleet, get, get_bytes, no_fallback, status, wait_up, Traffic, FALLBACK,
+    ROOMY, SHARED, UP,
+};
 use harness::RedisServer;
-
-/// A bucket of `capacity` that refills one token an hour, shared.
-fn bucket(capacity: u64, store: &str) -> String {
-    format!(
-        "      tokens:\n        kind: token_bucket\n        key: [customer]\n        capacity: {capacity}\n        refill: {{ amount: 1, every: 1h }}\n{store}"
-    )
-}
-
-const SHARED: &str = "        store: shared\n";
-
-/// Starts `n` instances on the same config and waits until each one's store is up.
-async fn fleet(n: usize, text: &str) -> Vec<Tollgate> {
-    let mut all = Vec::new();
-    for _ in 0..n {
-        let t = Tollgate::start(text).await;
-        wait_up(&t).await;
-        all.push(t);
-    }
-    all
-}
-
-/// Sends `per_instance` concurrent requests as `who` to every instance at once; returns
-/// the statuses.
-async fn burst(fleet: &[Tollgate], who: &str, per_instance: usize) -> Vec<u16> {
-    let mut tasks = Vec::new();
-    for t in fleet {
-        for _ in 0..per_instance {
-            let url = t.url("/");
-            let who = who.to_string();
-            tasks.push(tokio::spawn(async move {
-                common::client()
-                    .get(url)
-                    .header("host", "app.test")
-                    .header("x-customer-id", who)
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            }));
-        }
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
-}
-
-async fn no_fallback(fleet: &[Tollgate]) {
-    for t in fleet {
-        assert_eq!(t.metric(FALLBACK).await, 0.0, "{}", t.log_text());
-    }
-}
 
 async fn share_one_bucket(n: usize) {
     const C: usize = 25;

@@ -23,6 +23,12 @@ pub const ROOMY: &str =
 /// one origin `app` with `limits` (indented by 6), keyed by the `x-customer-id` header
 /// believed from loopback.
 pub fn config(up: SocketAddr, redis: &str, store: &str, limits: &str) -> String {
+    config_at(up, &format!("url: \"{redis}\""), store, limits)
+}
+
+/// [`config`] with the store's address written out: `url: ...`, or `urls: [...]` and
+/// `cluster: true` (indented by 4).
+pub fn config_at(up: SocketAddr, target: &str, store: &str, limits: &str) -> String {
     format!(
         r#"
 {SERVER}  trusted_proxies: ["127.0.0.1/32"]
@@ -30,7 +36,7 @@ pub fn config(up: SocketAddr, redis: &str, store: &str, limits: &str) -> String 
 stores:
   shared:
     kind: redis
-    url: "{redis}"
+    {target}
     {store}
 origins:
   app:
@@ -207,3 +213,60 @@ pub fn assert_no_5xx_within(seen: &[Seen], budget: Duration, slack: Duration, wh
         budget + slack
     );
 }
+
+/// Starts `n` instances on the same config and waits until each one's store is up.
+pub async fn fleet(n: usize, text: &str) -> Vec<Tollgate> {
+    let mut all = Vec::new();
+    for _ in 0..n {
+        let t = Tollgate::start(text).await;
+        wait_up(&t).await;
+        all.push(t);
+    }
+    all
+}
+
+/// Sends `per_instance` concurrent requests as `who` to every instance at once; returns
+/// the statuses.
+pub async fn burst(fleet: &[Tollgate], who: &str, per_instance: usize) -> Vec<u16> {
+    let mut tasks = Vec::new();
+    for t in fleet {
+        for _ in 0..per_instance {
+            let url = t.url("/");
+            let who = who.to_string();
+            tasks.push(tokio::spawn(async move {
+                client()
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-customer-id", who)
+                    .send()
+                    .await
+                    .expect("request")
+                    .status()
+                    .as_u16()
+            }));
+        }
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}
+
+/// Asserts that no instance decided anything by its fallback.
+pub async fn no_fallback(fleet: &[Tollgate]) {
+    for t in fleet {
+        assert_eq!(t.metric(FALLBACK).await, 0.0, "{}", t.log_text());
+    }
+}
+
+/// A bucket `tokens` of `capacity` keyed by customer that refills one token an hour,
+/// with `store` lines (indented by 8) appended.
+pub fn bucket(capacity: u64, store: &str) -> String {
+    format!(
+        "      tokens:\n        kind: token_bucket\n        key: [customer]\n        capacity: {capacity}\n        refill: {{ amount: 1, every: 1h }}\n{store}"
+    )
+}
+
+/// The `store:` line of a limit in the shared store.
+pub const SHARED: &str = "        store: shared\n";
