@@ -404,3 +404,84 @@ async fn a_drained_shared_bucket_stays_drained_after_every_instance_restarts() {
     }
     no_fallback(&all).await;
 }
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tollgate-fleet.yaml");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_example_checks_and_runs_as_its_comments_say() {
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let (code, err) = check(&text);
+    assert_eq!(code, 0, "{err}");
+    // Run it on test ports against a test Redis: the first 5 requests of a customer pass,
+    // the 6th gets 429, on any of two instances.
+    let redis = RedisServer::start();
+    let demo = format!("127.0.0.1:{}", common::free_port());
+    let text = text
+        .replace("127.0.0.1:8080", "{listen}")
+        .replace("127.0.0.1:9100", "{metrics}")
+        .replace("127.0.0.1:8081", &demo)
+        .replace("redis://127.0.0.1:6379/0", &redis.url());
+    let a = Tollgate::start(&text).await;
+    wait_up(&a).await;
+    let b_text = text.replace(&demo, &format!("127.0.0.1:{}", common::free_port()));
+    let b = Tollgate::start(&b_text).await;
+    wait_up(&b).await;
+    let send = |t: &Tollgate| {
+        let url = t.url("/");
+        async move {
+            common::client()
+                .get(url)
+                .header("x-customer-id", "acme")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let mut got = Vec::new();
+    for t in [&a, &b, &a, &b, &a, &b] {
+        got.push(send(t).await);
+    }
+    assert_eq!(got, [200, 200, 200, 200, 200, 429]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_metrics_are_exposed_and_pass_promtool() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let all = fleet(1, &config(up.addr, &redis.url(), ROOMY, &bucket(1, SHARED))).await;
+    let t = &all[0];
+    assert_eq!(status(t, "acme").await, 200);
+    assert_eq!(status(t, "acme").await, 429);
+    let text = t.metrics_text().await;
+    for line in [
+        "tollgate_store_up{store=\"shared\"} 1",
+        "tollgate_store_requests_total{result=\"ok\",store=\"shared\"} 2",
+        "tollgate_store_latency_seconds_count{store=\"shared\"} 2",
+        "tollgate_store_fallback_decisions_total{store=\"shared\"} 0",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in\n{text}");
+    }
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/deps.sh installs it)");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
