@@ -223,7 +223,8 @@ fn redis_store(
     })
 }
 
-/// A Redis URL: `redis://`, `rediss://` (TLS) or `unix://`, at most 1 KiB.
+/// A Redis URL: `redis://`, `rediss://` (TLS) or `unix://`, at most 1 KiB, that the
+/// Redis client parses.
 fn redis_url(r: &mut Report, node: &Node, path: &str, url: &str) -> Option<String> {
     let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
         .iter()
@@ -233,6 +234,16 @@ fn redis_url(r: &mut Report, node: &Node, path: &str, url: &str) -> Option<Strin
             node.pos,
             path,
             format!("`{url}` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
+        );
+        return None;
+    }
+    // What the store will parse at start: a URL that passes the scheme check but not
+    // this (a bad port, an unclosed `[`) is reported here, at its line, not at start.
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url) {
+        r.error(
+            node.pos,
+            path,
+            format!("`{url}` is not a usable Redis URL: {e}"),
         );
         return None;
     }

@@ -551,7 +551,8 @@ impl Limiter {
     }
 
     /// The limiter of a variant whose state lives in a shared store, carried over when
-    /// the store and every parameter are unchanged (its fallback state and, for inflight,
+    /// the store (the very same one: a store whose settings changed is a new one, and
+    /// the limiter must not keep deciding in the old) and every parameter are unchanged (its fallback state and, for inflight,
     /// its held units and lease renewals live in the carried value).
     fn build_shared(
         params: &LimitParams,
@@ -567,7 +568,10 @@ impl Limiter {
             } => {
                 let kept = match previous {
                     Some(Limiter::SharedTokenBucket(p))
-                        if p.store == store && p.params == *bucket && p.max_keys == *max_keys =>
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.params == *bucket
+                            && p.max_keys == *max_keys =>
                     {
                         Some(p.limiter.clone())
                     }
@@ -595,7 +599,10 @@ impl Limiter {
             LimitParams::Rate { rate, max_keys } => {
                 let kept = match previous {
                     Some(Limiter::SharedRate(p))
-                        if p.store == store && p.rate == *rate && p.max_keys == *max_keys =>
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.rate == *rate
+                            && p.max_keys == *max_keys =>
                     {
                         Some(p.limiter.clone())
                     }
@@ -622,7 +629,10 @@ impl Limiter {
             LimitParams::Inflight { max, sketch } => {
                 let kept = match previous {
                     Some(Limiter::SharedInflight(p))
-                        if p.store == store && p.max == *max && p.sketch == *sketch =>
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.max == *max
+                            && p.sketch == *sketch =>
                     {
                         Some(p.limiter.clone())
                     }

@@ -112,6 +112,12 @@ pub struct SharedTokenBucket {
 }
 
 impl SharedTokenBucket {
+    /// The store this limiter decides in: a reload keeps the limiter only while the
+    /// runtime keeps this very store (same connection), not just one of the same name.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
     /// A bucket of `params` in `store`, under `names`; the local fallback holds at most
     /// `max_keys` keys (as the in-process limiter would), the deny cache `deny_cache_keys`
     /// (0: none; strict buckets have none).
@@ -240,6 +246,12 @@ pub struct SharedRate {
 }
 
 impl SharedRate {
+    /// The store this limiter decides in: a reload keeps the limiter only while the
+    /// runtime keeps this very store (same connection), not just one of the same name.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
     /// A rate of `params` in `store`, under `names`; the local fallback's table holds
     /// `max_keys` keys, the deny cache `deny_cache_keys` (0: none; strict rates have none).
     pub fn new(
@@ -375,6 +387,12 @@ pub struct SharedInflightGuard {
 }
 
 impl SharedInflight {
+    /// The store this limiter decides in: a reload keeps the limiter only while the
+    /// runtime keeps this very store (same connection), not just one of the same name.
+    pub fn store(&self) -> &RedisStore {
+        &self.shared.store
+    }
+
     /// An inflight limit of `max` units per key across the fleet, in `store`, under
     /// `names`; the local fallback uses a sketch of `sketch`. Starts the renewal task on
     /// the store's runtime (it ends when this limiter and its last guard are gone).

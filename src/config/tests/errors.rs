@@ -122,6 +122,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("unknown segment", limit!("        kind: sliding_log\n        windows: [{max: 3, per: 1d}]\n        overrides:\n          - match: {segment: vip}\n"), "t.yaml:10:30: origins.a.limits.l.overrides[0].match.segment: unknown segment `vip`: no `segments:` are configured"),
     ("group without max", limit!("        kind: concurrency\n        max: 5\n        groups: [{name: big, members: {customer: [a]}}]\n"), "t.yaml:9:18: origins.a.limits.l.groups[0]: missing required field `max`"),
     ("hosts on the unmatched origin", concat!("defaults:\n  unmatched:\n    hosts: [x.test]\n    upstreams: [\"127.0.0.1:1\"]\n", base!()), "t.yaml:3:5: defaults.unmatched.hosts: the unmatched origin serves every host that no origin names; it takes no `hosts`"),
+    ("store url not redis", concat!("stores:\n  s:\n    url: \"http://127.0.0.1:6379\"\n", base!()), "t.yaml:3:10: stores.s.url: `http://127.0.0.1:6379` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
+    ("store url bad port", concat!("stores:\n  s:\n    url: \"redis://127.0.0.1:x/0\"\n", base!()), "t.yaml:3:10: stores.s.url: `redis://127.0.0.1:x/0` is not a usable Redis URL: Redis URL did not parse - InvalidClientConfig"),
     ("non-text key", concat!(base!(), "    [a, b]: 1\n"), "t.yaml:5:5: origins.a: mapping keys must be plain text, not lists or mappings"),
 ];
 

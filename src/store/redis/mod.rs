@@ -292,6 +292,12 @@ impl RedisStore {
         &self.inner.config
     }
 
+    /// Whether `other` is a clone of this store (the same connection, breaker and
+    /// runtime), not merely one with the same name or settings.
+    pub fn same_as(&self, other: &RedisStore) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The store's name (its metrics label).
     pub fn name(&self) -> &str {
         &self.inner.config.name

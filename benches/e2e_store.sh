@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# End-to-end cost of a shared limit on loopback (127.0.0.1 only): the same token bucket
+#   (l) local, in the process, and
+#   (s) shared, in a redis-server this script starts on a free port (`store: shared`),
+# each in a tollgate of its own in front of the same nginx upstream answering `200 ok`.
+# The bucket is out of reach (nothing is rejected), so every request makes one decision;
+# for (s) that is one EVALSHA to Redis within the store's budget.
+#
+# Load: wrk, E2E_CONNECTIONS connections, E2E_ROUNDS rounds alternating l -> s. Per run:
+# requests/s, p50 and p99 latency, tollgate's CPU per request (utime + stime from
+# /proc/PID/stat) and, for (s), Redis's CPU per request (INFO cpu) and the share of
+# decisions its fallback made (missed budget). Prints medians, the added latency (s - l)
+# and the added tollgate CPU per request (target: <= 10 µs). The machine is shared and
+# noisy: compare figures of one run only.
+#
+# Run:     benches/e2e_store.sh                 (release build; about a minute after it)
+# Quick:   E2E_DURATION=2 E2E_ROUNDS=1 TOLLGATE_BIN=target/debug/tollgate benches/e2e_store.sh
+# Knobs:   E2E_DURATION (s, 10)  E2E_ROUNDS (3)  E2E_WORKERS (2)  E2E_CONNECTIONS (16)
+#          E2E_WARMUP (s, 1)  E2E_STORE_TIMEOUT (5ms)  TOLLGATE_BIN (skip the cargo build)
+# Needs:   wrk, nginx, redis-server, redis-cli (scripts/deps.sh installs them), cargo.
+# Exit:    non-zero when a proxy failed to serve (no requests, over 1% non-2xx or socket
+#          errors) or the shared limit never reached Redis.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+duration=${E2E_DURATION:-10}
+rounds=${E2E_ROUNDS:-3}
+workers=${E2E_WORKERS:-2}
+conns=${E2E_CONNECTIONS:-16}
+warmup=${E2E_WARMUP:-1}
+store_timeout=${E2E_STORE_TIMEOUT:-5ms}
+host=bench.local
+
+log() { printf 'e2e-store: %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+"$root/scripts/deps.sh" wrk nginx redis-server
+
+if [[ -n ${TOLLGATE_BIN:-} ]]; then
+  bin=$TOLLGATE_BIN
+else
+  log "cargo build --release --bin tollgate"
+  (cd "$root" && cargo build --release --quiet --bin tollgate)
+  bin=$root/target/release/tollgate
+fi
+[[ -x $bin ]] || die "no tollgate binary at $bin"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-e2e-store.XXXXXX")
+pids=()
+
+# Stops what this script started (TERM, then KILL after 5 s), by PID only.
+cleanup() {
+  local status=$? pid waited alive
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for ((waited = 0; waited < 50; waited++)); do
+    alive=0
+    for pid in "${pids[@]}"; do
+      kill -0 "$pid" 2>/dev/null && alive=1
+    done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# CPU clock ticks (utime + stime) used so far by PID $1 and its direct children.
+cpu_ticks() {
+  local stat
+  for stat in /proc/[0-9]*/stat; do
+    cat "$stat" 2>/dev/null || true
+  done | awk -v p="$1" '{ pid = $1; sub(/^.*\) /, ""); if (pid == p || $2 == p) t += $12 + $13 } END { print t + 0 }'
+}
+
+# Sets variable $1 to a free port on 127.0.0.1 below the ephemeral range.
+used_ports=" "
+free_port() {
+  local port tries
+  for ((tries = 0; tries < 200; tries++)); do
+    port=$((20000 + RANDOM % 12000))
+    [[ $used_ports == *" $port "* ]] && continue
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      used_ports+="$port "
+      printf -v "$1" '%s' "$port"
+      return
+    fi
+  done
+  die "no free port found"
+}
+
+# The body of GET $2 from 127.0.0.1:$1.
+http_get() {
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$2" "${3:-127.0.0.1}" >&3
+  timeout 5 cat <&3 || true
+  exec 3<&-
+}
+
+# Waits (20 s at most) until GET / on 127.0.0.1:$1 answers 2xx while PID $2 runs.
+wait_ready() {
+  local tries
+  for ((tries = 0; tries < 200; tries++)); do
+    kill -0 "$2" 2>/dev/null || die "$3 exited at start: $(tail -n 20 "$tmp/$3.log" 2>/dev/null)"
+    [[ $(http_get "$1" / "$host" 2>/dev/null | head -n 1) == *" 2"[0-9][0-9]* ]] && return
+    sleep 0.1
+  done
+  die "$3 did not answer 2xx on port $1 within 20 s: $(tail -n 20 "$tmp/$3.log" 2>/dev/null)"
+}
+
+# A sample of tollgate's metrics at port $1 (series prefix $2), summed.
+metric() {
+  http_get "$1" /metrics | awk -v s="$2" 'index($0, s) == 1 { t += $NF } END { print t + 0 }'
+}
+
+# ---------------------------------------------------------------------------------------
+# Start everything.
+
+up_port="" redis_port="" p="" m="" # set by free_port
+free_port up_port
+mkdir -p "$tmp/nginx/logs"
+cat >"$tmp/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $tmp/nginx/body; proxy_temp_path $tmp/nginx/proxy;
+    fastcgi_temp_path $tmp/nginx/fastcgi; uwsgi_temp_path $tmp/nginx/uwsgi; scgi_temp_path $tmp/nginx/scgi;
+    server { listen 127.0.0.1:$up_port backlog=4096; location / { return 200 "ok\n"; } }
+}
+EOF
+nginx -p "$tmp/nginx" -e "$tmp/nginx/logs/error.log" -c "$tmp/nginx/nginx.conf" -g 'daemon off;' \
+  >"$tmp/upstream.log" 2>&1 &
+pids+=("$!")
+
+free_port redis_port
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$tmp" --logfile "$tmp/redis.log" >/dev/null 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+for ((i = 0; i < 100; i++)); do
+  redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$redis_port" ping >/dev/null 2>&1 || die "redis-server did not start"
+
+declare -A port pid metrics
+for v in l s; do
+  free_port p
+  free_port m
+  port[$v]=$p metrics[$v]=$m
+  store=""
+  [[ $v == s ]] && store="store: shared, "
+  cat >"$tmp/$v.yaml" <<EOF
+server:
+  listen: ["127.0.0.1:$p"]
+  metrics: "127.0.0.1:$m"
+  threads: $workers
+  grace_period: 0s
+stores:
+  shared: { kind: redis, url: "redis://127.0.0.1:$redis_port/0", timeout: $store_timeout }
+origins:
+  bench:
+    hosts: ["$host"]
+    upstreams: ["127.0.0.1:$up_port"]
+    limits:
+      tokens: { kind: token_bucket, key: [client_ip], ${store}capacity: 1000000000, refill: { amount: 1000000000, every: 1s } }
+EOF
+  RUST_LOG=warn "$bin" run --config "$tmp/$v.yaml" --upgrade-sock "$tmp/$v.sock" \
+    --pid-file "$tmp/$v.pid" >"$tmp/tollgate-$v.log" 2>&1 &
+  pid[$v]=$!
+  pids+=("${pid[$v]}")
+done
+for v in l s; do
+  wait_ready "${port[$v]}" "${pid[$v]}" "tollgate-$v"
+done
+for ((i = 0; i < 100; i++)); do
+  [[ $(metric "${metrics[s]}" 'tollgate_store_up{store="shared"}') == 1 ]] && break
+  sleep 0.1
+done
+[[ $(metric "${metrics[s]}" 'tollgate_store_up{store="shared"}') == 1 ]] || die "the store never came up"
+log "upstream :$up_port, redis :$redis_port, tollgate local :${port[l]}, shared :${port[s]}"
+
+redis_cpu() {
+  redis-cli -p "$redis_port" info cpu | tr -d '\r' |
+    awk -F: '/^used_cpu_(user|sys):/ { t += $2 } END { printf "%.6f\n", t }'
+}
+
+clk_tck=$(getconf CLK_TCK)
+results=$tmp/results.tsv
+failed=0
+
+# wrk for $2 s against $1; with $3 = record, appends: v round rps p50 p99 cpu req bad rcpu fb
+run_wrk() {
+  local v=$1 secs=$2 mode=$3 round=${4:-0} before after out rb ra fb0 fb1
+  before=$(cpu_ticks "${pid[$v]}")
+  rb=$(redis_cpu)
+  fb0=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
+  out=$(wrk --latency -t 1 -c "$conns" -d "${secs}s" -H "Host: $host" \
+    "http://127.0.0.1:${port[$v]}/" 2>&1) || die "wrk failed against $v: $out"
+  after=$(cpu_ticks "${pid[$v]}")
+  ra=$(redis_cpu)
+  fb1=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
+  [[ $mode == record ]] || return 0
+  awk -v v="$v" -v round="$round" -v ticks=$((after - before)) -v hz="$clk_tck" \
+    -v rcpu="$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a - b }')" -v fb=$((fb1 - fb0)) '
+    function us(s) {
+      if (s ~ /us$/) return s + 0
+      if (s ~ /ms$/) return (s + 0) * 1000
+      if (s ~ /s$/) return (s + 0) * 1000000
+      return s + 0
+    }
+    /^ +50%/ { p50 = us($2) }
+    /^ +99%/ { p99 = us($2) }
+    / requests in / { req = $1 }
+    /Non-2xx or 3xx responses:/ { bad += $NF }
+    /Socket errors:/ { gsub(/,/, ""); bad += $4 + $6 + $8 + $10 }
+    /^Requests\/sec:/ { rps = $2 }
+    END {
+      cpu = req > 0 ? ticks * 1000000 / hz / req : 0
+      rc = (v == "s" && req > 0) ? rcpu * 1000000 / req : 0
+      printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\t%.2f\t%d\n", v, round, rps, p50, p99, cpu, req, bad, rc, fb
+    }' <<<"$out" >>"$results"
+}
+
+for v in l s; do
+  run_wrk "$v" "$warmup" warmup
+done
+for ((r = 1; r <= rounds; r++)); do
+  for v in l s; do
+    run_wrk "$v" "$duration" record "$r"
+    IFS=$'\t' read -r _ _ rps p50 p99 cpu req bad rc fb < <(tail -n 1 "$results")
+    log "round $r/$rounds $v: $rps req/s, p50 $p50 µs, p99 $p99 µs, tollgate CPU $cpu µs/req, redis CPU $rc µs/req, $req requests, $bad bad, $fb by fallback"
+    if ((req == 0 || bad * 100 > req)); then
+      log "FAIL: $v served $req requests with $bad non-2xx or socket errors"
+      failed=1
+    fi
+  done
+done
+
+ok=$(metric "${metrics[s]}" 'tollgate_store_requests_total{result="ok"')
+log "shared store calls answered: $ok"
+((ok > 0)) || {
+  log "FAIL: the shared limit never reached Redis"
+  failed=1
+}
+
+echo
+echo "## Shared vs local token bucket: wrk -t1 -c$conns, ${duration}s x $rounds rounds, $workers workers, loopback, budget $store_timeout"
+echo
+echo "CPU µs/req = tollgate utime+stime / requests; Redis µs/req = INFO used_cpu_user+sys / requests."
+echo
+awk -F'\t' '
+  function median(v, k,    a, n, i, j, t) {
+    n = split(vals[v, k], a, " ")
+    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  { for (k = 3; k <= 10; k++) vals[$1, k] = vals[$1, k] (vals[$1, k] == "" ? "" : " ") $k }
+  END {
+    name["l"] = "token bucket, local"; name["s"] = "token bucket, shared (Redis)"
+    print "| limit | req/s | p50 µs | p99 µs | tollgate CPU µs/req | Redis CPU µs/req | requests | by fallback |"
+    print "|---|---:|---:|---:|---:|---:|---:|---:|"
+    split("l s", order, " ")
+    for (i = 1; i <= 2; i++) {
+      v = order[i]
+      printf "| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.0f | %.0f |\n", name[v], median(v, 3), median(v, 4), median(v, 5), median(v, 6), median(v, 9), median(v, 7), median(v, 10)
+    }
+    print ""
+    dc = median("s", 6) - median("l", 6)
+    printf "- added tollgate CPU per request: %.2f µs (%s: target <= 10 µs)\n", dc, dc <= 10 ? "PASS" : "MISS"
+    printf "- added latency: p50 %+.0f µs, p99 %+.0f µs\n", median("s", 4) - median("l", 4), median("s", 5) - median("l", 5)
+  }' "$results"
+
+if ((failed)); then
+  exit 1
+fi

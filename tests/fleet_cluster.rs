@@ -1,0 +1,143 @@
+//! Shared limits on a local three-node Redis Cluster through the real binary: two
+//! instances share one bucket exactly, and a key whose slot migrates to another node
+//! (`CLUSTER SETSLOT` IMPORTING/MIGRATING, `MIGRATE`, `SETSLOT NODE`) while traffic runs
+//! keeps working: no 5xx, failing open at worst, and its state moves with it.
+
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fleet.rs"]
+mod fleet;
+#[path = "common/redis.rs"]
+mod harness;
+
+use std::time::Duration;
+
+use common::{eventually, Upstream};
+use fleet::{
+    assert_no_5xx_within, bucket, burst, config_at, fleet, no_fallback, status, Traffic, ROOMY,
+    SHARED,
+};
+use harness::{RedisCluster, RedisServer};
+
+fn target(cluster: &RedisCluster) -> String {
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!("urls: [{}]\n    cluster: true", urls.join(", "))
+}
+
+fn text(v: redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        redis::Value::SimpleString(s) => s,
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("not text: {other:?}"),
+    }
+}
+
+/// The names of the keys on `node` that match `pattern`.
+fn keys(node: &RedisServer, pattern: &str) -> Vec<String> {
+    match node.cmd(&["KEYS", pattern]) {
+        redis::Value::Array(keys) => keys.into_iter().map(text).collect(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_share_one_bucket_on_a_cluster_exactly() {
+    const C: usize = 20;
+    let cluster = RedisCluster::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let all = fleet(
+        2,
+        &config_at(up.addr, &target(&cluster), ROOMY, &bucket(C as u64, SHARED)),
+    )
+    .await;
+    // Several customers, so that their keys land on different nodes.
+    for who in ["acme", "globex", "initech", "umbrella", "hooli"] {
+        let statuses = burst(&all, who, C).await;
+        let ok = statuses.iter().filter(|s| **s == 200).count();
+        assert_eq!(ok, C, "{who}: admitted {ok} of {C}");
+        assert!(statuses.iter().all(|s| *s == 200 || *s == 429));
+    }
+    no_fallback(&all).await;
+    let per_node: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| keys(n, "tollgate:app:tokens:*").len())
+        .collect();
+    assert_eq!(per_node.iter().sum::<usize>(), 5, "{per_node:?}");
+    assert!(
+        per_node.iter().filter(|n| **n > 0).count() >= 2,
+        "all keys on one node: {per_node:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_whose_slot_migrates_keeps_working_and_keeps_its_state() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    // A roomy bucket for the traffic; `drained` has 2 tokens, one an hour.
+    let limits = format!(
+        "{}        overrides:\n          - match: {{ customer: drained }}\n            capacity: 2\n",
+        bucket(1_000_000, SHARED)
+    );
+    let store =
+        "timeout: 500ms\n    breaker: { failures: 3, probe_every: 50ms }\n    fallback: allow";
+    let all = fleet(1, &config_at(up.addr, &target(&cluster), store, &limits)).await;
+    let t = &all[0];
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 429);
+    // Where the drained key lives.
+    let (src, key) = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .find_map(|(i, n)| {
+            keys(n, "tollgate:app:tokens:o0:*")
+                .into_iter()
+                .next()
+                .map(|k| (i, k))
+        })
+        .expect("the drained key in some node");
+    let dst = (src + 1) % 3;
+    let slot = cluster.keyslot(&key).to_string();
+    let id = |i: usize| text(cluster.nodes[i].cmd(&["CLUSTER", "MYID"]));
+    let (src_id, dst_id) = (id(src), id(dst));
+    let (s, d) = (&cluster.nodes[src], &cluster.nodes[dst]);
+
+    // Traffic on the drained key itself while its slot moves.
+    let load = Traffic::start(&[t.url("/")], "drained", 2, Duration::from_secs(30));
+    load.more(20).await;
+    d.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+    s.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    load.more(20).await;
+    let port = d.port().to_string();
+    s.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &key]);
+    // Between MIGRATE and SETSLOT NODE the source answers ASK.
+    load.more(20).await;
+    for n in &cluster.nodes {
+        n.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    load.more(20).await;
+    // The key moved with its state: still drained, decided by Redis on the new node.
+    assert_eq!(keys(d, &key), vec![key.clone()]);
+    assert!(keys(s, &key).is_empty());
+    eventually("decisions back on Redis after the move", 200, || async {
+        t.metric(fleet::UP).await == 1.0
+    })
+    .await;
+    let before = t.metric(fleet::FALLBACK).await;
+    assert_eq!(status(t, "drained").await, 429);
+    assert_eq!(t.metric(fleet::FALLBACK).await, before);
+    let seen = load.stop().await;
+    assert_no_5xx_within(
+        &seen,
+        Duration::from_millis(500),
+        Duration::from_millis(500),
+        "slot migration",
+    );
+    // Fail open at worst: some answers may be 200 by the fallback, the rest are 429.
+    assert!(seen.iter().all(|s| s.status == 200 || s.status == 429));
+}

@@ -1,0 +1,210 @@
+//! Redis faults while traffic runs through the real binary: Redis frozen (SIGSTOP), killed
+//! and restarted (and its scripts flushed: the NOSCRIPT path), `CLIENT PAUSE`, and a
+//! listener that accepts and never answers.
+//!
+//! Each: no 5xx and no failed request; every answer within the store's budget plus a
+//! generous slack (a deadline that catches a request waiting on Redis, not a performance
+//! measurement); the breaker opens (`tollgate_store_up` 0) and the fallback decides
+//! (its counter rises); once Redis is back, enforcement from Redis's state resumes within
+//! about a second (probes every 100 ms).
+
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fleet.rs"]
+mod fleet;
+#[path = "common/redis.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, Tollgate, Upstream};
+use fleet::{assert_no_5xx_within, config, status, wait_up, Traffic, FALLBACK, UP};
+use harness::{BlackHole, RedisServer};
+
+/// The store's budget per decision.
+const BUDGET: Duration = Duration::from_millis(25);
+/// What a request may take beyond the budget: proxying, a debug build, a busy machine.
+const SLACK: Duration = Duration::from_millis(300);
+/// How soon after Redis is back its state must decide again: "about a second".
+const RESUME_WITHIN: Duration = Duration::from_millis(1500);
+
+/// Budget 25 ms, 3 failures open the breaker, probes every 100 ms, fail open (`allow`),
+/// no deny cache (a rejection remembered from Redis would hide the fallback).
+const STORE: &str = "timeout: 25ms\n    breaker: { failures: 3, probe_every: 100ms }\n    fallback: allow\n    deny_cache: 0";
+
+/// A roomy shared bucket for the traffic, with an override of 2 tokens (one an hour) for
+/// `drained`.
+const LIMITS: &str = "      tokens:
+        kind: token_bucket
+        key: [customer]
+        capacity: 1000000
+        refill: { amount: 1000, every: 1s }
+        store: shared
+        overrides:
+          - match: { customer: drained }
+            capacity: 2
+            refill: { amount: 1, every: 1h }
+";
+
+async fn start(redis_url: &str) -> (Upstream, Tollgate) {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let t = Tollgate::start(&config(up.addr, redis_url, STORE, LIMITS)).await;
+    (up, t)
+}
+
+/// Drains `drained` through Redis: two tokens, then rejected, no fallback involved.
+async fn drain(t: &Tollgate) {
+    let before = t.metric(FALLBACK).await;
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 429);
+    assert_eq!(t.metric(FALLBACK).await, before, "drained by the fallback");
+}
+
+/// Traffic as customer `load` through `t`, two loops, at most 60 s.
+fn traffic(t: &Tollgate) -> Traffic {
+    Traffic::start(&[t.url("/")], "load", 2, Duration::from_secs(60))
+}
+
+/// Waits (bounded) until the breaker opened and the fallback decided some requests.
+async fn breaker_opens(t: &Tollgate, traffic: &Traffic) {
+    t.wait_metric(UP, 0.0).await;
+    let before = t.metric(FALLBACK).await;
+    traffic.more(20).await;
+    assert!(
+        t.metric(FALLBACK).await >= before + 10.0,
+        "the fallback did not decide"
+    );
+}
+
+/// Waits until the drained key is rejected again (Redis decides), at most
+/// [`RESUME_WITHIN`] after `back`.
+async fn enforcement_resumes(t: &Tollgate, back: Instant) {
+    while status(t, "drained").await != 429 {
+        assert!(
+            back.elapsed() < RESUME_WITHIN,
+            "still not enforced {:?} after Redis came back:\n{}",
+            back.elapsed(),
+            t.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(t.metric(UP).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_frozen_by_sigstop() {
+    let mut redis = RedisServer::start();
+    let (_up, t) = start(&redis.url()).await;
+    wait_up(&t).await;
+    drain(&t).await;
+    let load = traffic(&t);
+    load.more(20).await;
+    redis.freeze();
+    breaker_opens(&t, &load).await;
+    // While frozen the drained key is admitted: fail open.
+    assert_eq!(status(&t, "drained").await, 200);
+    redis.thaw();
+    enforcement_resumes(&t, Instant::now()).await;
+    load.more(20).await;
+    let seen = load.stop().await;
+    assert_no_5xx_within(&seen, BUDGET, SLACK, "frozen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_and_restarted_and_its_scripts_flushed() {
+    let mut redis = RedisServer::start();
+    let (_up, t) = start(&redis.url()).await;
+    wait_up(&t).await;
+    let load = traffic(&t);
+    load.more(20).await;
+    redis.kill();
+    breaker_opens(&t, &load).await;
+    redis.restart();
+    let back = Instant::now();
+    // A restarted Redis has no data: the store comes up and drains the key from scratch.
+    eventually("the store comes back", 100, || async {
+        t.metric(UP).await == 1.0
+    })
+    .await;
+    assert!(
+        back.elapsed() < RESUME_WITHIN,
+        "up after {:?}",
+        back.elapsed()
+    );
+    drain(&t).await;
+    // Scripts lost while connected (what a restart between probes looks like): the
+    // decision gets NOSCRIPT, sends the script itself, and Redis still decides.
+    redis.cmd(&["SCRIPT", "FLUSH"]);
+    let before = t.metric(FALLBACK).await;
+    assert_eq!(status(&t, "drained").await, 429);
+    assert_eq!(t.metric(FALLBACK).await, before);
+    assert!(
+        t.log_text().contains("Redis lost script"),
+        "{}",
+        t.log_text()
+    );
+    load.more(20).await;
+    let seen = load.stop().await;
+    assert_no_5xx_within(&seen, BUDGET, SLACK, "killed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_paused_by_client_pause() {
+    const PAUSE: Duration = Duration::from_millis(1500);
+    let redis = RedisServer::start();
+    let (_up, t) = start(&redis.url()).await;
+    wait_up(&t).await;
+    drain(&t).await;
+    let load = traffic(&t);
+    load.more(20).await;
+    redis.client_pause(PAUSE.as_millis() as u64);
+    let paused = Instant::now();
+    breaker_opens(&t, &load).await;
+    assert!(
+        paused.elapsed() < PAUSE,
+        "the breaker opened too late to tell"
+    );
+    assert_eq!(status(&t, "drained").await, 200);
+    let back = paused + PAUSE;
+    tokio::time::sleep_until(back.into()).await;
+    enforcement_resumes(&t, back).await;
+    load.more(20).await;
+    let seen = load.stop().await;
+    assert_no_5xx_within(&seen, BUDGET, SLACK, "paused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_accepts_and_never_answers() {
+    let hole = BlackHole::start();
+    let (up, t) = start(&hole.url()).await;
+    let load = traffic(&t);
+    load.more(40).await;
+    // Never up; every decision by the fallback; the hole did get our bytes.
+    assert_eq!(t.metric(UP).await, 0.0);
+    assert!(t.metric(FALLBACK).await >= 40.0);
+    assert!(
+        hole.accepted() >= 1 && hole.received() > 0,
+        "never connected"
+    );
+    // Pointed at a real Redis by a reload: its state decides within about a second.
+    let redis = RedisServer::start();
+    t.write_config(&config(up.addr, &redis.url(), STORE, LIMITS));
+    t.signal(libc::SIGHUP);
+    let back = Instant::now();
+    eventually("the reloaded store comes up", 100, || async {
+        t.metric(UP).await == 1.0
+    })
+    .await;
+    assert!(
+        back.elapsed() < RESUME_WITHIN,
+        "up after {:?}",
+        back.elapsed()
+    );
+    drain(&t).await;
+    load.more(20).await;
+    let seen = load.stop().await;
+    assert_no_5xx_within(&seen, BUDGET, SLACK, "black hole");
+}
