@@ -60,3 +60,21 @@ pub const KEEPALIVE_PROBES: u32 = 6;
 /// Time a closing connection (shutdown, `QUIT`, a protocol error) gets to flush its last
 /// replies before it is dropped anyway.
 pub const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);
+
+/// Longest domain a `CH.*` command may name: 256 bytes (a tenant, user or queue name; it
+/// is kept with every hold).
+pub const MAX_DOMAIN_LEN: usize = 256;
+
+/// Hold entries (one per resource, domain, groups and state) one connection may have:
+/// 1024. Reserving for a 1025th is an error reply; releasing makes room.
+pub const MAX_HOLDS_PER_CONNECTION: usize = 1024;
+
+/// Hold entries across every connection and pending transfer: 100 000, about 40 MB at
+/// the longest domains. Past it, reservations needing a new entry get an error reply.
+pub const MAX_HOLDS: usize = 100_000;
+
+/// Pending transfers (`CH.TRANSFER` not yet seized nor expired): 65 536.
+pub const MAX_TRANSFERS: usize = 65_536;
+
+/// The longest a transfer waits to be seized: one day.
+pub const MAX_TRANSFER_TTL: Duration = Duration::from_secs(86_400);

@@ -111,6 +111,24 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// The limit a request is measured against, for a reply's context: a bucket's
+    /// capacity, a rate's `max`, the smallest window `max` of a sliding log, a tiered
+    /// limit's first tier (the current tier comes with each decision); `None` for the kinds
+    /// that are not requested.
+    pub fn request_limit(&self) -> Option<u64> {
+        match self {
+            Limiter::TokenBucket(l) => Some(l.state.params().capacity),
+            Limiter::Rate(l) => Some(l.rate.max),
+            Limiter::SlidingLog(l) => l.windows.iter().map(|w| w.max).min(),
+            Limiter::Tiered(l) => l.params.tiers.first().map(|t| t.limit),
+            Limiter::SharedTokenBucket(l) => Some(l.params.capacity),
+            Limiter::SharedRate(l) => Some(l.rate.max),
+            Limiter::Inflight(_) | Limiter::Concurrency(_) | Limiter::SharedInflight(_) => None,
+        }
+    }
+}
+
 impl ConcurrencyRt {
     /// The groups `facts` belongs to, as the limiter's bitset (bit `i`: group `i`).
     pub fn groups_of<F: Facts + ?Sized>(&self, facts: &F) -> u64 {

@@ -138,7 +138,7 @@ pub fn default_instance() -> String {
 }
 
 /// Counts and durations sent to the scripts stay below 2^50 (they compute in doubles).
-const SCRIPT_MAX: u64 = 1 << 50;
+pub const SCRIPT_MAX: u64 = 1 << 50;
 /// The largest rate `max` the Redis store keeps exactly (see rate.lua): 2^25 events per
 /// window; a larger `max` is clamped to it.
 pub const RATE_MAX: u64 = 1 << 25;
