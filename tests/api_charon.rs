@@ -507,3 +507,39 @@ async fn a_redis_cli_session() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_metrics_pass_promtool() {
+    let api = Api::start("", &format!("api:\n  allow_unconfigured: true\n{UPLOADS}")).await;
+    let mut con = api.con(true);
+    ch(&mut con, &["CH.RESERVE", "uploads", "bigco", "2"]);
+    ch(&mut con, &["CH.RESERVE", "uploads", "alice", "4", "MIN", "4"]);
+    ch(&mut con, &["CH.RESERVE", "mailer", "alice", "1"]);
+    let text = api.t.metrics_text().await;
+    for needle in [
+        "tollgate_api_holds{resource=\"uploads\"} 2",
+        "tollgate_api_holds{resource=\"_unconfigured\"} 1",
+        "tollgate_limit_decisions_total{decision=\"allowed\",kind=\"concurrency\",limit=\"uploads\",origin=\"_api\"} 1",
+        "tollgate_limit_decisions_total{decision=\"rejected\",kind=\"concurrency\",limit=\"uploads\",origin=\"_api\"} 1",
+        "tollgate_limit_decisions_total{decision=\"allowed\",kind=\"unconfigured\",limit=\"_unconfigured\",origin=\"_api\"} 1",
+        "tollgate_api_commands_total{command=\"ch.reserve\",result=\"rejected\"} 1",
+        "tollgate_api_connections 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/deps.sh installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "promtool: {out:?}");
+}
