@@ -99,10 +99,7 @@ fn fields(v: Value) -> HashMap<String, Value> {
         }
         other => panic!("a map reply, got {other:?}"),
     };
-    pairs
-        .into_iter()
-        .map(|(k, v)| (text(&k), v))
-        .collect()
+    pairs.into_iter().map(|(k, v)| (text(&k), v)).collect()
 }
 
 /// The error message of a command that must fail.
@@ -151,7 +148,10 @@ async fn reserve_up_to_the_domain_group_and_global_limits() {
     let r = ch(&mut a, &["CH.RESERVE", "uploads", "alice", "3"]);
     assert_eq!(int(&r, "granted"), 3);
     assert_eq!(list(&r, "groups"), Vec::<String>::new());
-    assert_eq!((int(&r, "held"), int(&r, "in_use"), int(&r, "limit")), (3, 3, 3));
+    assert_eq!(
+        (int(&r, "held"), int(&r, "in_use"), int(&r, "limit")),
+        (3, 3, 3)
+    );
     assert_eq!(int(&r, "global"), 6);
     // The domain's limit.
     let r = ch(&mut a, &["CH.RESERVE", "uploads", "alice", "1"]);
@@ -160,26 +160,47 @@ async fn reserve_up_to_the_domain_group_and_global_limits() {
     assert_eq!(int(&r, "retry_after_ms"), 1000);
     // A member of `big` takes from the group too.
     let r = ch(&mut a, &["CH.RESERVE", "uploads", "bigco", "3"]);
-    assert_eq!((int(&r, "granted"), list(&r, "groups")), (3, vec!["big".to_string()]));
+    assert_eq!(
+        (int(&r, "granted"), list(&r, "groups")),
+        (3, vec!["big".to_string()])
+    );
     // The global limit: 6 of 6 held, from another connection too.
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "hugeco", "1"]);
-    assert_eq!((int(&r, "granted"), field_text(&r, "limited_by")), (0, "global".into()));
+    assert_eq!(
+        (int(&r, "granted"), field_text(&r, "limited_by")),
+        (0, "global".into())
+    );
     // Room again globally; the group has 1 of 4 left, so MIN 1 gets 1 of the 3 asked.
     let r = ch(&mut a, &["CH.RELEASE", "uploads", "alice", "3"]);
     assert_eq!((int(&r, "released"), int(&r, "held")), (3, 0));
-    let r = ch(&mut b, &["CH.RESERVE", "uploads", "hugeco", "3", "MIN", "1"]);
-    assert_eq!((int(&r, "granted"), list(&r, "groups")), (1, vec!["big".to_string()]));
+    let r = ch(
+        &mut b,
+        &["CH.RESERVE", "uploads", "hugeco", "3", "MIN", "1"],
+    );
+    assert_eq!(
+        (int(&r, "granted"), list(&r, "groups")),
+        (1, vec!["big".to_string()])
+    );
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "hugeco", "1"]);
     assert_eq!(field_text(&r, "limited_by"), "group:big");
     // 4 of 6 held globally: 2 fit, a MIN that does not fit takes nothing.
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "carol", "2", "MIN", "2"]);
     assert_eq!(int(&r, "granted"), 2);
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "dave", "2", "MIN", "1"]);
-    assert_eq!((int(&r, "granted"), field_text(&r, "limited_by")), (0, "global".into()));
+    assert_eq!(
+        (int(&r, "granted"), field_text(&r, "limited_by")),
+        (0, "global".into())
+    );
     // Exact gauges and counts: bigco 3, hugeco 1, carol 2.
     assert_eq!(api.holds("uploads").await, 6.0);
-    assert_eq!(api.decisions("uploads", "concurrency", "allowed").await, 4.0);
-    assert_eq!(api.decisions("uploads", "concurrency", "rejected").await, 4.0);
+    assert_eq!(
+        api.decisions("uploads", "concurrency", "allowed").await,
+        4.0
+    );
+    assert_eq!(
+        api.decisions("uploads", "concurrency", "rejected").await,
+        4.0
+    );
     // Both connections end: every hold goes back.
     drop((a, b));
     eventually("holds are released when connections end", 250, || async {
@@ -188,7 +209,11 @@ async fn reserve_up_to_the_domain_group_and_global_limits() {
     .await;
     let mut c = api.con(true);
     let r = ch(&mut c, &["CH.RESERVE", "uploads", "bigco", "3"]);
-    assert_eq!(int(&r, "granted"), 3, "bigco's and the group's copies are back");
+    assert_eq!(
+        int(&r, "granted"),
+        3,
+        "bigco's and the group's copies are back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,38 +224,62 @@ async fn request_grants_the_largest_count_that_fits_with_its_context() {
         let domain = if resp3 { "alice3" } else { "alice2" };
         let mut con = api.con(resp3);
         let r = ch(&mut con, &["CH.REQUEST", "logins", domain, "6"]);
-        assert_eq!((int(&r, "granted"), int(&r, "remaining"), int(&r, "limit")), (6, 4, 10));
-        assert_eq!((field_text(&r, "kind"), field_text(&r, "source")), ("token_bucket".into(), "local".into()));
+        assert_eq!(
+            (int(&r, "granted"), int(&r, "remaining"), int(&r, "limit")),
+            (6, 4, 10)
+        );
+        assert_eq!(
+            (field_text(&r, "kind"), field_text(&r, "source")),
+            ("token_bucket".into(), "local".into())
+        );
         let r = ch(&mut con, &["CH.REQUEST", "logins", domain, "6", "MIN", "3"]);
         assert_eq!((int(&r, "granted"), int(&r, "remaining")), (4, 0));
         let r = ch(&mut con, &["CH.REQUEST", "logins", domain, "2", "MIN", "1"]);
         assert_eq!(int(&r, "granted"), 0);
         let retry = int(&r, "retry_after_ms");
-        assert!((3_599_000..=3_600_000).contains(&retry), "one refill: {retry}");
+        assert!(
+            (3_599_000..=3_600_000).contains(&retry),
+            "one refill: {retry}"
+        );
         assert_eq!(int(&r, "shadow_rejected"), 0);
         // A rate and a sliding log: the same rule, their own limits.
         let r = ch(&mut con, &["CH.REQUEST", "sends", domain, "7", "MIN", "2"]);
         assert_eq!((int(&r, "granted"), int(&r, "limit")), (5, 5));
         let r = ch(&mut con, &["CH.REQUEST", "caps", domain, "5", "MIN", "1"]);
-        assert_eq!((int(&r, "granted"), int(&r, "limit"), int(&r, "remaining")), (3, 3, 0));
+        assert_eq!(
+            (int(&r, "granted"), int(&r, "limit"), int(&r, "remaining")),
+            (3, 3, 0)
+        );
         let r = ch(&mut con, &["CH.REQUEST", "caps", domain, "1"]);
         assert_eq!(int(&r, "granted"), 0);
         // Tiered: 2 in tier 1, the burst into tier 2 stops at the hard limit of 4/s.
         let r = ch(&mut con, &["CH.REQUEST", "search", domain, "5", "MIN", "1"]);
-        assert_eq!((int(&r, "granted"), int(&r, "tier"), int(&r, "tier_limit")), (4, 2, 5));
+        assert_eq!(
+            (int(&r, "granted"), int(&r, "tier"), int(&r, "tier_limit")),
+            (4, 2, 5)
+        );
         assert_eq!(int(&r, "hard_limit"), 4);
         assert_eq!(r.get("global_limit"), Some(&Value::Nil));
         let r = ch(&mut con, &["CH.REQUEST", "search", domain, "1"]);
         assert_eq!(int(&r, "granted"), 0);
         assert_eq!(field_text(&r, "decided_by"), "hard_limit");
     }
-    assert_eq!(api.decisions("logins", "token_bucket", "allowed").await, 4.0);
-    assert_eq!(api.decisions("logins", "token_bucket", "rejected").await, 2.0);
+    assert_eq!(
+        api.decisions("logins", "token_bucket", "allowed").await,
+        4.0
+    );
+    assert_eq!(
+        api.decisions("logins", "token_bucket", "rejected").await,
+        2.0
+    );
     assert_eq!(api.decisions("search", "tiered", "rejected").await, 2.0);
     // The kinds answer their own command only.
     let mut con = api.con(false);
     let e = err(&mut con, &["CH.RESERVE", "logins", "x", "1"]);
-    assert!(e.contains("is a `token_bucket` resource: use CH.REQUEST"), "{e}");
+    assert!(
+        e.contains("is a `token_bucket` resource: use CH.REQUEST"),
+        "{e}"
+    );
 }
 
 /// `redis-cli` in an interactive session whose process is killed mid-way: its
@@ -276,14 +325,26 @@ async fn a_killed_client_and_a_reset_socket_release_their_holds() {
     })
     .await;
     let mut con = api.con(true);
-    assert_eq!(int(&ch(&mut con, &["CH.RESERVE", "uploads", "bigco", "3"]), "granted"), 3);
+    assert_eq!(
+        int(
+            &ch(&mut con, &["CH.RESERVE", "uploads", "bigco", "3"]),
+            "granted"
+        ),
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_move_holds_and_expire_unseized() {
     let api = Api::start("", UPLOADS).await;
     let (mut a, mut b) = (api.con(true), api.con(false));
-    assert_eq!(int(&ch(&mut a, &["CH.RESERVE", "uploads", "bigco", "3"]), "granted"), 3);
+    assert_eq!(
+        int(
+            &ch(&mut a, &["CH.RESERVE", "uploads", "bigco", "3"]),
+            "granted"
+        ),
+        3
+    );
     let id: String = redis::cmd("CH.TRANSFER")
         .arg(&["uploads", "bigco", "2", "60", "GROUPS", "big"])
         .query(&mut a)
@@ -291,35 +352,57 @@ async fn transfers_move_holds_and_expire_unseized() {
     assert_eq!(id.len(), 32);
     assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
     let s = ch(&mut b, &["CH.SEIZE", &id]);
-    assert_eq!((field_text(&s, "resource"), field_text(&s, "domain")), ("uploads".into(), "bigco".into()));
-    assert_eq!((int(&s, "copies"), list(&s, "groups")), (2, vec!["big".to_string()]));
+    assert_eq!(
+        (field_text(&s, "resource"), field_text(&s, "domain")),
+        ("uploads".into(), "bigco".into())
+    );
+    assert_eq!(
+        (int(&s, "copies"), list(&s, "groups")),
+        (2, vec!["big".to_string()])
+    );
     let e = err(&mut a, &["CH.SEIZE", &id]);
     assert!(e.contains("unknown transfer"), "seized once: {e}");
     let e = err(&mut a, &["CH.SEIZE", "0123456789abcdef0123456789abcdef"]);
     assert!(e.contains("unknown transfer"), "{e}");
     // A's connection holds 1, B's 2: each is released with its own connection.
     let e = err(&mut a, &["CH.RELEASE", "uploads", "bigco", "2"]);
-    assert!(e.contains("over-release: this connection holds 1 copies"), "{e}");
+    assert!(
+        e.contains("over-release: this connection holds 1 copies"),
+        "{e}"
+    );
     drop(a);
     eventually("A's copy is released", 250, || async {
         api.holds("uploads").await == 2.0
     })
     .await;
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "bigco", "1"]);
-    assert_eq!((int(&r, "granted"), int(&r, "held"), int(&r, "in_use")), (1, 3, 3));
+    assert_eq!(
+        (int(&r, "granted"), int(&r, "held"), int(&r, "in_use")),
+        (1, 3, 3)
+    );
     // A transfer nobody seizes is released after its ttl.
     let id: String = redis::cmd("CH.TRANSFER")
         .arg(&["uploads", "bigco", "3", "0.2"])
         .query(&mut b)
         .unwrap();
-    assert_eq!(api.holds("uploads").await, 3.0, "held by the transfer meanwhile");
+    assert_eq!(
+        api.holds("uploads").await,
+        3.0,
+        "held by the transfer meanwhile"
+    );
     eventually("an unseized transfer is released", 250, || async {
         api.holds("uploads").await == 0.0
     })
     .await;
     let e = err(&mut b, &["CH.SEIZE", &id]);
     assert!(e.contains("unknown transfer"), "{e}");
-    assert_eq!(int(&ch(&mut b, &["CH.RESERVE", "uploads", "bigco", "3"]), "granted"), 3);
+    assert_eq!(
+        int(
+            &ch(&mut b, &["CH.RESERVE", "uploads", "bigco", "3"]),
+            "granted"
+        ),
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,7 +426,10 @@ async fn over_release_is_an_error_that_changes_nothing() {
     let mut b = api.con(false);
     let e = err(&mut b, &["CH.RELEASE", "uploads", "bigco", "1"]);
     assert!(e.contains("holds 0 copies"), "{e}");
-    let r = ch(&mut a, &["CH.RELEASE", "uploads", "bigco", "2", "GROUPS", "big"]);
+    let r = ch(
+        &mut a,
+        &["CH.RELEASE", "uploads", "bigco", "2", "GROUPS", "big"],
+    );
     assert_eq!((int(&r, "released"), int(&r, "held")), (2, 0));
     assert_eq!(api.holds("uploads").await, 0.0);
 }
@@ -357,13 +443,20 @@ async fn unconfigured_resources_follow_allow_unconfigured_live() {
     let e = err(&mut con, &["CH.RESERVE", "mailer", "alice", "3"]);
     assert!(e.contains("unknown resource 'mailer'"), "{e}");
     api.reload("", "api:\n  allow_unconfigured: true\n").await;
-    let r = ch(&mut con, &["CH.REQUEST", "mailer", "alice", "3", "MIN", "1"]);
-    assert_eq!((int(&r, "granted"), field_text(&r, "kind")), (3, "_unconfigured".into()));
+    let r = ch(
+        &mut con,
+        &["CH.REQUEST", "mailer", "alice", "3", "MIN", "1"],
+    );
+    assert_eq!(
+        (int(&r, "granted"), field_text(&r, "kind")),
+        (3, "_unconfigured".into())
+    );
     let r = ch(&mut con, &["CH.RESERVE", "workers", "alice", "4"]);
     assert_eq!((int(&r, "granted"), int(&r, "held")), (4, 4));
     assert_eq!(api.holds("_unconfigured").await, 4.0);
     assert_eq!(
-        api.decisions("_unconfigured", "unconfigured", "allowed").await,
+        api.decisions("_unconfigured", "unconfigured", "allowed")
+            .await,
         2.0
     );
     let r = ch(&mut con, &["CH.RELEASE", "workers", "alice", "4"]);
@@ -380,15 +473,35 @@ async fn the_kill_switch_turns_rejections_into_counted_grants() {
     let tail = "resources:\n  logins: { kind: token_bucket, capacity: 2, refill: { amount: 1, every: 1h } }\n  uploads: { kind: concurrency, max: 1 }\n";
     let api = Api::start("  kill_switch: true\n", tail).await;
     let mut con = api.con(true);
-    assert_eq!(int(&ch(&mut con, &["CH.REQUEST", "logins", "a", "2"]), "granted"), 2);
+    assert_eq!(
+        int(
+            &ch(&mut con, &["CH.REQUEST", "logins", "a", "2"]),
+            "granted"
+        ),
+        2
+    );
     let r = ch(&mut con, &["CH.REQUEST", "logins", "a", "2"]);
     assert_eq!((int(&r, "granted"), int(&r, "shadow_rejected")), (2, 1));
-    assert_eq!(int(&ch(&mut con, &["CH.RESERVE", "uploads", "a", "1"]), "granted"), 1);
+    assert_eq!(
+        int(
+            &ch(&mut con, &["CH.RESERVE", "uploads", "a", "1"]),
+            "granted"
+        ),
+        1
+    );
     let r = ch(&mut con, &["CH.RESERVE", "uploads", "a", "2"]);
     assert_eq!((int(&r, "granted"), int(&r, "shadow_rejected")), (2, 1));
     assert_eq!(int(&r, "held"), 3);
-    assert_eq!(api.decisions("logins", "token_bucket", "shadow_rejected").await, 1.0);
-    assert_eq!(api.decisions("uploads", "concurrency", "shadow_rejected").await, 1.0);
+    assert_eq!(
+        api.decisions("logins", "token_bucket", "shadow_rejected")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        api.decisions("uploads", "concurrency", "shadow_rejected")
+            .await,
+        1.0
+    );
     // Switched off by a reload: rejections are enforced again.
     api.reload("", tail).await;
     let r = ch(&mut con, &["CH.REQUEST", "logins", "a", "1"]);
@@ -408,23 +521,41 @@ async fn a_reload_changes_resources_and_held_copies_go_back_where_they_were_take
     };
     let api = Api::start("", &groups("bigco, hugeco", "tiny").replace("CAP", "2")).await;
     let (mut a, mut b) = (api.con(true), api.con(true));
-    assert_eq!(int(&ch(&mut a, &["CH.REQUEST", "logins", "x", "2"]), "granted"), 2);
+    assert_eq!(
+        int(&ch(&mut a, &["CH.REQUEST", "logins", "x", "2"]), "granted"),
+        2
+    );
     let r = ch(&mut a, &["CH.RESERVE", "uploads", "bigco", "3"]);
     assert_eq!(list(&r, "groups"), ["big"]);
     // bigco moves to `small`; `logins` keeps its state (same shape) until its capacity
     // changes.
-    api.reload("", &groups("hugeco", "bigco, tiny").replace("CAP", "2")).await;
-    assert_eq!(int(&ch(&mut a, &["CH.REQUEST", "logins", "x", "1"]), "granted"), 0);
+    api.reload("", &groups("hugeco", "bigco, tiny").replace("CAP", "2"))
+        .await;
+    assert_eq!(
+        int(&ch(&mut a, &["CH.REQUEST", "logins", "x", "1"]), "granted"),
+        0
+    );
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "bigco", "1"]);
-    assert_eq!(list(&r, "groups"), ["small"], "new copies come from the new group");
-    let r = ch(&mut b, &["CH.RESERVE", "uploads", "hugeco", "2", "MIN", "1"]);
+    assert_eq!(
+        list(&r, "groups"),
+        ["small"],
+        "new copies come from the new group"
+    );
+    let r = ch(
+        &mut b,
+        &["CH.RESERVE", "uploads", "hugeco", "2", "MIN", "1"],
+    );
     assert_eq!(int(&r, "granted"), 1, "big still counts bigco's 3 copies");
     // Releasing bigco's 3 copies gives them back to `big`, where they were taken.
-    let r = ch(&mut a, &["CH.RELEASE", "uploads", "bigco", "3", "GROUPS", "big"]);
+    let r = ch(
+        &mut a,
+        &["CH.RELEASE", "uploads", "bigco", "3", "GROUPS", "big"],
+    );
     assert_eq!(int(&r, "held"), 0);
     let r = ch(&mut b, &["CH.RESERVE", "uploads", "hugeco", "3"]);
     assert_eq!(int(&r, "granted"), 3, "big has its 3 copies back");
-    api.reload("", &groups("hugeco", "bigco, tiny").replace("CAP", "5")).await;
+    api.reload("", &groups("hugeco", "bigco, tiny").replace("CAP", "5"))
+        .await;
     assert_eq!(
         int(&ch(&mut a, &["CH.REQUEST", "logins", "x", "5"]), "granted"),
         5,
@@ -440,7 +571,10 @@ async fn a_reload_changes_resources_and_held_copies_go_back_where_they_were_take
     assert_eq!(int(&r, "held"), 0);
     assert_eq!(api.holds("uploads").await, 1.0, "bigco's copy");
     drop(b);
-    eventually("released", 250, || async { api.holds("uploads").await == 0.0 }).await;
+    eventually("released", 250, || async {
+        api.holds("uploads").await == 0.0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,7 +608,10 @@ async fn hostile_ch_arguments_get_errors_and_the_connection_goes_on() {
         let e = err(&mut con, args);
         assert!(e.contains(want), "{args:?}: {e}");
     }
-    assert_eq!(redis::cmd("PING").query::<String>(&mut con).unwrap(), "PONG");
+    assert_eq!(
+        redis::cmd("PING").query::<String>(&mut con).unwrap(),
+        "PONG"
+    );
     let errors = api
         .metric("tollgate_api_commands_total{command=\"ch.reserve\",result=\"error\"}")
         .await;
@@ -513,7 +650,10 @@ async fn the_api_metrics_pass_promtool() {
     let api = Api::start("", &format!("api:\n  allow_unconfigured: true\n{UPLOADS}")).await;
     let mut con = api.con(true);
     ch(&mut con, &["CH.RESERVE", "uploads", "bigco", "2"]);
-    ch(&mut con, &["CH.RESERVE", "uploads", "alice", "4", "MIN", "4"]);
+    ch(
+        &mut con,
+        &["CH.RESERVE", "uploads", "alice", "4", "MIN", "4"],
+    );
     ch(&mut con, &["CH.RESERVE", "mailer", "alice", "1"]);
     let text = api.t.metrics_text().await;
     for needle in [
@@ -542,4 +682,48 @@ async fn the_api_metrics_pass_promtool() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "promtool: {out:?}");
+}
+
+/// The README's Python client (examples/limiter_api.py, redis-py from Debian's
+/// python3-redis, which scripts/deps.sh installs) against the binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_runs_against_the_binary() {
+    let tail = "resources:\n  sends: { kind: rate, max: 5, per: 1h }\n  uploads: { kind: concurrency, max: 3 }\n";
+    let api = Api::start("", tail).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/limiter_api.py");
+    let out = Command::new("/usr/bin/python3")
+        .arg(script)
+        .arg(api.port.to_string())
+        .output()
+        .expect("/usr/bin/python3 with redis-py (scripts/deps.sh installs python3-redis)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        &lines[..4],
+        [
+            "login allowed 2",
+            "login allowed 1",
+            "login refused 0",
+            "sends granted 4 remaining 1"
+        ],
+        "{text}"
+    );
+    assert!(
+        lines[4].starts_with("sends granted 0 retry after ms "),
+        "{text}"
+    );
+    assert_eq!(
+        lines[5..7],
+        [
+            "uploads held 2 groups []",
+            "uploads released 2 still held 0"
+        ],
+        "{text}"
+    );
+    assert!(
+        lines[7].starts_with("over-release refused: over-release: this connection holds 0 copies"),
+        "{text}"
+    );
+    assert_eq!(api.holds("uploads").await, 0.0);
 }

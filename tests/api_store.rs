@@ -36,7 +36,8 @@ async fn instance(up: &Upstream, url: &str, tail: &str) -> Instance {
         TcpStream::connect(("127.0.0.1", port)).is_ok()
     })
     .await;
-    t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0).await;
+    t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0)
+        .await;
     Instance { t, port }
 }
 
@@ -88,10 +89,15 @@ async fn rl_buckets_live_in_redis_shared_by_instances() {
     assert_eq!(reduce(&mut cb, &["TwoPerMin", "3", "60"]).unwrap(), 3);
     let names = keys(&redis, "tollgate:_rl:*");
     assert!(
-        names.iter().any(|k| k.starts_with("tollgate:_rl:2:2:60:{") && k.ends_with("}:tb")),
+        names
+            .iter()
+            .any(|k| k.starts_with("tollgate:_rl:2:2:60:{") && k.ends_with("}:tb")),
         "{names:?}"
     );
-    assert!(names.iter().any(|k| k.starts_with("tollgate:_rl:3:3:60:{")), "{names:?}");
+    assert!(
+        names.iter().any(|k| k.starts_with("tollgate:_rl:3:3:60:{")),
+        "{names:?}"
+    );
     // STRICT, REFILL, TAKE > 1 and a clock sometimes behind: a recorded history replayed
     // with AT on Redis replies exactly what Smyte's bucket does.
     let history = smyte::History::recorded(300);
@@ -106,10 +112,9 @@ async fn rl_buckets_live_in_redis_shared_by_instances() {
     );
     let e = reduce(&mut ca, &["x", "1125899906842625", "60"]).unwrap_err();
     assert!(e.to_string().contains("invalid 'max'"), "{e}");
-    let ok = a
-        .t
-        .metric("tollgate_store_requests_total{result=\"ok\",store=\"shared\"}")
-        .await;
+    let ok =
+        a.t.metric("tollgate_store_requests_total{result=\"ok\",store=\"shared\"}")
+            .await;
     assert!(ok >= 302.0, "every call went to Redis: {ok}");
     assert_eq!(
         a.t.metric("tollgate_store_fallback_decisions_total{store=\"shared\"}")
@@ -137,7 +142,8 @@ async fn rl_falls_back_while_redis_is_gone_and_comes_back_by_itself() {
             >= 3.0
     );
     redis.restart();
-    a.t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0).await;
+    a.t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0)
+        .await;
     // Redis restarted empty: the bucket starts full there.
     assert_eq!(reduce(&mut con, &["fb", "2", "60"]).unwrap(), 2);
 }
@@ -170,17 +176,31 @@ async fn ch_request_on_resources_in_a_store_grants_in_one_call() {
         (granted, String::from_utf8(source).unwrap())
     };
     assert_eq!(ask(&mut ca, &["logins", "alice", "6"]), (6, "store".into()));
-    assert_eq!(ask(&mut cb, &["logins", "alice", "6", "MIN", "3"]), (4, "store".into()));
+    assert_eq!(
+        ask(&mut cb, &["logins", "alice", "6", "MIN", "3"]),
+        (4, "store".into())
+    );
     assert_eq!(ask(&mut ca, &["logins", "alice", "1"]).0, 0);
-    assert_eq!(ask(&mut cb, &["logins", "bob", "10"]).0, 10, "one bucket per domain");
+    assert_eq!(
+        ask(&mut cb, &["logins", "bob", "10"]).0,
+        10,
+        "one bucket per domain"
+    );
     assert_eq!(ask(&mut ca, &["sends", "alice", "3"]).0, 3);
     assert_eq!(ask(&mut cb, &["sends", "alice", "3", "MIN", "1"]).0, 2);
     let names = keys(&redis, "tollgate:_api:*");
     assert!(
-        names.iter().any(|k| k.starts_with("tollgate:_api:logins:b:{") && k.ends_with("}:tb")),
+        names
+            .iter()
+            .any(|k| k.starts_with("tollgate:_api:logins:b:{") && k.ends_with("}:tb")),
         "{names:?}"
     );
-    assert!(names.iter().any(|k| k.starts_with("tollgate:_api:sends:b:{")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|k| k.starts_with("tollgate:_api:sends:b:{")),
+        "{names:?}"
+    );
     let allowed = "tollgate_limit_decisions_total{decision=\"allowed\",kind=\"token_bucket\",limit=\"logins\",origin=\"_api\"}";
     assert_eq!(a.t.metric(allowed).await + b.t.metric(allowed).await, 3.0);
 }
