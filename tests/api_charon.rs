@@ -664,6 +664,8 @@ async fn the_api_metrics_pass_promtool() {
         "tollgate_limit_decisions_total{decision=\"allowed\",kind=\"unconfigured\",limit=\"_unconfigured\",origin=\"_api\"} 1",
         "tollgate_api_commands_total{command=\"ch.reserve\",result=\"rejected\"} 1",
         "tollgate_api_connections 1",
+        "tollgate_concurrency_in_use{group=\"big\",limit=\"uploads\",origin=\"_api\"} 2",
+        "tollgate_concurrency_max{group=\"_all\",limit=\"uploads\",origin=\"_api\"} 6",
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
