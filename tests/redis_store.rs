@@ -424,7 +424,7 @@ async fn min_grants_match_the_local_limiters() {
     let redis = RedisServer::start();
     let (store, _) = start_up(standalone(&redis.url())).await;
     let (nb, nr) = (names(&store, "tb_many"), names(&store, "rate_many"));
-    let mut rng = Rng(0x5eed_0f_c4a7_0001);
+    let mut rng = Rng(0x005e_ed0f_c4a7_0001);
     for case in 0..30u64 {
         let strict = rng.below(2) == 1;
         let p = bucket(1 + rng.below(12), 1 + rng.below(4), SEC, strict);

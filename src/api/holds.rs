@@ -233,7 +233,7 @@ impl Held {
         held.len() == wanted.len()
             && held
                 .iter()
-                .all(|h| wanted.iter().any(|w| *w == h.as_bytes()))
+                .all(|h| wanted.contains(&h.as_bytes()))
     }
 
     /// Gives back `n` of the copies (forced ones first), to the state they were taken
