@@ -5,7 +5,10 @@
 //! connection is bounded by these numbers whatever a client sends: at most one partial
 //! argument or inline line waits in the read buffer (≤ 64 KiB plus one read), the command
 //! being assembled holds ≤ [`MAX_COMMAND_BYTES`], and unsent replies ≤
-//! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB.
+//! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB. The
+//! copies a connection holds (`CH.RESERVE`) are entries of at most [`MAX_DOMAIN_LEN`]
+//! bytes of domain each, at most [`MAX_HOLDS_PER_CONNECTION`] per connection and
+//! [`MAX_HOLDS`] in the process, pending transfers included.
 
 use std::time::Duration;
 
@@ -66,7 +69,8 @@ pub const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);
 pub const MAX_DOMAIN_LEN: usize = 256;
 
 /// Hold entries (one per resource, domain, groups and state) one connection may have:
-/// 1024. Reserving for a 1025th is an error reply; releasing makes room.
+/// 1024. A connection holding that many gets an error reply to `CH.RESERVE` (and to a
+/// `CH.SEIZE` that would pass it) until it releases some.
 pub const MAX_HOLDS_PER_CONNECTION: usize = 1024;
 
 /// Hold entries across every connection and pending transfer: 100 000, about 40 MB at

@@ -230,10 +230,7 @@ impl Held {
             return true;
         };
         let held = self.group_names();
-        held.len() == wanted.len()
-            && held
-                .iter()
-                .all(|h| wanted.contains(&h.as_bytes()))
+        held.len() == wanted.len() && held.iter().all(|h| wanted.contains(&h.as_bytes()))
     }
 
     /// Gives back `n` of the copies (forced ones first), to the state they were taken
@@ -549,7 +546,11 @@ impl Transfers {
         ttl: Duration,
     ) -> Result<TransferId, (TransferError, Vec<Held>)> {
         let now = Instant::now();
-        self.sweep(now);
+        let handle = tokio::runtime::Handle::try_current().ok();
+        if handle.is_none() {
+            // No timer can release what expires: sweep as transfers are made.
+            self.sweep(now);
+        }
         let mut raw = [0u8; 16];
         if let Err(e) = getrandom::fill(&mut raw) {
             return Err((TransferError::Random(e.to_string()), holds));
@@ -562,7 +563,7 @@ impl Transfers {
             let deadline = now + ttl;
             table.insert(raw, Transfer { holds, deadline });
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        if let Some(handle) = handle {
             let weak: Weak<Self> = Arc::downgrade(self);
             handle.spawn(async move {
                 tokio::time::sleep(ttl).await;
