@@ -309,10 +309,11 @@ pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let now = cx.service.now();
     if !limiter.is_shared() {
         return match ready(decide_request(rt, r, variant, ask, now)) {
-            Some((fields, outcome)) => {
+            Some(Ok((fields, outcome))) => {
                 fields.write(&mut cx.out);
                 outcome
             }
+            Some(Err(e)) => cx.error(format_args!("{e}")),
             None => cx.error(format_args!("ERR internal error: a local decision waited")),
         };
     }
@@ -333,45 +334,42 @@ pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         let answer = match live.resources.get(&name) {
             Some(r) => {
                 let (variant, _) = r.select(&Domain(&domain));
-                Ok(decide_request(&live, r, variant, ask, now).await)
+                decide_request(&live, r, variant, ask, now).await
             }
-            None => Err(String::from_utf8_lossy(&name).into_owned()),
+            None => Err(format!(
+                "ERR resource '{}' was removed by a reload while deciding",
+                String::from_utf8_lossy(&name)
+            )),
         };
         let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| match answer {
             Ok((fields, outcome)) => {
                 fields.write(&mut cx.out);
                 outcome
             }
-            Err(name) => cx.error(format_args!(
-                "ERR resource '{name}' was removed by a reload while deciding"
-            )),
+            Err(e) => cx.error(format_args!("{e}")),
         });
         finish
     })
 }
 
-/// Decides a request on variant `variant` of `r`, counts it, and says what to reply.
+/// Decides a request on variant `variant` of `r`, counts it, and says what to reply (or
+/// the error to reply).
 async fn decide_request(
     rt: &Runtime,
     r: &ResourceRt,
     variant: usize,
     ask: Ask<'_>,
     now: Nanos,
-) -> (Fields, Outcome) {
+) -> Result<(Fields, Outcome), String> {
     let limiter = &r.limit.variants[variant].limiter;
     let mut f = Fields::default();
     let Some(key) = r.key(&Domain(ask.domain)) else {
-        f.int("granted", 0);
-        return (f, Outcome::Error);
+        return Err("ERR internal error: no key for the domain".to_string());
     };
+    // A resource looked up again after a reload may have become another kind.
     let g = match limiter.grant(key, ask.min, ask.copies, now, None).await {
         Ok(g) => g,
-        Err(_) => {
-            // `requestable` was checked by the caller; a reload cannot change a kind
-            // under the same name without a new limiter, which `select` returned.
-            f.int("granted", 0);
-            return (f, Outcome::Error);
-        }
+        Err(e) => return Err(format!("ERR resource '{}': {e}", r.name())),
     };
     let v = g.grant.verdict;
     let counters = &r.limit.counters;
@@ -424,7 +422,7 @@ async fn decide_request(
                 },
             );
     }
-    (f, outcome)
+    Ok((f, outcome))
 }
 
 /// The limit of tier `tier` (1-based; 0 is the fake tier, limit 0) of a tiered limiter.
