@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The limiter API against Redis itself, on loopback (127.0.0.1 only), in one run:
-#   (a) RL.REDUCE on tollgate's limiter API (examples/limiter_api, release, local buckets),
+#   (a) RL.REDUCE on tollgate's limiter API: the real binary (release), `server.limiter_api`
+#       with its one API thread, buckets in the local store (the default `api.store`);
 #   (b) INCR on a real redis-server (the cheapest write Redis does), and
 #   (c) EVALSHA of the same token-bucket algorithm as a Lua script on that redis-server
-#       (what a Redis-backed limiter costs: HMGET, arithmetic, HSET, PEXPIRE, TIME).
+#       (what a Redis-backed limiter costs: HMGET, arithmetic, HSET, PEXPIRE, TIME);
+#   and, for information, CH.REQUEST on a local token_bucket resource (no target).
 # Each server runs on one core (taskset -c 0, when taskset exists) and redis-benchmark on
 # the other (taskset -c 1), so requests/s is per core. Keys are random over 100 000
 # (`-r 100000`, `k:__rand_int__`), with buckets big enough that every take succeeds.
 # Pipeline depths: -P 1 and -P 16, 50 connections. Per run: requests/s, and each server's
-# CPU time per request (utime + stime from /proc/PID/stat, before and after).
+# CPU time per request (utime + stime from /proc/PID/stat, before and after; tollgate's
+# proxy threads sit idle meanwhile).
 #
 # Targets: RL.REDUCE >= EVALSHA, and >= INCR / 2, at each depth (reported, not enforced).
 # The machine is shared and noisy: compare the ratios of one run, not figures across runs.
@@ -37,10 +40,10 @@ die() {
 
 "$root/scripts/deps.sh" redis-server redis-cli redis-benchmark
 
-log "cargo build --release --example limiter_api"
-(cd "$root" && cargo build --release --quiet --example limiter_api)
-api_bin=$root/target/release/examples/limiter_api
-[[ -x $api_bin ]] || die "no limiter_api binary at $api_bin"
+log "cargo build --release --bin tollgate"
+(cd "$root" && cargo build --release --quiet --bin tollgate)
+api_bin=$root/target/release/tollgate
+[[ -x $api_bin ]] || die "no tollgate binary at $api_bin"
 
 server_cpu=()
 client_cpu=()
@@ -69,17 +72,33 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# The limiter API, one thread, buckets for twice the key space.
-"${server_cpu[@]}" "$api_bin" 127.0.0.1:0 1 $((2 * keys)) >"$tmp/api.out" 2>"$tmp/api.err" &
+# tollgate with the limiter API (one thread), buckets for twice the key space, and a
+# resource for CH.REQUEST; the proxy listens on loopback and is not used.
+api_port=$(free_port)
+cat >"$tmp/tollgate.yaml" <<EOF
+server:
+  listen: ["127.0.0.1:$(free_port)"]
+  threads: 1
+  grace_period: 0s
+  limiter_api: "127.0.0.1:$api_port"
+api:
+  max_keys: $((2 * keys))
+origins:
+  bench:
+    hosts: [bench.test]
+    upstreams: ["127.0.0.1:9"]
+resources:
+  bench: { kind: token_bucket, capacity: 1000000000, refill: { amount: 1000000000, every: 60s }, max_keys: $((2 * keys)) }
+EOF
+RUST_LOG=warn "${server_cpu[@]}" "$api_bin" run --config "$tmp/tollgate.yaml" \
+  --upgrade-sock "$tmp/upgrade.sock" --pid-file "$tmp/tollgate.pid" >"$tmp/api.out" 2>"$tmp/api.err" &
 api_pid=$!
 pids+=("$api_pid")
-api_port=
 for _ in $(seq 100); do
-  api_port=$(sed -n 's/^listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tmp/api.out")
-  [[ -n $api_port ]] && break
+  redis-cli -p "$api_port" PING >/dev/null 2>&1 && break
   sleep 0.1
 done
-[[ -n $api_port ]] || die "limiter_api did not start: $(cat "$tmp/api.err")"
+redis-cli -p "$api_port" PING >/dev/null 2>&1 || die "the limiter API did not start: $(cat "$tmp/api.err")"
 
 redis_port=$(free_port)
 "${server_cpu[@]}" redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no \
@@ -160,6 +179,7 @@ for depth in 1 16; do
   run INCR "$redis_pid" "$redis_port" "$depth" "$n" INCR k:__rand_int__ >>"$results"
   run EVALSHA "$redis_pid" "$redis_port" "$depth" "$n" \
     EVALSHA "$sha" 1 e:__rand_int__ 1000000000 60 1000000000 1 >>"$results"
+  run CH.REQUEST "$api_pid" "$api_port" "$depth" "$n" CH.REQUEST bench d:__rand_int__ 1 >>"$results"
 done
 
 printf '%-10s %3s %12s %10s\n' command P 'requests/s' 'cpu_us/req'

@@ -7,6 +7,8 @@
 #                the Redis store's tests start their own servers and a local Redis Cluster;
 #                the limiter API's tests and bench talk to tollgate with redis-cli and
 #                redis-benchmark
+#   python3-redis - redis-py for /usr/bin/python3: the limiter API's Python client example,
+#                run by a test
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -31,6 +33,10 @@ for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark "$@"
 done
 if ! dpkg -s libssl-dev >/dev/null 2>&1; then
   missing+=(libssl-dev)
+fi
+# Debian's python3 (a pyenv or venv python3 earlier in PATH would not see the package).
+if ! /usr/bin/python3 -c 'import redis' >/dev/null 2>&1; then
+  missing+=(python3-redis)
 fi
 
 if ((${#missing[@]})); then

@@ -187,8 +187,8 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     changed
 }
 
-/// What `new` no longer has that `old` had: origins, hosts, upstreams, limits and
-/// overrides (by their `match`), each named. A file cut short loses exactly such things,
+/// What `new` no longer has that `old` had: origins, hosts, upstreams, limits, overrides
+/// (by their `match`) and resources, each named. A file cut short loses exactly such things,
 /// always at its end.
 pub fn removals(old: &Config, new: &Config) -> Vec<String> {
     let mut gone = Vec::new();
@@ -226,6 +226,14 @@ pub fn removals(old: &Config, new: &Config) -> Vec<String> {
                 ));
             }
         }
+    }
+    let resources: HashSet<&str> = new.resources.iter().map(|r| r.name.as_str()).collect();
+    for r in old
+        .resources
+        .iter()
+        .filter(|r| !resources.contains(r.name.as_str()))
+    {
+        gone.push(format!("resource `{}`", r.name));
     }
     gone
 }

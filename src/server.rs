@@ -1,5 +1,6 @@
 //! The composition root: assembles the Pingora server from a config, with the proxy
-//! service on every listener, the metrics and demo services, and the reloader.
+//! service on every listener, the metrics, limiter API and demo services, and the
+//! reloader, all sharing one live runtime.
 //!
 //! The proxy service is Pingora's `HttpProxy` behind tollgate's connection handler
 //! ([`Front`]), with the connection caps as the listeners' filter ([`AcceptFilter`]).
@@ -142,12 +143,14 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         server.add_service(svc);
     }
     if let Some(addr) = server_cfg.limiter_api {
+        // The API follows the live runtime (resources, stores, api.allow_unconfigured,
+        // api.store, the kill switch change with a reload); only its bucket table's size
+        // is fixed at start.
         let api = ApiConfig {
             max_keys: config.api.max_keys,
-            allow_unconfigured: config.api.allow_unconfigured,
             ..ApiConfig::default()
         };
-        let api = Arc::new(ApiService::new(api, &metrics));
+        let api = Arc::new(ApiService::with_runtime(api, runtime.clone(), &metrics));
         let mut svc = api.pingora_service(&[addr.to_string()]);
         svc.threads = Some(1);
         server.add_service(svc);

@@ -37,6 +37,19 @@ fn example() -> String {
         .replace("file: segments/", &format!("file: {root}/conf/segments/"))
 }
 
+/// The example config on free loopback ports (its listen and metrics as the harness's
+/// placeholders); returns it with the demo upstream's and the limiter API's addresses.
+fn example_on_free_ports() -> (String, String, u16) {
+    let demo = format!("127.0.0.1:{}", free_port());
+    let api = free_port();
+    let text = example()
+        .replace("127.0.0.1:8080", "{listen}")
+        .replace("127.0.0.1:9100", "{metrics}")
+        .replace("127.0.0.1:8081", &demo)
+        .replace("127.0.0.1:9049", &format!("127.0.0.1:{api}"));
+    (text, demo, api)
+}
+
 const CLEAN: &str = r#"
 origins:
   app:
@@ -163,11 +176,7 @@ fn shipped_example_config_is_clean() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_serves_200_then_503_over_inflight_max() {
-    let demo = format!("127.0.0.1:{}", free_port());
-    let text = example()
-        .replace("127.0.0.1:8080", "{listen}")
-        .replace("127.0.0.1:9100", "{metrics}")
-        .replace("127.0.0.1:8081", &demo);
+    let (text, _, _) = example_on_free_ports();
     let t = Tollgate::start(&text).await;
     let get = |path: &'static str| client().get(t.url(path)).header("host", "localhost").send();
     let resp = get("/").await.unwrap();
@@ -257,11 +266,7 @@ async fn statuses(
 /// tollgate does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_worked_examples_behave_as_the_readme_says() {
-    let demo = format!("127.0.0.1:{}", free_port());
-    let text = example()
-        .replace("127.0.0.1:8080", "{listen}")
-        .replace("127.0.0.1:9100", "{metrics}")
-        .replace("127.0.0.1:8081", &demo);
+    let (text, _, api) = example_on_free_ports();
     let t = Tollgate::start(&text).await;
 
     // Burst tiers: three in tier 1, two more in tier 2, then 429 for 10 s.
@@ -339,4 +344,70 @@ async fn example_config_worked_examples_behave_as_the_readme_says() {
         t.metric(held).await == 0.0
     })
     .await;
+
+    // The limiter API's resources, as the example's comments say.
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{api}/"))
+        .unwrap()
+        .get_connection_with_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    let reduce = |con: &mut redis::Connection| -> i64 {
+        redis::cmd("RL.REDUCE")
+            .arg(&["TwoPerMin", "2", "60"])
+            .query(con)
+            .unwrap()
+    };
+    assert_eq!(
+        [reduce(&mut con), reduce(&mut con), reduce(&mut con)],
+        [2, 1, 0]
+    );
+    let granted = |con: &mut redis::Connection, args: &[&str]| -> i64 {
+        let v: Vec<redis::Value> = redis::cmd(args[0]).arg(&args[1..]).query(con).unwrap();
+        assert_eq!(v[0], redis::Value::BulkString(b"granted".to_vec()), "{v:?}");
+        match v[1] {
+            redis::Value::Int(n) => n,
+            ref other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        granted(&mut con, &["CH.REQUEST", "logins", "alice", "3"]),
+        3
+    );
+    assert_eq!(
+        granted(
+            &mut con,
+            &["CH.REQUEST", "logins", "alice", "9", "MIN", "1"]
+        ),
+        7
+    );
+    assert_eq!(
+        granted(
+            &mut con,
+            &["CH.RESERVE", "uploads", "smallco", "5", "MIN", "1"]
+        ),
+        3
+    );
+    assert_eq!(
+        granted(
+            &mut con,
+            &["CH.RESERVE", "uploads", "trial-co", "3", "MIN", "1"]
+        ),
+        1
+    );
+    assert_eq!(
+        granted(&mut con, &["CH.RESERVE", "uploads", "bigco", "3"]),
+        3
+    );
+    assert_eq!(
+        granted(&mut con, &["CH.RESERVE", "uploads", "hugeco", "3"]),
+        3
+    );
+    assert_eq!(
+        t.metric("tollgate_api_holds{resource=\"uploads\"}").await,
+        10.0
+    );
+    let e = redis::cmd("CH.REQUEST")
+        .arg(&["mailer", "alice", "1"])
+        .query::<redis::Value>(&mut con)
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown resource 'mailer'"), "{e}");
 }

@@ -416,6 +416,54 @@ async fn rate_table_matches_the_local_limiter() {
     }
 }
 
+/// Requests for between `min` and `want` (the limiter API's `CH.REQUEST ... MIN n`): one
+/// script call grants the same largest count as the in-process `acquire_many`, for token
+/// buckets and rates, randomized over parameters and histories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_grants_match_the_local_limiters() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(standalone(&redis.url())).await;
+    let (nb, nr) = (names(&store, "tb_many"), names(&store, "rate_many"));
+    let mut rng = Rng(0x005e_ed0f_c4a7_0001);
+    for case in 0..30u64 {
+        let strict = rng.below(2) == 1;
+        let p = bucket(1 + rng.below(12), 1 + rng.below(4), SEC, strict);
+        let r = RateParams {
+            max: 1 + rng.below(12),
+            per: [100 * MS, SEC, 7 * SEC][rng.below(3) as usize],
+            strict,
+        };
+        let (bucket, rate) = (TokenBucket::new(p, 16), RateLimiter::new(r.per, 16));
+        let mut now = 0;
+        for i in 0..25 {
+            now += rng.below(1_200) * MS;
+            let want = rng.below(8);
+            let min = rng.below(want + 1);
+            let what = format!("case {case} step {i} t={now} [{min}, {want}]");
+            let local = bucket.acquire_many(case, min, want, now);
+            let got = store
+                .token_bucket_many(&nb, case, &p, min, want, at(now))
+                .await
+                .unwrap();
+            assert_eq!(got, local, "bucket {what} {p:?}");
+            let local = rate.acquire_many(case, r.max, min, want, strict, now);
+            let got = store
+                .rate_many(&nr, case, &r, min, want, at(now))
+                .await
+                .unwrap();
+            assert_eq!(
+                (got.granted, got.verdict.allowed, got.verdict.remaining),
+                (
+                    local.granted,
+                    local.verdict.allowed,
+                    local.verdict.remaining
+                ),
+                "rate {what} {r:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inflight_table_matches_the_local_limiter() {
     let redis = RedisServer::start();

@@ -5,7 +5,10 @@
 //! connection is bounded by these numbers whatever a client sends: at most one partial
 //! argument or inline line waits in the read buffer (≤ 64 KiB plus one read), the command
 //! being assembled holds ≤ [`MAX_COMMAND_BYTES`], and unsent replies ≤
-//! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB.
+//! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB. The
+//! copies a connection holds (`CH.RESERVE`) are entries of at most [`MAX_DOMAIN_LEN`]
+//! bytes of domain each, at most [`MAX_HOLDS_PER_CONNECTION`] per connection and
+//! [`MAX_HOLDS`] in the process, pending transfers included.
 
 use std::time::Duration;
 
@@ -60,3 +63,22 @@ pub const KEEPALIVE_PROBES: u32 = 6;
 /// Time a closing connection (shutdown, `QUIT`, a protocol error) gets to flush its last
 /// replies before it is dropped anyway.
 pub const FLUSH_ON_CLOSE: Duration = Duration::from_secs(2);
+
+/// Longest domain a `CH.*` command may name: 256 bytes (a tenant, user or queue name; it
+/// is kept with every hold).
+pub const MAX_DOMAIN_LEN: usize = 256;
+
+/// Hold entries (one per resource, domain, groups and state) one connection may have:
+/// 1024. A connection holding that many gets an error reply to `CH.RESERVE` (and to a
+/// `CH.SEIZE` that would pass it) until it releases some.
+pub const MAX_HOLDS_PER_CONNECTION: usize = 1024;
+
+/// Hold entries across every connection and pending transfer: 100 000, about 40 MB at
+/// the longest domains. Past it, reservations needing a new entry get an error reply.
+pub const MAX_HOLDS: usize = 100_000;
+
+/// Pending transfers (`CH.TRANSFER` not yet seized nor expired): 65 536.
+pub const MAX_TRANSFERS: usize = 65_536;
+
+/// The longest a transfer waits to be seized: one day.
+pub const MAX_TRANSFER_TTL: Duration = Duration::from_secs(86_400);

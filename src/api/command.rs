@@ -6,18 +6,30 @@
 //! in `tollgate_api_commands_total{command,result}`, whose `command` label is the spec's
 //! name or `other`, so the label stays bounded whatever clients send.
 //!
-//! A handler gets a [`Ctx`]: the shared [`ApiService`], the connection's [`Session`] and a
-//! [`Reply`] writer. Phase 2's `CH.*` commands are further specs whose handlers attach
-//! what they reserve to the session ([`Session::hold`]).
+//! A handler gets a [`Ctx`]: the shared [`ApiService`], the live [`Runtime`] (read once per
+//! batch of commands), the connection's [`Session`] and a [`Reply`] writer. Charon's `CH.*`
+//! handlers record what they reserve in the session's [`Ledger`], which releases it when
+//! the connection ends.
+//!
+//! **Waiting on a store.** A command decided in-process runs to completion at once. One
+//! that must ask a shared store (an `RL.*` bucket on a Redis `api.store`, a resource in a
+//! Redis store) hands back a [`Deferred`]: a future owning what it needs, which the
+//! connection awaits (bounded by the store's budget) before it runs the next command, so
+//! replies stay in order; its result then writes the reply.
 
 use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::pin::Pin;
 
 use bytes::BytesMut;
 
+use super::charon;
+use super::holds::Ledger;
 use super::reply::{Quoted, Reply};
 use super::resp::Args;
 use super::service::ApiService;
 use super::smyte;
+use crate::runtime::Runtime;
 
 /// What a command's execution means for its connection and its metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +42,28 @@ pub enum Outcome {
     Error,
     /// Done, and the connection closes once the reply is flushed (`QUIT`); counted `ok`.
     Close,
+    /// Waiting on a store: the handler left a [`Deferred`] in its context, whose result
+    /// writes the reply and says the outcome; counted then.
+    Deferred,
+}
+
+/// What runs once a deferred command's store call is done: writes the reply, records what
+/// was taken, and says the outcome.
+pub type Finish = Box<dyn FnOnce(&mut Ctx<'_>) -> Outcome + Send>;
+
+/// A command waiting on a store (module doc).
+pub struct Deferred {
+    /// The store call (bounded by the store's budget), then what finishes the command.
+    pub work: Pin<Box<dyn Future<Output = Finish> + Send>>,
+}
+
+impl Deferred {
+    /// A command that finishes with what `work` produces.
+    pub fn new(work: impl Future<Output = Finish> + Send + 'static) -> Self {
+        Self {
+            work: Box::pin(work),
+        }
+    }
 }
 
 /// The `result` label values, in counter order.
@@ -39,10 +73,15 @@ pub const RESULTS: [&str; 3] = ["ok", "rejected", "error"];
 pub struct Ctx<'a> {
     /// The shared service: limiters, config, statistics.
     pub service: &'a ApiService,
+    /// The live runtime (resources, stores, kill switch), if the service follows one.
+    pub runtime: Option<&'a Runtime>,
     /// This connection's state.
     pub session: &'a mut Session,
     /// Where the reply goes.
     pub out: Reply<'a>,
+    /// Where a handler that must wait on a store leaves its work (then it returns
+    /// [`Outcome::Deferred`]).
+    pub deferred: &'a mut Option<Deferred>,
 }
 
 impl Ctx<'_> {
@@ -51,6 +90,12 @@ impl Ctx<'_> {
     pub fn error(&mut self, message: fmt::Arguments<'_>) -> Outcome {
         self.out.error(message);
         Outcome::Error
+    }
+
+    /// Leaves `work` to be awaited and returns [`Outcome::Deferred`].
+    pub fn defer(&mut self, work: impl Future<Output = Finish> + Send + 'static) -> Outcome {
+        *self.deferred = Some(Deferred::new(work));
+        Outcome::Deferred
     }
 }
 
@@ -128,9 +173,36 @@ pub struct Spec {
     pub run: Handler,
 }
 
+const fn ch(name: &'static str, label: &'static str, arity: i64) -> Spec {
+    Spec {
+        name,
+        label,
+        arity,
+        flags: &["write", "fast"],
+        first_key: 0,
+        last_key: 0,
+        key_step: 0,
+        acl: &["@write", "@fast"],
+        group: "tollgate",
+        summary: "",
+        complexity: "O(1)",
+        args: &[],
+        run: charon::request,
+    }
+}
+
+/// The arguments every `CH.*` command on copies starts with.
+const RESOURCE: ArgDoc = arg("resource", "string");
+const DOMAIN: ArgDoc = arg("domain", "string");
+const COPIES: ArgDoc = arg("copies", "integer");
+const GROUPS: ArgDoc = ArgDoc {
+    multiple: true,
+    ..opt_token("GROUPS", "group", "string")
+};
+
 /// Every command the API answers; the index is the metrics slot, and [`COMMANDS`]`.len()`
 /// is the slot of `other`. The limiter commands come first: dispatch scans in order.
-pub static COMMANDS: [Spec; 12] = [
+pub static COMMANDS: [Spec; 17] = [
     Spec {
         name: "RL.REDUCE",
         label: "rl.reduce",
@@ -174,6 +246,36 @@ pub static COMMANDS: [Spec; 12] = [
             opt_token("AT", "unix_seconds", "unix-time"),
         ],
         run: smyte::get,
+    },
+    Spec {
+        summary: "Takes the largest count in [MIN, copies] that a rate-like resource (token_bucket, rate, sliding_log, tiered) has room for, or none; replies the grant with the limits that decided it.",
+        args: &[RESOURCE, DOMAIN, COPIES, opt_token("MIN", "n", "integer")],
+        run: charon::request,
+        ..ch("CH.REQUEST", "ch.request", -4)
+    },
+    Spec {
+        summary: "Holds the largest count in [MIN, copies] of a concurrency resource that the domain, global and group limits have room for, until released or the connection ends; replies the groups they were taken from.",
+        args: &[RESOURCE, DOMAIN, COPIES, opt_token("MIN", "n", "integer")],
+        run: charon::reserve,
+        ..ch("CH.RESERVE", "ch.reserve", -4)
+    },
+    Spec {
+        summary: "Gives back copies this connection holds (in the groups named, if any); releasing more than is held is an error and changes nothing.",
+        args: &[RESOURCE, DOMAIN, COPIES, GROUPS],
+        run: charon::release,
+        ..ch("CH.RELEASE", "ch.release", -4)
+    },
+    Spec {
+        summary: "Moves held copies out of this connection under a transfer id, for CH.SEIZE on another connection within ttl_seconds; unseized, they are released.",
+        args: &[RESOURCE, DOMAIN, COPIES, arg("ttl_seconds", "double"), GROUPS],
+        run: charon::transfer,
+        ..ch("CH.TRANSFER", "ch.transfer", -5)
+    },
+    Spec {
+        summary: "Takes over the copies of a pending transfer: this connection holds them from now on.",
+        args: &[arg("transfer_id", "string")],
+        run: charon::seize,
+        ..ch("CH.SEIZE", "ch.seize", 2)
     },
     Spec {
         name: "PING",
@@ -340,18 +442,11 @@ pub const OTHER: usize = COMMANDS.len();
 // A session's dirty mask holds one bit per metrics slot.
 const _: () = assert!(OTHER < 64);
 
-/// Something a connection holds and gives back when it ends (phase 2: a Charon
-/// reservation of copies of a resource).
-///
-/// Holds belong to the connection because a caller that vanishes must not keep capacity
-/// forever: dropping the [`Session`] releases each one exactly once, whether the
-/// connection ended with `QUIT`, an error, a timeout, a shutdown or a panic.
-pub trait Hold: Send {
-    /// Gives the held capacity back.
-    fn release(self: Box<Self>);
-}
-
 /// One connection's state.
+///
+/// Its [`Ledger`] holds the copies the connection reserved: a caller that vanishes must not
+/// keep capacity forever, so dropping the session releases each hold exactly once, whether
+/// the connection ended with `QUIT`, an error, a timeout, a shutdown or a panic.
 pub struct Session {
     /// The client ID (`CLIENT ID`, `HELLO`'s `id`), unique in this process.
     pub id: u64,
@@ -359,7 +454,8 @@ pub struct Session {
     pub resp3: bool,
     /// The name set by `CLIENT SETNAME` or `HELLO ... SETNAME`.
     pub name: Option<Box<[u8]>>,
-    holds: Vec<Box<dyn Hold>>,
+    /// Copies of resources this connection holds (`CH.RESERVE`, `CH.SEIZE`).
+    pub ledger: Ledger,
     /// Commands counted since the last flush to the metrics: `[slot][result]`.
     counts: [[u32; 3]; OTHER + 1],
     /// Bit `slot` set when `counts[slot]` is not all zero.
@@ -373,27 +469,15 @@ impl Session {
             id,
             resp3: false,
             name: None,
-            holds: Vec::new(),
+            ledger: Ledger::default(),
             counts: [[0; 3]; OTHER + 1],
             dirty: 0,
         }
     }
 
-    /// Attaches `hold` to this connection: it is released when the connection ends.
-    pub fn hold(&mut self, hold: Box<dyn Hold>) {
-        self.holds.push(hold);
-    }
-
-    /// Holds attached and not yet released.
-    pub fn holds(&self) -> usize {
-        self.holds.len()
-    }
-
     /// Releases every hold, latest first.
     pub fn release_all(&mut self) {
-        while let Some(hold) = self.holds.pop() {
-            hold.release();
-        }
+        self.ledger.release_all();
     }
 
     /// Adds the counts kept since the last flush to `service`'s metrics. Done once per
@@ -411,11 +495,14 @@ impl Session {
         }
     }
 
-    fn count(&mut self, slot: usize, outcome: Outcome) {
+    /// Counts one command of metrics slot `slot` with `outcome` (a deferred command is
+    /// counted when it finishes).
+    pub fn count(&mut self, slot: usize, outcome: Outcome) {
         let result = match outcome {
             Outcome::Ok | Outcome::Close => 0,
             Outcome::Rejected => 1,
             Outcome::Error => 2,
+            Outcome::Deferred => return,
         };
         let n = &mut self.counts[slot][result];
         *n = n.saturating_add(1);
@@ -429,22 +516,28 @@ impl Drop for Session {
     }
 }
 
-/// Runs one command, writing its reply into `out`. Returns its outcome.
+/// Runs one command against `runtime`, writing its reply into `out`. Returns its outcome
+/// and, for [`Outcome::Deferred`], the metrics slot to count it in when it finishes and
+/// the work to await (see [`finish`]).
 pub fn execute(
     service: &ApiService,
+    runtime: Option<&Runtime>,
     session: &mut Session,
     args: &Args<'_>,
     out: &mut BytesMut,
-) -> Outcome {
+) -> (Outcome, Option<(usize, Deferred)>) {
     let name = args.at(0);
     let found = COMMANDS
         .iter()
         .position(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name));
     let resp3 = session.resp3;
+    let mut deferred = None;
     let mut cx = Ctx {
         service,
+        runtime,
         session,
         out: Reply::new(out, resp3),
+        deferred: &mut deferred,
     };
     let Some(slot) = found else {
         let mut rest = String::new();
@@ -456,7 +549,7 @@ pub fn execute(
             Quoted(name)
         ));
         cx.session.count(OTHER, outcome);
-        return outcome;
+        return (outcome, None);
     };
     let spec = &COMMANDS[slot];
     let argc = args.len() as i64;
@@ -469,6 +562,47 @@ pub fn execute(
         (spec.run)(&mut cx, args)
     };
     cx.session.count(slot, outcome);
+    match (outcome, deferred) {
+        (Outcome::Deferred, Some(work)) => (outcome, Some((slot, work))),
+        // A handler that said Deferred without leaving work: a bug, answered as an error
+        // rather than a silence that would shift every later reply.
+        (Outcome::Deferred, None) => {
+            let mut out = Reply::new(out, resp3);
+            out.error(format_args!("ERR internal error: nothing to wait for"));
+            session.count(slot, Outcome::Error);
+            (Outcome::Error, None)
+        }
+        (outcome, _) => (outcome, None),
+    }
+}
+
+/// Finishes a deferred command of metrics slot `slot` once its work produced `finish`:
+/// writes its reply into `out` and counts it.
+pub fn finish(
+    service: &ApiService,
+    session: &mut Session,
+    slot: usize,
+    finish: Finish,
+    out: &mut BytesMut,
+) -> Outcome {
+    let resp3 = session.resp3;
+    let mut deferred = None;
+    let mut cx = Ctx {
+        service,
+        runtime: None,
+        session,
+        out: Reply::new(out, resp3),
+        deferred: &mut deferred,
+    };
+    let mut outcome = finish(&mut cx);
+    if outcome == Outcome::Deferred {
+        // A finish never defers again.
+        cx.out.error(format_args!(
+            "ERR internal error: a finished command deferred"
+        ));
+        outcome = Outcome::Error;
+    }
+    session.count(slot, outcome);
     outcome
 }
 
@@ -787,24 +921,5 @@ mod tests {
             assert_eq!(spec.name.to_ascii_uppercase(), spec.name);
             assert!(COMMANDS[..i].iter().all(|s| s.name != spec.name));
         }
-    }
-
-    struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-    impl Hold for Counted {
-        fn release(self: Box<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-
-    #[test]
-    fn holds_are_released_once_when_the_session_ends() {
-        let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut session = Session::new(1);
-        session.hold(Box::new(Counted(released.clone())));
-        session.hold(Box::new(Counted(released.clone())));
-        assert_eq!(session.holds(), 2);
-        drop(session);
-        assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 }

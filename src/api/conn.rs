@@ -3,7 +3,9 @@
 //!
 //! The loop alternates two steps. **Execute**: every complete command in the read buffer
 //! runs, in order, its reply appended to the output buffer; commands run synchronously, so
-//! none is ever interrupted half-way. **Wait**: one future both writes pending replies
+//! none is ever interrupted half-way. A command that must ask a shared store leaves a
+//! [`Deferred`](super::command::Deferred): the loop awaits it (bounded by the store's
+//! budget) and finishes it before the next command runs, so replies keep their order. **Wait**: one future both writes pending replies
 //! and reads more requests, and returns as soon as either makes progress. Reading goes on
 //! while replies wait, so a client that sends its whole pipeline before reading (as most
 //! libraries do) never deadlocks; what bounds memory is the output buffer's limit: once
@@ -25,7 +27,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use super::bounds::{FLUSH_ON_CLOSE, READ_CHUNK};
-use super::command::{self, Outcome, Session};
+use super::command::{self, Deferred, Outcome, Session};
 use super::reply::Reply;
 use super::resp::{Parser, ProtocolError};
 use super::service::{ApiService, Throttled};
@@ -67,8 +69,19 @@ pub async fn serve<S>(
     let mut eof = false;
     let mut unflushed = false;
     let end = loop {
-        if let Some(end) = execute(service, &mut session, &mut parser, &mut rbuf, &mut wbuf) {
-            break end;
+        match execute(service, &mut session, &mut parser, &mut rbuf, &mut wbuf) {
+            Step::End(end) => break end,
+            Step::Wait(slot, deferred) => {
+                let finish = deferred.work.await;
+                command::finish(service, &mut session, slot, finish, &mut wbuf);
+                session.flush_counts(service);
+                if wbuf.len() > config.max_output_buffer {
+                    break End::Overflow;
+                }
+                // The commands after it may already be in the read buffer.
+                continue;
+            }
+            Step::More => {}
         }
         if eof {
             break End::Client;
@@ -123,38 +136,58 @@ pub async fn serve<S>(
     drop(session);
 }
 
-/// Runs every complete command in `rbuf`. Returns why the connection must end, if it must.
+/// What one run of [`execute`] left to do.
+enum Step {
+    /// Every complete command ran: wait for I/O.
+    More,
+    /// A command waits on a store: await it, finish it (metrics slot, work), run on.
+    Wait(usize, Deferred),
+    /// The connection must end.
+    End(End),
+}
+
+/// Runs every complete command in `rbuf` against the current runtime (read once for the
+/// batch), until one must wait on a store or the connection must end.
 fn execute(
     service: &ApiService,
     session: &mut Session,
     parser: &mut Parser,
     rbuf: &mut BytesMut,
     wbuf: &mut BytesMut,
-) -> Option<End> {
+) -> Step {
     let limit = service.config().max_output_buffer;
-    let mut end = None;
+    let runtime = service.runtime();
+    let runtime = runtime.as_deref().map(|rt| &**rt);
+    let mut step = Step::More;
     loop {
         match parser.parse(rbuf) {
             Ok(true) => {
-                if command::execute(service, session, &parser.args(), wbuf) == Outcome::Close {
-                    end = Some(End::Client);
-                    break;
+                match command::execute(service, runtime, session, &parser.args(), wbuf) {
+                    (Outcome::Close, _) => {
+                        step = Step::End(End::Client);
+                        break;
+                    }
+                    (_, Some((slot, deferred))) => {
+                        step = Step::Wait(slot, deferred);
+                        break;
+                    }
+                    _ => {}
                 }
                 if wbuf.len() > limit {
-                    end = Some(End::Overflow);
+                    step = Step::End(End::Overflow);
                     break;
                 }
             }
             Ok(false) => break,
             Err(e) => {
                 Reply::new(wbuf, session.resp3).error(format_args!("ERR {e}"));
-                end = Some(End::Protocol(e));
+                step = Step::End(End::Protocol(e));
                 break;
             }
         }
     }
     session.flush_counts(service);
-    end
+    step
 }
 
 /// What one wait for I/O achieved.

@@ -9,10 +9,13 @@
 //! - [`reply`]: RESP2/RESP3 reply writing;
 //! - [`bounds`]: the documented limits on what one client may make the process hold;
 //! - [`command`]: the command table, per-connection [`Session`] state and dispatch;
-//! - [`smyte`]: `RL.REDUCE` and `RL.GET` over [`AdhocBuckets`](crate::limits::AdhocBuckets);
+//! - [`smyte`]: `RL.REDUCE` and `RL.GET` over [`AdhocBuckets`](crate::limits::AdhocBuckets),
+//!   or over a Redis store (`api.store`);
 //! - [`conn`]: one connection's loop, generic over `AsyncRead + AsyncWrite`;
 //! - [`service`]: [`ApiService`] (shared state, tokio accept loop) and [`ApiApp`], the
-//!   Pingora `ServerApp` that runs it beside the proxy.
+//!   Pingora `ServerApp` that runs it beside the proxy;
+//! - [`charon`]: Charon's `CH.*` commands on the configured resources of the live runtime;
+//! - [`holds`]: the copies a connection holds ([`holds::Ledger`]) and pending transfers.
 //!
 //! **Protocol.** RESP2 by default; `HELLO 3` switches a connection to RESP3 (maps, nulls).
 //! Pipelining is natural: every complete command in a read is executed in order and the
@@ -38,18 +41,21 @@
 //! straight into the output buffer. Both are unit-tested, and the real `redis` crate and
 //! `redis-cli` are the integration tests' clients.
 //!
-//! **Phase 2.** Charon's `CH.*` commands over configured resources slot into the same
-//! table ([`command::COMMANDS`]): a handler gets the [`ApiService`] (which will carry the
-//! runtime) and the connection's [`Session`], and attaches what it reserves to the session
-//! with [`Session::hold`]; holds are released when the connection ends, however it ends.
+//! **Where it sits.** Beside the proxy, below the composition root (`server`), above the
+//! runtime: it reads the live [`Runtime`](crate::runtime::Runtime) the proxy and the
+//! reloader share, so resources, stores and switches change with a reload, and asks it for
+//! decisions through the same [`Limiter`](crate::runtime::limiter::Limiter)s
+//! (`docs/architecture.md`, "The limiter API").
 
 pub mod bounds;
+pub mod charon;
 pub mod command;
 pub mod conn;
+pub mod holds;
 pub mod reply;
 pub mod resp;
 pub mod service;
 pub mod smyte;
 
-pub use command::{Hold, Session};
+pub use command::Session;
 pub use service::{ApiApp, ApiConfig, ApiService};

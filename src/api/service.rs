@@ -1,9 +1,11 @@
 //! The limiter API service: shared state, the connection cap, the tokio accept loop, and
 //! the Pingora [`ServerApp`] that runs it beside the proxy.
 //!
-//! [`ApiService`] owns what every connection shares: the ad-hoc bucket table, the
-//! per-process random hasher of bucket keys, the counters `INFO` reports and the resolved
-//! metric handles. Connections are served by [`ApiService::handle`], generic over the
+//! [`ApiService`] owns what every connection shares: the live runtime it follows (the same
+//! `ArcSwap` the proxy and the reloader use, so a reload changes resources, stores,
+//! `api.allow_unconfigured`, `api.store` and the kill switch at once), the ad-hoc bucket
+//! table, the per-process random hasher of bucket keys, the pending transfers, the bound
+//! on hold entries, the counters `INFO` reports and the resolved metric handles. Connections are served by [`ApiService::handle`], generic over the
 //! stream, from either front door:
 //!
 //! - [`ApiApp`] for Pingora (`Service::new(..., ApiApp::new(service))`, or
@@ -20,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, Guard};
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
 use pingora::listeners::TcpSocketOptions;
@@ -40,9 +43,12 @@ use super::bounds::{
 };
 use super::command::{COMMANDS, OTHER, RESULTS};
 use super::conn;
+use super::holds::{HoldBudget, Transfers};
 use super::resp::ProtocolError;
-use crate::limits::{AdhocBuckets, AdhocParams};
-use crate::metrics::{Metrics, MetricsError};
+use crate::config::{API_ORIGIN, UNCONFIGURED};
+use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
+use crate::metrics::{DecisionCounters, Metrics, MetricsError};
+use crate::runtime::Runtime;
 
 /// How the limiter API runs: the `api` section of the config, plus bounds that tests and
 /// operators may tighten.
@@ -51,9 +57,10 @@ pub struct ApiConfig {
     /// `api.max_keys`: ad-hoc buckets holding state at most (49 bytes each, allocated at
     /// start). Size it at twice the keys expected to be below full at once.
     pub max_keys: usize,
-    /// `api.allow_unconfigured`: phase 2's `CH.*` commands grant (and record) requests for
-    /// resources the config does not name, instead of refusing them. Unused by `RL.*`,
-    /// whose buckets are ad hoc by nature.
+    /// `api.allow_unconfigured` for a service that follows no runtime (examples, tests):
+    /// `CH.*` commands grant (and record) requests for resources nobody configured. A
+    /// service following a runtime reads the runtime's config instead, so a reload changes
+    /// it. Unused by `RL.*`, whose buckets are ad hoc by nature.
     pub allow_unconfigured: bool,
     /// Open connections at most; more get `-ERR max number of clients reached`.
     pub max_connections: usize,
@@ -75,9 +82,23 @@ impl Default for ApiConfig {
     }
 }
 
+/// Where unconfigured resources are counted: `tollgate_limit_decisions_total{origin="_api",
+/// limit="_unconfigured", kind="unconfigured"}` and `tollgate_api_holds{resource="_unconfigured"}`.
+pub struct Unconfigured {
+    /// Decisions on unconfigured resources (every one `allowed`).
+    pub counters: DecisionCounters,
+    /// Copies of unconfigured resources held.
+    pub holds: IntGauge,
+}
+
 /// The limiter API: what its connections share.
 pub struct ApiService {
     config: ApiConfig,
+    runtime: Option<Arc<ArcSwap<Runtime>>>,
+    clock: MonotonicClock,
+    unconfigured: Unconfigured,
+    transfers: Arc<Transfers>,
+    budget: Arc<HoldBudget>,
     buckets: Arc<AdhocBuckets>,
     /// Seeded at random per process: clients choose keys, and must not be able to aim
     /// them all at one set of the table.
@@ -116,8 +137,24 @@ struct Throttle {
 }
 
 impl ApiService {
-    /// A service with `config`, its metric handles resolved in `metrics` (and its bucket
-    /// table's gauges registered there).
+    /// A service that follows `runtime`, the live config the proxy and the reloader share:
+    /// each batch of commands reads the current one. Metric handles are resolved in
+    /// `metrics` (and the bucket table's gauges registered there).
+    pub fn with_runtime(
+        config: ApiConfig,
+        runtime: Arc<ArcSwap<Runtime>>,
+        metrics: &Metrics,
+    ) -> Self {
+        Self {
+            runtime: Some(runtime),
+            ..Self::new(config, metrics)
+        }
+    }
+
+    /// A service that follows no runtime: `RL.*` on its local table; `CH.*` knows no
+    /// resource (each is unconfigured: granted and recorded if `allow_unconfigured`).
+    /// For examples, tests and benchmarks; tollgate itself uses
+    /// [`with_runtime`](Self::with_runtime).
     pub fn new(config: ApiConfig, metrics: &Metrics) -> Self {
         let buckets = Arc::new(AdhocBuckets::new(config.max_keys));
         let commands = (0..=OTHER)
@@ -131,8 +168,17 @@ impl ApiService {
             // Only a second service on the same registry gets here: the first one reports.
             log::warn!("limiter API: bucket table metrics not registered: {e}");
         }
+        let unconfigured = Unconfigured {
+            counters: metrics.decisions(API_ORIGIN, UNCONFIGURED, "unconfigured"),
+            holds: metrics.api_holds.with_label_values(&[UNCONFIGURED]),
+        };
         Self {
             config,
+            runtime: None,
+            clock: MonotonicClock::new(),
+            unconfigured,
+            transfers: Arc::new(Transfers::default()),
+            budget: Arc::new(HoldBudget::default()),
             buckets,
             hasher: ahash::RandomState::new(),
             started: Instant::now(),
@@ -154,6 +200,46 @@ impl ApiService {
     /// The ad-hoc bucket table of `RL.*`.
     pub fn buckets(&self) -> &AdhocBuckets {
         &self.buckets
+    }
+
+    /// The shared bucket table, for work that outlives a command (a store call's local
+    /// fallback).
+    pub fn buckets_arc(&self) -> &Arc<AdhocBuckets> {
+        &self.buckets
+    }
+
+    /// The current runtime, if the service follows one: one cheap guard per batch of
+    /// commands.
+    pub fn runtime(&self) -> Option<Guard<Arc<Runtime>>> {
+        self.runtime.as_ref().map(|r| r.load())
+    }
+
+    /// Whether unknown resources are granted and recorded: the runtime's
+    /// `api.allow_unconfigured`, or the service's own setting without a runtime.
+    pub fn allow_unconfigured(&self, runtime: Option<&Runtime>) -> bool {
+        runtime.map_or(self.config.allow_unconfigured, |rt| {
+            rt.config.api.allow_unconfigured
+        })
+    }
+
+    /// The clock of in-process resource decisions (monotonic, from the service's start).
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// Where unconfigured resources are counted.
+    pub fn unconfigured(&self) -> &Unconfigured {
+        &self.unconfigured
+    }
+
+    /// The pending transfers.
+    pub fn transfers(&self) -> &Arc<Transfers> {
+        &self.transfers
+    }
+
+    /// The process's bound on hold entries.
+    pub fn hold_budget(&self) -> &Arc<HoldBudget> {
+        &self.budget
     }
 
     /// Open connections.
@@ -316,10 +402,13 @@ impl ApiService {
         section(
             wanted[3],
             format!(
-                "# Limiter\r\nadhoc_keys:{}\r\nadhoc_max_keys:{}\r\nadhoc_evictions:{}\r\n",
+                "# Limiter\r\nadhoc_keys:{}\r\nadhoc_max_keys:{}\r\nadhoc_evictions:{}\r\nresources:{}\r\nhold_entries:{}\r\npending_transfers:{}\r\n",
                 self.buckets.len(),
                 self.buckets.slots(),
                 self.buckets.evictions(),
+                self.runtime().map_or(0, |rt| rt.resources.len()),
+                self.budget.used(),
+                self.transfers.len(),
             ),
         );
         text

@@ -21,21 +21,39 @@
 //! are 1 to 2⁶³-1 (replies are RESP integers), `n` 0 to 2⁶³-1, `refill_seconds` 1 to
 //! 18 446 744 073 and `AT` 0 to 18 446 744 073 (so that nanoseconds fit 64 bits: 584
 //! years, past 2554). Anything else is an `-ERR` naming the argument.
+//!
+//! **Where buckets live.** In the in-process table of `api.max_keys` buckets by default;
+//! with `api.store` naming a Redis store, in Redis, so that a fleet shares them: one
+//! `token_bucket.lua` call per command (`token_bucket_get.lua` for `RL.GET`) at Redis's
+//! clock, or at `AT` (in microseconds). A bucket's parameters stay part of its identity:
+//! they are in its key name, `PREFIX _rl:MAX:AMOUNT:SECONDS:{HASH}:tb`, `HASH` the stable
+//! hash of the key's bytes (`crate::store::key`). The scripts compute in doubles, so on a
+//! Redis store `max`, `REFILL` and `TAKE` are at most 2⁵⁰ and `refill_seconds` at most
+//! 1 125 899 906 (2⁵⁰ µs). When the store cannot answer within its budget (or its breaker
+//! is open), its `fallback` decides: `local` with the in-process table at this instance's
+//! share of the bucket (capacity and refill divided by `instances`), `allow` as if the
+//! bucket were full, `deny` as if it were empty.
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::command::{Ctx, Outcome};
+use std::sync::Arc;
+
+use super::command::{Ctx, Finish, Outcome};
 use super::reply::Quoted;
 use super::resp::Args;
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
-use crate::limits::AdhocParams;
+use crate::limits::{AdhocBuckets, AdhocParams, TokenBucketParams};
+use crate::store::key::STABLE_SEED;
+use crate::store::redis::SCRIPT_MAX;
+use crate::store::shared::local_bucket_share;
+use crate::store::{Fallback, KeyNames, RedisStore};
 
 /// The largest number of seconds whose nanoseconds fit a `u64`.
 pub const MAX_SECONDS: u64 = u64::MAX / NANOS_PER_SEC;
 
 /// The largest count a RESP integer reply can carry.
-const MAX_COUNT: u64 = i64::MAX as u64;
+pub(crate) const MAX_COUNT: u64 = i64::MAX as u64;
 
 /// The server's wall clock in nanoseconds since the Unix epoch (0 before it).
 pub fn unix_nanos() -> Nanos {
@@ -108,7 +126,12 @@ impl fmt::Display for ArgError<'_> {
 }
 
 /// A decimal integer in `min..=max`: digits only.
-fn number<'a>(name: &'static str, text: &'a [u8], min: u64, max: u64) -> Result<u64, ArgError<'a>> {
+pub(crate) fn number<'a>(
+    name: &'static str,
+    text: &'a [u8],
+    min: u64,
+    max: u64,
+) -> Result<u64, ArgError<'a>> {
     let bad = ArgError::Number {
         name,
         min,
@@ -210,6 +233,162 @@ pub fn parse<'a>(args: &Args<'a>, reduce: bool) -> Result<BucketCall<'a>, ArgErr
     })
 }
 
+/// The Redis store `api.store` names, if the service follows a runtime that has one.
+fn api_store(cx: &Ctx<'_>) -> Option<RedisStore> {
+    let rt = cx.runtime?;
+    rt.stores.get(rt.config.api.store.as_deref()?).cloned()
+}
+
+/// The largest `refill_seconds` a Redis store keeps exactly: 2⁵⁰ µs.
+const STORE_MAX_SECONDS: u64 = SCRIPT_MAX / 1_000_000;
+
+/// Refuses what the Redis scripts cannot compute exactly (module doc).
+fn store_bounds(call: &BucketCall<'_>) -> Result<(), String> {
+    let seconds = call.params.every / NANOS_PER_SEC;
+    let too_big = [
+        ("max", call.params.capacity, SCRIPT_MAX),
+        ("REFILL", call.params.amount, SCRIPT_MAX),
+        ("TAKE", call.take, SCRIPT_MAX),
+        ("refill_seconds", seconds, STORE_MAX_SECONDS),
+    ];
+    match too_big.iter().find(|(_, v, max)| v > max) {
+        Some((name, v, max)) => Err(format!(
+            "ERR invalid '{name}': at most {max} with api.store on Redis, got {v}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// One `RL.*` call against a Redis store, with its fallback (module doc): `take` of `None`
+/// reads (`RL.GET`).
+struct StoreCall {
+    store: RedisStore,
+    names: KeyNames,
+    hash: u64,
+    params: TokenBucketParams,
+    take: Option<u64>,
+    at: Option<u64>,
+    /// The in-process table, the fallback bucket's key and parameters, and the local time.
+    local: (Arc<AdhocBuckets>, u64, AdhocParams, Nanos),
+}
+
+impl StoreCall {
+    fn new(cx: &Ctx<'_>, store: RedisStore, call: &BucketCall<'_>, now: Nanos, read: bool) -> Self {
+        let p = call.params;
+        let params = TokenBucketParams {
+            capacity: p.capacity,
+            amount: p.amount,
+            every: p.every,
+            strict: call.strict,
+        };
+        let scope = format!(
+            "_rl:{}:{}:{}",
+            p.capacity,
+            p.amount,
+            p.every / NANOS_PER_SEC
+        );
+        let names = KeyNames::scoped(&store.config().prefix, &scope);
+        let share = local_bucket_share(params, store.config().instances);
+        let local = AdhocParams {
+            capacity: share.capacity,
+            amount: share.amount,
+            every: share.every,
+        };
+        Self {
+            names,
+            hash: xxhash_rust::xxh3::xxh3_64_with_seed(call.key, STABLE_SEED),
+            params,
+            take: (!read).then_some(call.take),
+            at: call.at.map(|at| at / 1_000),
+            local: (
+                Arc::clone(cx.service.buckets_arc()),
+                cx.service.bucket_key(call.key, &local),
+                local,
+                now,
+            ),
+            store,
+        }
+    }
+
+    /// The reply (tokens before the take, or held for a read) and whether a take happened.
+    async fn run(self) -> (u64, bool) {
+        let s = &self.store;
+        let result = match self.take {
+            Some(take) => s
+                .token_bucket_many(&self.names, self.hash, &self.params, take, take, self.at)
+                .await
+                .map(|g| {
+                    let v = g.verdict;
+                    (
+                        if v.allowed {
+                            v.remaining + take
+                        } else {
+                            v.remaining
+                        },
+                        v.allowed,
+                    )
+                }),
+            None => s
+                .token_bucket_get(&self.names, self.hash, &self.params, self.at)
+                .await
+                .map(|(tokens, _)| (tokens, true)),
+        };
+        if let Ok(answer) = result {
+            return answer;
+        }
+        s.metrics().fallback.inc();
+        let take = self.take.unwrap_or(0);
+        let capacity = self.params.capacity;
+        match s.config().fallback {
+            Fallback::Local => {
+                let (buckets, key, params, now) = &self.local;
+                match self.take {
+                    Some(take) => {
+                        let v = buckets.acquire(*key, *params, take, self.params.strict, *now);
+                        (
+                            if v.allowed {
+                                v.remaining + take
+                            } else {
+                                v.remaining
+                            },
+                            v.allowed,
+                        )
+                    }
+                    None => (buckets.tokens(*key, *params, *now), true),
+                }
+            }
+            Fallback::Allow => (capacity.max(take), true),
+            Fallback::Deny => (0, take == 0),
+        }
+    }
+}
+
+/// Defers `call` (a read with `read`) to the store, replying its answer as an integer.
+fn on_store(
+    cx: &mut Ctx<'_>,
+    store: RedisStore,
+    call: &BucketCall<'_>,
+    now: Nanos,
+    read: bool,
+) -> Outcome {
+    if let Err(e) = store_bounds(call) {
+        return cx.error(format_args!("{e}"));
+    }
+    let work = StoreCall::new(cx, store, call, now, read);
+    cx.defer(async move {
+        let (reply, taken) = work.run().await;
+        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| {
+            cx.out.int(i64::try_from(reply).unwrap_or(i64::MAX));
+            if taken {
+                Outcome::Ok
+            } else {
+                Outcome::Rejected
+            }
+        });
+        finish
+    })
+}
+
 /// `RL.REDUCE`: replies the tokens held before the take.
 pub fn reduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let call = match parse(args, true) {
@@ -217,6 +396,9 @@ pub fn reduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         Err(e) => return cx.error(format_args!("{e}")),
     };
     let now = call.at.unwrap_or_else(unix_nanos);
+    if let Some(store) = api_store(cx) {
+        return on_store(cx, store, &call, now, false);
+    }
     let key = cx.service.bucket_key(call.key, &call.params);
     let v = cx
         .service
@@ -243,6 +425,9 @@ pub fn get(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         Err(e) => return cx.error(format_args!("{e}")),
     };
     let now = call.at.unwrap_or_else(unix_nanos);
+    if let Some(store) = api_store(cx) {
+        return on_store(cx, store, &call, now, true);
+    }
     let key = cx.service.bucket_key(call.key, &call.params);
     let tokens = cx.service.buckets().tokens(key, call.params, now);
     cx.out.int(tokens as i64);

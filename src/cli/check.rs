@@ -46,8 +46,12 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
+            let resources = match loaded.config.resources.len() {
+                0 => String::new(),
+                n => format!("{n} resources, "),
+            };
             let ok = format!(
-                "{}: ok ({origins} origins, {limits} limits, {} warnings)",
+                "{}: ok ({origins} origins, {limits} limits, {resources}{} warnings)",
                 path.display(),
                 loaded.warnings.len()
             );

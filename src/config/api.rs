@@ -2,17 +2,18 @@
 //! `server.limiter_api`).
 
 use crate::config::bounds;
-use crate::config::model::Api;
+use crate::config::model::{Api, StoreSpec};
 use crate::config::report::{child, Report};
 use crate::config::scalar;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `api:` takes.
-const API_KEYS: [&str; 2] = ["max_keys", "allow_unconfigured"];
+const API_KEYS: [&str; 3] = ["max_keys", "allow_unconfigured", "store"];
 
-/// Reads the `api:` section, or its defaults when absent.
-pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> Api {
+/// Reads the `api:` section, or its defaults when absent. `stores` are the configured
+/// shared stores `api.store` may name (besides `local`).
+pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec]) -> Api {
     let mut api = Api::default();
     let entries = node
         .and_then(|n| scalar::map(r, n, "api"))
@@ -31,6 +32,26 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> Api {
                 if let Some(b) = scalar::boolean(r, v, &path) {
                     api.allow_unconfigured = b;
                 }
+            }
+            "store" => {
+                let Some(name) = scalar::text(r, v, &path) else {
+                    continue;
+                };
+                if name == "local" {
+                    continue;
+                }
+                if stores.iter().any(|s| s.name == name) {
+                    api.store = Some(name.to_string());
+                    continue;
+                }
+                let message = if stores.is_empty() {
+                    format!("unknown store `{name}`: no Redis store is configured under `stores:`")
+                } else {
+                    let mut all: Vec<&str> = stores.iter().map(|s| s.name.as_str()).collect();
+                    all.push("local");
+                    suggest::unknown("store", name, &all)
+                };
+                r.error(v.pos, &path, message);
             }
             other => r.error(e.key_pos, &path, suggest::unknown("key", other, &API_KEYS)),
         }

@@ -60,6 +60,8 @@ struct EffConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     defaults: Option<EffDefaults>,
     origins: Ordered<EffOrigin>,
+    #[serde(skip_serializing_if = "Ordered::is_empty")]
+    resources: Ordered<EffLimit>,
 }
 
 impl EffConfig {
@@ -69,6 +71,7 @@ impl EffConfig {
             api: EffApi {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
+                store: c.api.store.clone(),
             },
             defaults: c.unmatched.as_ref().map(|o| EffDefaults {
                 unmatched: EffOrigin::of(o),
@@ -90,6 +93,12 @@ impl EffConfig {
                 c.origins
                     .iter()
                     .map(|o| (o.name.clone(), EffOrigin::of(o)))
+                    .collect(),
+            ),
+            resources: Ordered(
+                c.resources
+                    .iter()
+                    .map(|l| (l.name.clone(), EffLimit::resource(l)))
                     .collect(),
             ),
         }
@@ -194,6 +203,8 @@ struct EffSegment {
 struct EffApi {
     max_keys: usize,
     allow_unconfigured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -287,7 +298,8 @@ struct EffLimit {
     store: Option<String>,
     key: Vec<String>,
     mode: &'static str,
-    headers: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<&'static str>,
     #[serde(flatten)]
     params: EffParams,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -309,10 +321,10 @@ impl EffLimit {
             store: l.store.clone(),
             key: l.key.parts().iter().map(ToString::to_string).collect(),
             mode: mode(l.mode),
-            headers: match l.headers {
+            headers: Some(match l.headers {
                 HeadersMode::OnReject => "on_reject",
                 HeadersMode::Always => "always",
-            },
+            }),
             overrides: l
                 .overrides
                 .iter()
@@ -324,6 +336,19 @@ impl EffLimit {
                 .collect(),
             params: base,
         }
+    }
+}
+
+impl EffLimit {
+    /// A resource: a limit without `headers` and `cost` (a command's cost is its copies).
+    fn resource(l: &Limit) -> Self {
+        let mut eff = Self::of(l);
+        eff.headers = None;
+        eff.params.cost = None;
+        for o in &mut eff.overrides {
+            o.params.cost = None;
+        }
+        eff
     }
 }
 

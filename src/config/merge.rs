@@ -70,7 +70,7 @@ pub(crate) fn origin_limits(
 
 /// Where the size of a limit's state is written: `max_keys`, `sketch.slots` or
 /// `sketch.hashes`, or the limit itself when its size is the default.
-fn size_anchor(spec: &LimitSpec) -> (Pos, &str) {
+pub(crate) fn size_anchor(spec: &LimitSpec) -> (Pos, &str) {
     [&spec.max_keys, &spec.slots, &spec.hashes]
         .into_iter()
         .find_map(|f| f.as_ref().map(|a| (a.pos, a.path.as_str())))

@@ -18,6 +18,7 @@ mod overrides;
 mod params;
 mod report;
 mod resolve;
+mod resources;
 mod scalar;
 mod segments;
 mod server;
@@ -33,4 +34,5 @@ pub(crate) mod tests;
 
 pub use model::*;
 pub use parse::{load, parse_bytes, parse_str, ConfigError, Loaded};
+pub use resources::{API_ORIGIN, UNCONFIGURED};
 pub use text::MAX_FILE_BYTES;

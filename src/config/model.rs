@@ -34,6 +34,9 @@ pub struct Config {
     /// `defaults.unmatched`: the origin (named `_unmatched`) that serves hosts no origin
     /// names; without it such hosts get 404.
     pub unmatched: Option<Origin>,
+    /// `resources:`: named limits for limiter API callers, in file order. A resource is a
+    /// [`Limit`] keyed by the command's domain (the `customer` key part).
+    pub resources: Vec<Limit>,
 }
 
 /// One `segments.NAME` entry: a roaring-bitmap file of integer IDs and the key part whose
@@ -148,6 +151,9 @@ pub struct Api {
     /// Grant and record commands on resources that are not configured
     /// (`api.allow_unconfigured`), so that use can be measured before it is limited.
     pub allow_unconfigured: bool,
+    /// The shared store `RL.*` buckets live in (`api.store`); `None` is the in-process
+    /// table of `max_keys` buckets.
+    pub store: Option<String>,
 }
 
 impl Default for Api {
@@ -155,6 +161,7 @@ impl Default for Api {
         Self {
             max_keys: 100_000,
             allow_unconfigured: false,
+            store: None,
         }
     }
 }

@@ -113,6 +113,16 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
     if !unmatched && !is_label(&entry.key) {
         r.error(entry.key_pos, &path, label_message("origin", &entry.key));
     }
+    if entry.key == crate::config::resources::API_ORIGIN {
+        r.error(
+            entry.key_pos,
+            &path,
+            format!(
+                "origin name `{}` is taken by the limiter API's resources (their metrics label); pick another",
+                entry.key
+            ),
+        );
+    }
     let Some(fields) = scalar::map(r, &entry.value, &path) else {
         return o;
     };

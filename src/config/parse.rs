@@ -16,6 +16,7 @@ use crate::config::model::{Config, Diagnostic, Limit, Origin, Severity};
 use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{At, Pos, Report};
 use crate::config::resolve::Known;
+use crate::config::resources;
 use crate::config::scalar;
 use crate::config::segments;
 use crate::config::server;
@@ -27,7 +28,15 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-const TOP_KEYS: [&str; 6] = ["server", "api", "stores", "segments", "defaults", "origins"];
+const TOP_KEYS: [&str; 7] = [
+    "server",
+    "api",
+    "stores",
+    "segments",
+    "defaults",
+    "origins",
+    "resources",
+];
 
 /// A valid config and the warnings its normalizations produced.
 #[derive(Debug, Clone)]
@@ -172,13 +181,14 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         );
     }
     let server = server::parse(r, section("server"));
-    let api = api::parse(r, section("api"));
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"));
+    let api = api::parse(r, section("api"), &stores);
     let known = Known {
         segments: &segments,
         stores: &stores,
     };
+    let resources = resources::parse(r, section("resources"), &known);
     let (default_specs, unmatched) = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
@@ -217,7 +227,13 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             (d, limits)
         })
         .collect();
-    bounds::state_budget(r, merged.iter().flat_map(|(_, limits)| limits));
+    bounds::state_budget(
+        r,
+        merged
+            .iter()
+            .flat_map(|(_, limits)| limits)
+            .chain(&resources),
+    );
     let mut origins: Vec<Origin> = merged
         .into_iter()
         .map(|(d, limits)| {
@@ -252,6 +268,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         local_store,
         origins,
         unmatched,
+        resources: resources.into_iter().map(|l| l.v).collect(),
     })
 }
 

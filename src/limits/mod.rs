@@ -51,4 +51,4 @@ pub use tiered::{
     TieredParams,
 };
 pub use token_bucket::{TokenBucket, TokenBucketParams};
-pub use verdict::{Verdict, NEVER};
+pub use verdict::{Grant, Verdict, NEVER};

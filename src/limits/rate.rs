@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
-use crate::limits::verdict::{Verdict, NEVER};
+use crate::limits::verdict::{Grant, Verdict, NEVER};
 
 /// Slots per set, as for the token bucket: a set rarely overflows at half load, and a scan
 /// reads four cache lines.
@@ -209,6 +209,60 @@ impl RateLimiter {
             after.reset_after(),
             after.retry_after(max, cost),
         )
+    }
+
+    /// Decides a request for between `min` and `want` events (a `min` above `want` is
+    /// lowered to `want`) for `key` at `now`: counts the largest `n` in `[min, want]` with
+    /// `estimate + n ≤ max`, or nothing if even `min` does not fit (then counts `min` if
+    /// `strict`: the least the caller asked for is what was refused).
+    ///
+    /// `estimate + n ≤ max` is `(curr + n) · per ≤ max · per − prev · (per − e)`, so the
+    /// largest `n` is `⌊(max · per − prev · (per − e)) / per⌋ − curr`: exactly the
+    /// `remaining` the window reports before this request, computed in the same exact
+    /// integers. A rejection's `retry_after` is the time until `min` fits ([`NEVER`] when
+    /// `min > max`). `acquire_many(key, max, c, c, strict, now)` decides exactly as
+    /// `acquire(key, max, c, strict, now)`.
+    pub fn acquire_many(
+        &self,
+        key: u64,
+        max: u64,
+        min: u64,
+        want: u64,
+        strict: bool,
+        now: Nanos,
+    ) -> Grant {
+        let min = min.min(want);
+        let (per, at) = (self.per, self.moment(now));
+        let (granted, counts) = self.with_counts(key, at, |counts| {
+            let window = Window::of(per, counts, at);
+            let least = Window {
+                curr: counts.curr.saturating_add(min),
+                ..window
+            };
+            // `fits` rather than `room ≥ min`: a window already over `max` (strict) has
+            // no room and refuses even a `min` of 0, as `acquire` refuses a cost of 0.
+            if least.fits(max) {
+                let n = window.remaining(max).min(want);
+                counts.curr = counts.curr.saturating_add(n);
+                return Some(n);
+            }
+            if strict {
+                counts.curr = counts.curr.saturating_add(min);
+            }
+            None
+        });
+        let after = Window::of(per, &counts, at);
+        match granted {
+            Some(granted) => Grant {
+                verdict: Verdict::allow(after.remaining(max), after.reset_after()),
+                granted,
+            },
+            None => Grant::rejected(Verdict::reject(
+                after.remaining(max),
+                after.reset_after(),
+                after.retry_after(max, min),
+            )),
+        }
     }
 
     /// Takes back an admitted event (a later limit rejected the request).
@@ -992,7 +1046,79 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn acquire_many_counts_the_largest_count_that_fits() {
+        let l = limiter(SEC);
+        // 10 per second, empty: 4 to 6 gets 6, then 3 to 8 gets the 4 left.
+        assert_eq!(l.acquire_many(1, 10, 4, 6, false, 0).granted, 6);
+        let g = l.acquire_many(1, 10, 3, 8, false, 0);
+        assert_eq!((g.granted, g.verdict.remaining), (4, 0));
+        // Full: 3 fit once the window has slid far enough: at 1.3 s the 10 of the previous
+        // period weigh 7.
+        let g = l.acquire_many(1, 10, 3, 8, false, 0);
+        assert_eq!(g.granted, 0);
+        assert_eq!(g.verdict.retry_after, SEC + 3 * SEC / 10);
+        assert_eq!(
+            l.acquire_many(1, 10, 3, 8, false, SEC + 3 * SEC / 10 - 1)
+                .granted,
+            0
+        );
+        // At 1.3 s exactly: 10 · 0.7 = 7, so 3 fit.
+        assert_eq!(
+            l.acquire_many(1, 10, 3, 8, false, SEC + 3 * SEC / 10)
+                .granted,
+            3
+        );
+        // min above max never fits.
+        assert!(l.acquire_many(2, 10, 11, 12, false, 0).verdict.is_block());
+        // A strict refusal counts min.
+        let s = limiter(SEC);
+        assert_eq!(s.acquire_many(3, 4, 1, 4, true, 0).granted, 4);
+        assert_eq!(s.acquire_many(3, 4, 2, 3, true, 0).granted, 0);
+        assert_eq!(s.estimate(3, 0), 6.0);
+        // A fixed cost decides exactly as `acquire`.
+        let (x, y) = (limiter(SEC), limiter(SEC));
+        for (i, cost) in [3u64, 2, 4, 1, 5].into_iter().enumerate() {
+            let now = i as u64 * SEC / 4;
+            assert_eq!(
+                x.acquire_many(9, 6, cost, cost, true, now).verdict,
+                y.acquire(9, 6, cost, true, now)
+            );
+        }
+    }
+
     proptest! {
+        /// `acquire_many` grants the largest count the exact window holds.
+        #[test]
+        fn acquire_many_matches_the_model(
+            per in prop::sample::select(vec![100 * MS, SEC, 7 * SEC + 3]),
+            max in 0u64..10,
+            strict in any::<bool>(),
+            steps in prop::collection::vec((0u64..1_200, 0u64..6, 0u64..8), 1..80),
+        ) {
+            let l = RateLimiter::new(per, 1 << 10);
+            let mut model = Model::default();
+            let mut now = 0;
+            for &(advance, min, want) in &steps {
+                now += advance * per / 1_000;
+                let min = min.min(want);
+                let elapsed = model.roll(per, now);
+                let scaled = model.scaled(per, elapsed);
+                let fits = |n: u64| {
+                    scaled + u128::from(n) * u128::from(per) <= u128::from(max) * u128::from(per)
+                };
+                let best = (min..=want).rev().find(|&n| fits(n));
+                let g = l.acquire_many(7, max, min, want, strict, now);
+                prop_assert_eq!(g.granted, best.unwrap_or(0));
+                prop_assert_eq!(g.verdict.allowed, best.is_some());
+                match best {
+                    Some(n) => model.curr += n,
+                    None if strict => model.curr += min,
+                    None => {}
+                }
+            }
+        }
+
         /// A table large enough never evicts: the limiter is the literal model.
         #[test]
         fn matches_the_model_without_eviction(

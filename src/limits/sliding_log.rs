@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Grant, Verdict};
 
 /// Slots per set, as in the token bucket.
 const WAYS: usize = 8;
@@ -207,12 +207,22 @@ impl SlidingLog {
     /// request would fit every window (see the module doc). Pass the same `now` to
     /// [`refund`](Self::refund) to undo an admission.
     pub fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Verdict {
-        self.decide(key, cost, now, true)
+        self.decide(key, cost, cost, now, true).verdict
+    }
+
+    /// Decides a request for between `min` and `want` entries (a `min` above `want` is
+    /// lowered to `want`) for `key` at `now`: records the largest `n` in `[min, want]`
+    /// that fits every window, `n = min(want, room)` with `room` the smallest
+    /// `max − count` over the windows, or nothing if `min` does not fit. A rejection's
+    /// `retry_after` is the exact time until `min` fits. `acquire_many(key, c, c, now)`
+    /// decides exactly as `acquire(key, c, now)`.
+    pub fn acquire_many(&self, key: u64, min: u64, want: u64, now: Nanos) -> Grant {
+        self.decide(key, min.min(want), want, now, true)
     }
 
     /// What [`acquire`](Self::acquire) would answer, without recording anything.
     pub fn peek(&self, key: u64, cost: u64, now: Nanos) -> Verdict {
-        self.decide(key, cost, now, false)
+        self.decide(key, cost, cost, now, false).verdict
     }
 
     /// Removes the `cost` entries an admission at `at` recorded for `key` (a later limit
@@ -310,7 +320,10 @@ impl SlidingLog {
         self.evictions.0.load(Relaxed)
     }
 
-    fn decide(&self, key: u64, cost: u64, now: Nanos, record: bool) -> Verdict {
+    /// Judges `min` (at most `want`) for `key` at `now`; when it fits, grants
+    /// `n = min(want, room)` (which fits too: `room` is the smallest room over the
+    /// windows) and records it if `record`.
+    fn decide(&self, key: u64, min: u64, want: u64, now: Nanos, record: bool) -> Grant {
         let key = key.max(1);
         let set = self.set_index(key);
         let q = now >> self.shift;
@@ -322,20 +335,22 @@ impl SlidingLog {
                 ring: self.ring(set, hit),
             };
             self.prune(&mut log, now);
-            let j = self.judge(Some(&log), cost, now);
-            let v = self.verdict(&j, cost, log.newest(), q, now);
-            if record && j.allowed && cost > 0 {
-                // Admitted: len + cost ≤ cap ≤ u32::MAX.
-                self.push(&mut log, q, cost as u32);
+            let j = self.judge(Some(&log), min, now);
+            let n = granted(&j, min, want);
+            let v = self.verdict(&j, n, log.newest(), q, now);
+            if record && j.allowed && n > 0 {
+                // Admitted: len + n ≤ cap ≤ u32::MAX.
+                self.push(&mut log, q, n as u32);
             }
             if log.slot.len == 0 {
                 *log.slot = Slot::default();
             }
-            return v;
+            return grant(v, j.allowed, n);
         }
-        let j = self.judge(None, cost, now);
-        let v = self.verdict(&j, cost, None, q, now);
-        if record && j.allowed && cost > 0 {
+        let j = self.judge(None, min, now);
+        let n = granted(&j, min, want);
+        let v = self.verdict(&j, n, None, q, now);
+        if record && j.allowed && n > 0 {
             let way = self.victim(&slots, set, empty, now);
             slots[way] = Slot {
                 key,
@@ -345,9 +360,9 @@ impl SlidingLog {
                 slot: &mut slots[way],
                 ring: self.ring(set, way),
             };
-            self.push(&mut log, q, cost as u32);
+            self.push(&mut log, q, n as u32);
         }
-        v
+        grant(v, j.allowed, n)
     }
 
     /// Whether `cost` fits every window of `log` (pruned at `now`; `None`: empty), and
@@ -497,6 +512,23 @@ impl SlidingLog {
         let cap = self.cap as usize;
         let start = (set * WAYS + way) * cap;
         &self.entries[start..start + cap]
+    }
+}
+
+/// The count granted when `j` judged `min`: `min(want, room)` if it fits (`room ≥ min`
+/// then), else `min` (what the rejection's verdict describes).
+fn granted(j: &Judgement, min: u64, want: u64) -> u64 {
+    if j.allowed {
+        want.min(j.room).max(min)
+    } else {
+        min
+    }
+}
+
+fn grant(verdict: Verdict, allowed: bool, n: u64) -> Grant {
+    Grant {
+        verdict,
+        granted: if allowed { n } else { 0 },
     }
 }
 
@@ -1054,6 +1086,17 @@ mod tests {
         scale: u64,
         steps: &[(u64, i64, u64, bool)],
     ) -> Result<(), TestCaseError> {
+        check_with(windows, scale, steps, false)
+    }
+
+    /// As [`check`]; with `many`, each step asks for between `cost / 2` and `cost`
+    /// ([`SlidingLog::acquire_many`]) and must get the largest count that fits.
+    fn check_with(
+        windows: &[LogWindow],
+        scale: u64,
+        steps: &[(u64, i64, u64, bool)],
+        many: bool,
+    ) -> Result<(), TestCaseError> {
         let windows: Vec<_> = windows.iter().map(|x| w(x.max, x.per * scale)).collect();
         let log = SlidingLog::new(&windows, 1 << 12).unwrap();
         let unit = log.resolution();
@@ -1076,8 +1119,19 @@ mod tests {
             }
             m.prune(now);
             let before = m.clone();
-            let v = log.acquire(spread(key), cost, now);
-            prop_assert_eq!((v.allowed, v.remaining), m.acquire(cost, now));
+            let (v, cost) = if many {
+                let min = cost / 2;
+                let g = log.acquire_many(spread(key), min, cost, now);
+                let best = (min..=cost).rev().find(|&n| m.fits(n, now));
+                prop_assert_eq!(g.granted, best.unwrap_or(0));
+                let n = best.unwrap_or(min);
+                prop_assert_eq!((g.verdict.allowed, g.verdict.remaining), m.acquire(n, now));
+                (g.verdict, if g.verdict.allowed { n } else { min })
+            } else {
+                let v = log.acquire(spread(key), cost, now);
+                prop_assert_eq!((v.allowed, v.remaining), m.acquire(cost, now));
+                (v, cost)
+            };
             if v.allowed {
                 done.push((cost, now));
                 continue;
@@ -1102,6 +1156,14 @@ mod tests {
         #[test]
         fn matches_the_model_in_steps_of_one_unit(ws in arb_windows(), steps in arb_steps(2)) {
             check(&ws, 4, &steps)?;
+        }
+
+        #[test]
+        fn acquire_many_grants_the_largest_count_that_fits(
+            ws in arb_windows(),
+            steps in arb_steps(2),
+        ) {
+            check_with(&ws, 1_000, &steps, true)?;
         }
 
         #[test]

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
-use crate::limits::verdict::{Verdict, NEVER};
+use crate::limits::verdict::{Grant, Verdict, NEVER};
 
 /// Slots per set: enough that a set rarely overflows at half load (see the module doc),
 /// few enough that a scan reads four cache lines.
@@ -161,6 +161,44 @@ impl TokenBucket {
             bucket.wait_for(p, cost, now).max(1)
         };
         Verdict::reject(bucket.tokens, reset, retry)
+    }
+
+    /// Decides a request for between `min` and `want` tokens for `key` at `now`: takes the
+    /// largest `n` in `[min, want]` that the bucket holds, i.e. `n = min(tokens, want)` if
+    /// `tokens ≥ min`, or nothing (a `min` above `want` is lowered to `want`).
+    ///
+    /// The verdict is that of [`acquire`](Self::acquire) for a request of `n` tokens when
+    /// admitted; a rejection is that of a request of `min` tokens (a strict bucket resets
+    /// its refill clock; `retry_after` is the time until `min` tokens are back, [`NEVER`]
+    /// when `min` is above `capacity`). `acquire_many(key, c, c, now)` decides exactly as
+    /// `acquire(key, c, now)`.
+    pub fn acquire_many(&self, key: u64, min: u64, want: u64, now: Nanos) -> Grant {
+        let p = &self.params;
+        let min = min.min(want);
+        let (granted, bucket) = self.with_bucket(key, now, |bucket| {
+            if bucket.tokens >= min {
+                let n = bucket.tokens.min(want);
+                bucket.tokens -= n;
+                return Some(n);
+            }
+            if p.strict {
+                bucket.last = now;
+            }
+            None
+        });
+        let reset = bucket.wait_for(p, p.capacity, now);
+        if let Some(granted) = granted {
+            return Grant {
+                verdict: Verdict::allow(bucket.tokens, reset),
+                granted,
+            };
+        }
+        let retry = if min > p.capacity {
+            NEVER
+        } else {
+            bucket.wait_for(p, min, now).max(1)
+        };
+        Grant::rejected(Verdict::reject(bucket.tokens, reset, retry))
     }
 
     /// Gives back `cost` tokens taken by an admitted request (a later limit rejected it).
@@ -641,6 +679,18 @@ mod tests {
             (false, self.tokens)
         }
 
+        /// The largest `n` in `[min, want]` that the bucket holds, taken; or `None`.
+        fn acquire_many(&mut self, min: u64, want: u64, now: Nanos) -> (Option<u64>, u64) {
+            self.refill(now);
+            let n = (min..=want).rev().find(|&n| n <= self.tokens);
+            match n {
+                Some(n) => self.tokens -= n,
+                None if self.p.strict => self.last = now,
+                None => {}
+            }
+            (n, self.tokens)
+        }
+
         fn refund(&mut self, cost: u64, now: Nanos) {
             self.refill(now);
             self.tokens = (self.tokens + cost).min(self.p.capacity);
@@ -691,7 +741,85 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn acquire_many_grants_the_largest_count_that_fits() {
+        let b = TokenBucket::new(params(10, 2, SEC, false), 100);
+        // 10 tokens: a request for 4 to 6 gets 6.
+        assert_eq!(
+            b.acquire_many(1, 4, 6, 0),
+            Grant {
+                verdict: Verdict::allow(4, 3 * SEC),
+                granted: 6
+            }
+        );
+        // 4 left: a request for 3 to 8 gets the 4.
+        assert_eq!(b.acquire_many(1, 3, 8, 0).granted, 4);
+        // Empty: a request for at least 3 is refused until two refills (2 s) bring 4.
+        let g = b.acquire_many(1, 3, 8, 0);
+        assert_eq!(g, Grant::rejected(Verdict::reject(0, 5 * SEC, 2 * SEC)));
+        assert!(!b.acquire_many(1, 3, 8, 2 * SEC - 1).verdict.allowed);
+        assert_eq!(b.acquire_many(1, 3, 8, 2 * SEC).granted, 4);
+        // min above capacity never fits; a min above want is lowered to want.
+        let never = b.acquire_many(2, 11, 20, 0);
+        assert_eq!((never.granted, never.verdict.retry_after), (0, NEVER));
+        assert_eq!(b.acquire_many(2, 7, 5, 0).granted, 5);
+        // A fixed cost decides exactly as `acquire`.
+        let (x, y) = (
+            TokenBucket::new(params(3, 1, SEC, true), 100),
+            TokenBucket::new(params(3, 1, SEC, true), 100),
+        );
+        for (i, cost) in [2u64, 2, 1, 3, 1].into_iter().enumerate() {
+            let now = i as u64 * SEC / 3;
+            assert_eq!(
+                x.acquire_many(5, cost, cost, now).verdict,
+                y.acquire(5, cost, now)
+            );
+        }
+    }
+
+    #[test]
+    fn a_strict_bucket_refusing_min_resets_its_clock() {
+        let b = TokenBucket::new(params(4, 1, SEC, true), 100);
+        assert_eq!(b.acquire_many(1, 1, 4, 0).granted, 4);
+        assert!(!b.acquire_many(1, 2, 2, SEC + SEC / 2).verdict.allowed);
+        // The refill due at 1 s was applied, then the rejection moved the clock to 1.5 s:
+        // the next refill is at 2.5 s.
+        assert_eq!(b.tokens(1, 2 * SEC + SEC / 2 - 1), 1);
+        assert_eq!(b.tokens(1, 2 * SEC + SEC / 2), 2);
+    }
+
+    /// Steps of (key, advance in thousandths of `every`, min, want).
+    fn arb_many_steps() -> impl Strategy<Value = Vec<(u64, u64, u64, u64)>> {
+        prop::collection::vec((0u64..3, 0u64..3_000, 0u64..14, 0u64..14), 1..120)
+    }
+
     proptest! {
+        #[test]
+        fn acquire_many_matches_the_model(p in arb_params(), steps in arb_many_steps()) {
+            let b = TokenBucket::new(p, 1 << 16);
+            let mut models: HashMap<u64, Model> = HashMap::new();
+            let mut now = 0;
+            for &(key, advance, min, want) in &steps {
+                now += advance * p.every / 1_000;
+                let min = min.min(want);
+                let model = models.entry(key).or_insert_with(|| Model::new(p));
+                let before = model.clone();
+                let g = b.acquire_many(spread(key), min, want, now);
+                let (n, left) = model.acquire_many(min, want, now);
+                prop_assert_eq!((g.verdict.allowed, g.granted, g.verdict.remaining),
+                    (n.is_some(), n.unwrap_or(0), left));
+                if n.is_none() && min <= p.capacity {
+                    // retry_after: `min` fits at it and not a nanosecond before.
+                    let (mut early, mut on_time) = (before.clone(), before);
+                    early.acquire_many(min, want, now);
+                    on_time.acquire_many(min, want, now);
+                    let at = now + g.verdict.retry_after;
+                    prop_assert!(early.acquire_many(min, min, at - 1).0.is_none());
+                    prop_assert!(on_time.acquire_many(min, min, at).0.is_some());
+                }
+            }
+        }
+
         #[test]
         fn matches_the_model_for_one_key(p in arb_params(), steps in arb_steps(1)) {
             check_against_model(p, &steps)?;

@@ -52,3 +52,28 @@ impl Verdict {
         }
     }
 }
+
+/// A decision on a request for *between* `min` and `want` units (the limiter API's
+/// `CH.REQUEST resource domain copies MIN n`): the largest count in `[min, want]` that fits
+/// is granted, or nothing when not even `min` fits.
+///
+/// The verdict describes the decision as one request of the granted count: `remaining` is
+/// what is left after the grant, and a rejection's `retry_after` is the time until `min`
+/// units would fit (so a caller that can make do with `min` knows when to come back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Admitted or rejected, as above.
+    pub verdict: Verdict,
+    /// Units granted: in `[min, want]` when admitted, 0 when rejected.
+    pub granted: u64,
+}
+
+impl Grant {
+    /// A rejection of a request whose `min` did not fit.
+    pub fn rejected(verdict: Verdict) -> Self {
+        Self {
+            verdict,
+            granted: 0,
+        }
+    }
+}

@@ -13,6 +13,8 @@
 //!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
 //!
+//! The limiter API's resources are exported like limits, under `origin="_api"`.
+//!
 //! A state carried over a reload keeps its counts; a limit whose state is rebuilt (its
 //! shape changed) starts again from 0, which Prometheus reads as a counter reset, as it
 //! should. Limits removed by a reload disappear from the next scrape.
@@ -25,6 +27,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
+use crate::config::API_ORIGIN;
 use crate::runtime::limiter::Limiter;
 use crate::runtime::Runtime;
 
@@ -145,52 +148,56 @@ impl Collector for RuntimeCollector {
         let mut tiers: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
         self.in_use.reset();
         self.max.reset();
-        for origin in &rt.origins {
-            for limit in origin.all_limits() {
-                let at = [origin.name.as_str(), limit.name.as_str()];
-                for variant in &limit.variants {
-                    match &variant.limiter {
-                        Limiter::TokenBucket(tb) => {
-                            *buckets.entry(at.to_vec()).or_default() += tb.state.evictions();
-                        }
-                        Limiter::Rate(rate) => {
-                            *rates.entry(at.to_vec()).or_default() += rate.state.evictions();
-                        }
-                        Limiter::Tiered(t) => {
-                            let key = vec![at[0], at[1], "tiered"];
-                            *others.entry(key).or_default() += t.state.evictions();
-                            for tier in 1..=t.params.tiers.len() {
-                                *tiers.entry((at[0], at[1], tier)).or_default() +=
-                                    t.state.entries(tier);
-                            }
-                        }
-                        Limiter::SlidingLog(l) => {
-                            let key = vec![at[0], at[1], "sliding_log"];
-                            *others.entry(key).or_default() += l.state.evictions();
-                        }
-                        Limiter::Concurrency(c) => {
-                            let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
-                            all.add(c.state.in_use_global() as i64);
-                            if let Some(global) = c.params.global {
-                                self.max
-                                    .with_label_values(&[at[0], at[1], "_all"])
-                                    .set(gauge(global));
-                            }
-                            for (i, g) in c.groups.iter().enumerate() {
-                                let labels = [at[0], at[1], g.name.as_str()];
-                                self.in_use
-                                    .with_label_values(&labels)
-                                    .add(c.state.in_use(i) as i64);
-                                if let Some(&max) = c.params.groups.get(i) {
-                                    self.max.with_label_values(&labels).set(gauge(max));
-                                }
-                            }
-                        }
-                        Limiter::Inflight(_)
-                        | Limiter::SharedTokenBucket(_)
-                        | Limiter::SharedRate(_)
-                        | Limiter::SharedInflight(_) => {}
+        // Origins' limits, then the limiter API's resources (origin `_api`).
+        let limits = rt
+            .origins
+            .iter()
+            .flat_map(|o| o.all_limits().map(move |l| (o.name.as_str(), l)))
+            .chain(rt.resources.iter().map(|r| (API_ORIGIN, &r.limit)));
+        for (origin, limit) in limits {
+            let at = [origin, limit.name.as_str()];
+            for variant in &limit.variants {
+                match &variant.limiter {
+                    Limiter::TokenBucket(tb) => {
+                        *buckets.entry(at.to_vec()).or_default() += tb.state.evictions();
                     }
+                    Limiter::Rate(rate) => {
+                        *rates.entry(at.to_vec()).or_default() += rate.state.evictions();
+                    }
+                    Limiter::Tiered(t) => {
+                        let key = vec![at[0], at[1], "tiered"];
+                        *others.entry(key).or_default() += t.state.evictions();
+                        for tier in 1..=t.params.tiers.len() {
+                            *tiers.entry((at[0], at[1], tier)).or_default() +=
+                                t.state.entries(tier);
+                        }
+                    }
+                    Limiter::SlidingLog(l) => {
+                        let key = vec![at[0], at[1], "sliding_log"];
+                        *others.entry(key).or_default() += l.state.evictions();
+                    }
+                    Limiter::Concurrency(c) => {
+                        let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
+                        all.add(c.state.in_use_global() as i64);
+                        if let Some(global) = c.params.global {
+                            self.max
+                                .with_label_values(&[at[0], at[1], "_all"])
+                                .set(gauge(global));
+                        }
+                        for (i, g) in c.groups.iter().enumerate() {
+                            let labels = [at[0], at[1], g.name.as_str()];
+                            self.in_use
+                                .with_label_values(&labels)
+                                .add(c.state.in_use(i) as i64);
+                            if let Some(&max) = c.params.groups.get(i) {
+                                self.max.with_label_values(&labels).set(gauge(max));
+                            }
+                        }
+                    }
+                    Limiter::Inflight(_)
+                    | Limiter::SharedTokenBucket(_)
+                    | Limiter::SharedRate(_)
+                    | Limiter::SharedInflight(_) => {}
                 }
             }
         }

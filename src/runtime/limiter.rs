@@ -258,7 +258,7 @@ pub enum MembersRt {
 impl MembersRt {
     /// Whether the request belongs: its value of the part is listed, or is an ID in the
     /// segment (a value that is not an integer is not a member).
-    fn contains<F: Facts + ?Sized>(&self, facts: &F) -> bool {
+    pub(crate) fn contains<F: Facts + ?Sized>(&self, facts: &F) -> bool {
         match self {
             MembersRt::Values { part, values } => {
                 matches!(facts.fact(part), Some(Fact::Bytes(v)) if values.contains(v))

@@ -1,9 +1,10 @@
 //! The live form of a config: routing table, resolved upstreams, limiter state and metric
 //! handles, built once per load and swapped atomically on reload.
 //!
-//! Every front end (the HTTP proxy today) reads one [`Runtime`] snapshot per request and
-//! asks it for decisions ([`decide`]); the reloader ([`crate::reload`]) builds the next one
-//! on top of the current one. It depends on [`crate::config`], [`crate::limits`] and
+//! Every front end (the HTTP proxy, the limiter API) reads one [`Runtime`] snapshot per
+//! request or command and asks it for decisions ([`decide`] for a request's limits,
+//! [`grant`] and [`resources`] for the API's resources); the reloader ([`crate::reload`])
+//! builds the next one on top of the current one. It depends on [`crate::config`], [`crate::limits`] and
 //! [`crate::metrics`], never on a front end: see the module map in
 //! `docs/architecture.md`.
 //!
@@ -17,9 +18,11 @@
 
 pub mod collector;
 pub mod decide;
+pub mod grant;
 pub mod limit;
 pub mod limiter;
 pub mod policy;
+pub mod resources;
 pub mod router;
 pub mod stores;
 pub mod switch;
@@ -35,6 +38,7 @@ use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
 use crate::runtime::limiter::{Limiter, LimiterError};
+use crate::runtime::resources::Resources;
 use crate::runtime::router::Router;
 use crate::runtime::stores::Stores;
 use crate::runtime::switch::KillSwitch;
@@ -108,6 +112,8 @@ pub struct Runtime {
     pub kill: Arc<KillSwitch>,
     /// The shared stores, carried over reloads while their settings hold.
     pub stores: Stores,
+    /// The limiter API's resources (`resources:`), by name.
+    pub resources: Resources,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -146,6 +152,14 @@ pub enum BuildError {
         /// What went wrong, with the store named.
         source: StoreError,
     },
+    /// A resource's state could not be built.
+    #[error("resource `{resource}`: {source}")]
+    Resource {
+        /// The resource.
+        resource: String,
+        /// What went wrong.
+        source: LimiterError,
+    },
     /// A limiter's state could not be built.
     #[error("origin `{origin}`, limit `{limit}`: {source}")]
     Limit {
@@ -177,6 +191,7 @@ impl Runtime {
                 p.origins
                     .iter()
                     .flat_map(|o| o.all_limits().flat_map(|l| l.states(&o.name)))
+                    .chain(p.resources.states())
                     .collect()
             })
             .unwrap_or_default();
@@ -256,6 +271,9 @@ impl Runtime {
                 kill: kill.clone(),
             });
         }
+        let resources =
+            Resources::build(&config, &before, &segments, &stores, metrics, &mut carried)
+                .map_err(|(resource, source)| BuildError::Resource { resource, source })?;
         carried.dropped = before.len().saturating_sub(carried.kept);
         let router = Router::new(
             config
@@ -274,6 +292,7 @@ impl Runtime {
             segments,
             kill,
             stores,
+            resources,
         };
         Ok((runtime, carried))
     }

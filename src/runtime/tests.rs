@@ -196,3 +196,79 @@ fn reload_keeps_unchanged_state_and_the_collector_follows_the_live_runtime() {
     spend(&live.load());
     assert_eq!(evictions(&collector), 1);
 }
+
+/// A runtime with one origin and `resources` (YAML lines under `resources:`).
+fn with_resources(resources: &str, metrics: &Metrics) -> Runtime {
+    let text = format!(
+        "origins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"127.0.0.1:9\"]\nresources:\n{resources}"
+    );
+    let config = parse_str(&text, "t.yaml").unwrap().config;
+    Runtime::build(Arc::new(config), None, metrics).unwrap().0
+}
+
+#[test]
+fn resources_grant_the_largest_count_per_domain_and_carry_over_a_reload() {
+    use crate::runtime::resources::Domain;
+    let metrics = Metrics::new().unwrap();
+    let lines = "  logins: { kind: token_bucket, capacity: 10, refill: { amount: 1, every: 1h } }\n  search:\n    kind: tiered\n    hard_limit: 4\n    tiers: [{ limit: 2, window: 1m, active: 10m, cooldown: 0s }, { limit: 5, window: 1m, active: 10m, cooldown: 0s }]\n  uploads:\n    kind: concurrency\n    max: 3\n    groups: [{ name: big, members: { customer: [bigco] }, max: 4 }]\n    overrides: [{ match: { customer: bigco }, max: 2 }]\n";
+    let rt = with_resources(lines, &metrics);
+    assert_eq!(rt.resources.len(), 3);
+    assert!(rt.resources.get(b"nope").is_none());
+    let logins = rt.resources.get(b"logins").unwrap();
+    let (alice, bob) = (Domain(b"alice"), Domain(b"bob"));
+    let grant = |domain: &Domain<'_>, min, want, now| {
+        let (_, limiter) = logins.select(domain);
+        block_on(limiter.grant(logins.key(domain).unwrap(), min, want, now, None)).unwrap()
+    };
+    // Domains have their own buckets: 10 each.
+    assert_eq!(grant(&alice, 4, 7, 0).grant.granted, 7);
+    assert_eq!(grant(&alice, 2, 7, 0).grant.granted, 3);
+    assert!(!grant(&alice, 1, 1, 0).grant.verdict.allowed);
+    assert_eq!(grant(&bob, 10, 10, 0).grant.granted, 10);
+    // A tiered resource says which tier and limit decided: 2 in tier 1, then 2 of the 3
+    // copies burst into tier 2 until the hard limit of 4 a second stops them.
+    let search = rt.resources.get(b"search").unwrap();
+    let (_, limiter) = search.select(&alice);
+    let g = block_on(limiter.grant(search.key(&alice).unwrap(), 1, 5, 0, None)).unwrap();
+    let d = g.tiered.unwrap();
+    assert_eq!((g.grant.granted, d.tier), (4, 2));
+    let g = block_on(limiter.grant(search.key(&alice).unwrap(), 1, 1, 0, None)).unwrap();
+    assert_eq!(
+        g.tiered.unwrap().decided_by,
+        crate::limits::DecidedBy::HardLimit
+    );
+    // Concurrency resources are reserved, not requested; the override and group match
+    // the domain.
+    let uploads = rt.resources.get(b"uploads").unwrap();
+    let big = Domain(b"bigco");
+    let (variant, limiter) = uploads.select(&big);
+    assert_eq!(variant, 1, "the override for bigco");
+    assert!(!limiter.requestable());
+    let Limiter::Concurrency(c) = limiter else {
+        panic!("uploads is a concurrency limit");
+    };
+    assert_eq!((c.max, c.groups_of(&big), c.groups_of(&bob)), (2, 1, 0));
+    // A reload with the same resources keeps their state; the API's origin is `_api`.
+    let (again, carried) = Runtime::build(rt.config.clone(), Some(&rt), &metrics).unwrap();
+    assert_eq!((carried.kept, carried.fresh, carried.dropped), (4, 0, 0));
+    let logins = again.resources.get(b"logins").unwrap();
+    let (_, limiter) = logins.select(&alice);
+    let g = block_on(limiter.grant(logins.key(&alice).unwrap(), 1, 1, 0, None)).unwrap();
+    assert!(!g.grant.verdict.allowed, "alice's bucket is still empty");
+    assert_eq!(logins.limit.counters.allowed.get(), 0, "counted by the API");
+    assert_eq!(
+        metrics
+            .limit_decisions_total
+            .with_label_values(&["_api", "logins", "token_bucket", "allowed"])
+            .get(),
+        0
+    );
+    logins.limit.counters.allowed.inc();
+    assert_eq!(
+        metrics
+            .limit_decisions_total
+            .with_label_values(&["_api", "logins", "token_bucket", "allowed"])
+            .get(),
+        1
+    );
+}

@@ -26,8 +26,8 @@ pub use self::redis::{default_instance, Endpoint, Fallback, Micros, RedisStore, 
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, StateKind, Variant};
 pub use shared::{
-    InflightOutcome, SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket,
-    SharedVerdict, Source,
+    InflightOutcome, SharedGrant, SharedInflight, SharedInflightGuard, SharedRate,
+    SharedTokenBucket, SharedVerdict, Source,
 };
 
 /// Why a store call did not produce an answer. Only construction errors (`BadUrl`,

@@ -48,7 +48,7 @@ use crate::limits::inflight::{InflightGuard, InflightLimiter};
 use crate::limits::rate::{RateLimiter, RateParams};
 use crate::limits::sketch::SketchSize;
 use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Grant, Verdict};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::KeyNames;
 use crate::store::redis::{Fallback, Micros, RedisStore};
@@ -71,6 +71,46 @@ pub struct SharedVerdict {
     pub verdict: Verdict,
     /// Who made it; pass it back to `refund`.
     pub source: Source,
+}
+
+/// A decision on a request for between `min` and `want` units, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedGrant {
+    /// The grant: the largest count in `[min, want]` that fitted, or none.
+    pub grant: Grant,
+    /// Who made it; pass it back to `refund` with the granted count.
+    pub source: Source,
+}
+
+/// The fallback's grant when the store cannot answer: the local limiter's (`local`), the
+/// whole request (`allow`), or nothing (`deny`).
+fn fallback_grant(
+    store: &RedisStore,
+    want: u64,
+    limit: u64,
+    local: impl FnOnce() -> Grant,
+) -> SharedGrant {
+    store.metrics().fallback.inc();
+    let grant = match store.config().fallback {
+        Fallback::Local => local(),
+        Fallback::Allow => Grant {
+            verdict: Verdict::allow(limit, 0),
+            granted: want,
+        },
+        Fallback::Deny => Grant::rejected(denied(store)),
+    };
+    SharedGrant {
+        grant,
+        source: Source::Fallback,
+    }
+}
+
+/// A rejection answered from the deny cache.
+fn cached(verdict: Verdict) -> SharedGrant {
+    SharedGrant {
+        grant: Grant::rejected(verdict),
+        source: Source::DenyCache,
+    }
 }
 
 /// The default size of a shared limiter's deny cache, in keys (41 bytes each).
@@ -191,6 +231,43 @@ impl SharedTokenBucket {
                     source: Source::Fallback,
                 }
             }
+        }
+    }
+
+    /// Decides a request for between `min` and `want` tokens (a `min` above `want` is
+    /// lowered to it) for the key hashed to `key`, in one store call at Redis's time or
+    /// `at`: the largest count in `[min, want]` the bucket holds is taken (the limiter
+    /// API's `CH.REQUEST ... MIN n`). The deny cache answers a `min` it knows is refused;
+    /// the fallback decides as [`acquire_at`](Self::acquire_at) does.
+    pub async fn acquire_many(
+        &self,
+        key: u64,
+        min: u64,
+        want: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> SharedGrant {
+        let min = min.min(want);
+        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
+            return cached(verdict);
+        }
+        match self
+            .store
+            .token_bucket_many(&self.names, key, &self.params, min, want, at)
+            .await
+        {
+            Ok(grant) => {
+                if let Some(deny) = &self.deny {
+                    deny.insert(key, min, &grant.verdict, now);
+                }
+                SharedGrant {
+                    grant,
+                    source: Source::Store,
+                }
+            }
+            Err(_) => fallback_grant(&self.store, want, self.params.capacity, || {
+                self.local.acquire_many(key, min, want, now)
+            }),
         }
     }
 
@@ -324,6 +401,44 @@ impl SharedRate {
                     source: Source::Fallback,
                 }
             }
+        }
+    }
+
+    /// Decides a request for between `min` and `want` events (a `min` above `want` is
+    /// lowered to it) for the key hashed to `key`, in one store call at Redis's time or
+    /// `at`: the largest count in `[min, want]` that fits is counted (the limiter API's
+    /// `CH.REQUEST ... MIN n`). Deny cache and fallback as in
+    /// [`acquire_at`](Self::acquire_at).
+    pub async fn acquire_many(
+        &self,
+        key: u64,
+        min: u64,
+        want: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> SharedGrant {
+        let min = min.min(want);
+        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
+            return cached(verdict);
+        }
+        match self
+            .store
+            .rate_many(&self.names, key, &self.params, min, want, at)
+            .await
+        {
+            Ok(grant) => {
+                if let Some(deny) = &self.deny {
+                    deny.insert(key, min, &grant.verdict, now);
+                }
+                SharedGrant {
+                    grant,
+                    source: Source::Store,
+                }
+            }
+            Err(_) => fallback_grant(&self.store, want, self.params.max, || {
+                self.local
+                    .acquire_many(key, self.local_max, min, want, self.params.strict, now)
+            }),
         }
     }
 

@@ -48,7 +48,7 @@ use tokio::sync::Notify;
 use crate::limits::clock::Nanos;
 use crate::limits::rate::RateParams;
 use crate::limits::token_bucket::TokenBucketParams;
-use crate::limits::verdict::{Verdict, NEVER};
+use crate::limits::verdict::{Grant, Verdict, NEVER};
 use crate::metrics::StoreMetrics;
 use crate::store::breaker::{Breaker, Transition};
 use crate::store::key::{KeyNames, StateKind, Variant};
@@ -138,7 +138,7 @@ pub fn default_instance() -> String {
 }
 
 /// Counts and durations sent to the scripts stay below 2^50 (they compute in doubles).
-const SCRIPT_MAX: u64 = 1 << 50;
+pub const SCRIPT_MAX: u64 = 1 << 50;
 /// The largest rate `max` the Redis store keeps exactly (see rate.lua): 2^25 events per
 /// window; a larger `max` is clamped to it.
 pub const RATE_MAX: u64 = 1 << 25;
@@ -355,23 +355,46 @@ impl RedisStore {
         cost: u64,
         at: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
+        let grant = self
+            .token_bucket_many(names, hash, params, cost, cost, at)
+            .await?;
+        Ok(grant.verdict)
+    }
+
+    /// One token-bucket decision on a request for between `min` and `want` tokens (see
+    /// token_bucket.lua): the largest count in `[min, want]` the bucket holds is taken, in
+    /// the same script call, or nothing. `min` above `want` is lowered to it.
+    pub async fn token_bucket_many(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TokenBucketParams,
+        min: u64,
+        want: u64,
+        at: Option<Micros>,
+    ) -> Result<Grant, StoreError> {
         let p = BucketArgs::new(params);
         let key = names.key(hash, StateKind::TokenBucket);
+        let (want, min) = (want.min(SCRIPT_MAX), min.min(want).min(SCRIPT_MAX));
         let args = [
             Arg::U(p.capacity),
             Arg::U(p.amount),
             Arg::U(p.every),
-            Arg::U(cost.min(SCRIPT_MAX)),
+            Arg::U(want),
             Arg::U(u64::from(params.strict)),
+            Arg::U(min),
         ];
         let s = &self.inner.scripts.token_bucket;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
-        let [allowed, remaining, reset, retry] = scripts::ints::<4>(&v)?;
-        Ok(never_above(
-            verdict(allowed, remaining, reset, retry),
-            cost,
-            params.capacity,
-        ))
+        let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
+        Ok(Grant {
+            verdict: never_above(
+                verdict(allowed, remaining, reset, retry),
+                min,
+                params.capacity,
+            ),
+            granted: scripts::count(granted),
+        })
     }
 
     /// The tokens a bucket holds and the time until it is full, taking nothing (`RL.GET`).
@@ -425,23 +448,40 @@ impl RedisStore {
         cost: u64,
         at: Option<Micros>,
     ) -> Result<Verdict, StoreError> {
+        let grant = self.rate_many(names, hash, params, cost, cost, at).await?;
+        Ok(grant.verdict)
+    }
+
+    /// One sliding-window rate decision on a request for between `min` and `want` events
+    /// (see rate.lua): the largest count in `[min, want]` that fits is counted, in the same
+    /// script call, or nothing. `min` above `want` is lowered to it.
+    pub async fn rate_many(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &RateParams,
+        min: u64,
+        want: u64,
+        at: Option<Micros>,
+    ) -> Result<Grant, StoreError> {
         let (per, tick) = rate_window(params.per);
         let key = names.key(hash, StateKind::Rate);
+        let (want, min) = (want.min(RATE_MAX + 1), min.min(want).min(RATE_MAX + 1));
         let args = [
             Arg::U(params.max.min(RATE_MAX)),
             Arg::U(per),
             Arg::U(tick),
-            Arg::U(cost.min(RATE_MAX + 1)),
+            Arg::U(want),
             Arg::U(u64::from(params.strict)),
+            Arg::U(min),
         ];
         let s = &self.inner.scripts.rate;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
-        let [allowed, remaining, reset, retry] = scripts::ints::<4>(&v)?;
-        Ok(never_above(
-            verdict(allowed, remaining, reset, retry),
-            cost,
-            params.max,
-        ))
+        let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
+        Ok(Grant {
+            verdict: never_above(verdict(allowed, remaining, reset, retry), min, params.max),
+            granted: scripts::count(granted),
+        })
     }
 
     /// Takes back an admitted event; returns the current period's count after.

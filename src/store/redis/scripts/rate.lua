@@ -1,7 +1,7 @@
 -- tollgate: sliding-window rate, acquire (one atomic decision), exact per key.
 --
 -- KEYS[1]  the window: hash {p = current period, c = its count, q = the previous period's}
--- ARGV     max, per (ticks), tick (µs), cost, strict (0|1), [at]
+-- ARGV     max, per (ticks), tick (µs), cost, strict (0|1), min, [at]
 --
 -- Time is read in microseconds (Redis TIME, or `at` for a replay) and counted in ticks of
 -- `tick` µs (1, 10, 100 or 1000: the caller picks the smallest with per <= 2^27 ticks).
@@ -18,20 +18,27 @@
 -- known to be <= (max - curr) * per <= 2^52. Rejected requests do not count unless strict.
 -- retry_after is exact to the tick: admitted at now + retry_after, rejected a tick before.
 --
+-- A request asks for between `min` and `cost` events (min <= cost; a fixed cost passes
+-- min = cost): admitted iff `min` fits, and then the largest count g <= cost that fits is
+-- counted. g fits iff g <= room = floor(((max - curr) * per - prev * (per - e)) / per), the
+-- `remaining` before the request, so g = min(cost, room). A rejection counts `min` when
+-- strict (the least that was asked for), and its retry_after is the time until `min` fits.
+--
 -- The key expires when the estimate reaches 0 (the end of the next period if curr > 0,
 -- of this one if only prev > 0); an empty window is deleted.
 --
--- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs}.
+-- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
 local max = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
 local tick = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local strict = ARGV[5] == '1'
-local replay = ARGV[6] ~= nil
+local min = tonumber(ARGV[6])
+local replay = ARGV[7] ~= nil
 local now
 if replay then
-  now = tonumber(ARGV[6])
+  now = tonumber(ARGV[7])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -89,23 +96,31 @@ local function fits(c, k)
   return per - e <= fdiv((max - c - k) * per, prev)
 end
 
-local allowed = 0
-if fits(curr, cost) then
-  curr = curr + cost
-  allowed = 1
-elseif strict then
-  curr = math.min(curr + cost, CAP)
+-- floor(max - estimate) for the count c, at least 0.
+local function room_for(c)
+  if c > max then
+    return 0
+  end
+  local room = (max - c) * per
+  if prev == 0 then
+    return max - c
+  elseif per - e <= fdiv(room, prev) then
+    return fdiv(room - prev * (per - e), per)
+  end
+  return 0
 end
 
-local remaining = 0
-if curr <= max then
-  local room = (max - curr) * per
-  if prev == 0 then
-    remaining = max - curr
-  elseif per - e <= fdiv(room, prev) then
-    remaining = fdiv(room - prev * (per - e), per)
-  end
+local allowed = 0
+local granted = 0
+if fits(curr, min) then
+  granted = math.min(cost, room_for(curr))
+  curr = curr + granted
+  allowed = 1
+elseif strict then
+  curr = math.min(curr + min, CAP)
 end
+
+local remaining = room_for(curr)
 
 -- A duration of d ticks from `at`, in µs from now.
 local function micros(d)
@@ -121,18 +136,18 @@ end
 
 local retry = 0
 if allowed == 0 then
-  if cost > max then
+  if min > max then
     -- It can never pass; one window is a hint.
     retry = per * tick
   else
     local wait
-    if curr + cost <= max then
-      local budget = (max - curr - cost) * per
+    if curr + min <= max then
+      local budget = (max - curr - min) * per
       local q = math.min(fdiv(budget, math.max(prev, 1)), per)
       wait = math.max(per - q - e, 0)
     else
-      -- curr > max - cost >= 0, so floor(budget / curr) < per.
-      local budget = (max - cost) * per
+      -- curr > max - min >= 0, so floor(budget / curr) < per.
+      local budget = (max - min) * per
       wait = (per - e) + (per - fdiv(budget, curr))
     end
     retry = micros(math.max(wait, 1))
@@ -154,4 +169,4 @@ else
   redis.call('PEXPIRE', KEYS[1], str(ttl))
 end
 
-return {allowed, remaining, reset, retry}
+return {allowed, remaining, reset, retry, granted}

@@ -1,7 +1,7 @@
 -- tollgate: token bucket, acquire (one atomic decision).
 --
 -- KEYS[1]  the bucket: hash {t = tokens, l = instant of the last refill}
--- ARGV     capacity, amount, every, cost, strict (0|1), [at]
+-- ARGV     capacity, amount, every, cost, strict (0|1), min, [at]
 --
 -- Units: time in microseconds from Redis TIME (one clock for the fleet), or `at` when the
 -- caller replays; counts in tokens. Every number stays an integer below 2^52, so Lua's
@@ -9,21 +9,26 @@
 --
 -- Semantics (the same as the in-process limiter): n = floor((now - last) / every) refills
 -- are due; tokens = min(capacity, tokens + n * amount), last += n * every, last = now once
--- full. Admitted iff tokens >= cost, then tokens -= cost; `strict` also sets last = now on
--- a rejection. A full bucket equals an absent one: it is deleted, and otherwise the key
--- expires when it would be full again.
+-- full. A request asks for between `min` and `cost` tokens (min <= cost; a fixed cost
+-- passes min = cost): admitted iff tokens >= min, then the largest count that fits,
+-- g = min(tokens, cost), is taken; `strict` also sets last = now on a rejection, whose
+-- retry_after is the time until `min` tokens are back. A `now` before the bucket's last
+-- refill (a replay going back, another node's clock) is read as that instant: time never
+-- goes backwards within a bucket. A full bucket equals an absent one: it is deleted, and
+-- otherwise the key expires when it would be full again.
 --
--- Returns {allowed (0|1), remaining tokens, reset_after µs, retry_after µs}.
+-- Returns {allowed (0|1), remaining tokens, reset_after µs, retry_after µs, granted}.
 
 local capacity = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
 local every = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local strict = ARGV[5] == '1'
+local min = tonumber(ARGV[6])
 local now
-local replay = ARGV[6] ~= nil
+local replay = ARGV[7] ~= nil
 if replay then
-  now = tonumber(ARGV[6])
+  now = tonumber(ARGV[7])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -56,6 +61,9 @@ local state = redis.call('HMGET', KEYS[1], 't', 'l')
 if state[1] and state[2] then
   tokens = tonumber(state[1])
   last = tonumber(state[2])
+  if now < last then
+    now = last
+  end
   if now - last >= every then
     local due = fdiv(now - last, every)
     if tokens >= capacity or due >= cdiv(capacity - tokens, amount) then
@@ -77,8 +85,10 @@ else
 end
 
 local allowed = 0
-if tokens >= cost then
-  tokens = tokens - cost
+local granted = 0
+if tokens >= min then
+  granted = math.min(tokens, cost)
+  tokens = tokens - granted
   allowed = 1
 elseif strict then
   last = now
@@ -107,7 +117,7 @@ end
 local reset = wait_for(capacity)
 local retry = 0
 if allowed == 0 then
-  if cost > capacity then
+  if min > capacity then
     -- It can never pass; the time to fill an empty bucket is a hint.
     local full = cdiv(capacity, amount)
     if full >= LIMIT / every then
@@ -116,7 +126,7 @@ if allowed == 0 then
       retry = full * every
     end
   else
-    retry = wait_for(cost)
+    retry = wait_for(min)
   end
   if retry < 1 then
     retry = 1
@@ -139,4 +149,4 @@ else
   redis.call('PEXPIRE', KEYS[1], str(ttl))
 end
 
-return {allowed, tokens, reset, retry}
+return {allowed, tokens, reset, retry, granted}

@@ -1,0 +1,849 @@
+//! Charon's operations on the resources of the live runtime (`resources:` in the config).
+//!
+//! ```text
+//! CH.REQUEST  resource domain copies [MIN n]                  rate-like resources
+//! CH.RESERVE  resource domain copies [MIN n]                  concurrency resources
+//! CH.RELEASE  resource domain copies [GROUPS g ...]
+//! CH.TRANSFER resource domain copies ttl_seconds [GROUPS g ...]   replies an id
+//! CH.SEIZE    transfer_id
+//! ```
+//!
+//! **How each kind answers.** `CH.REQUEST` asks a `token_bucket`, `rate`, `sliding_log` or
+//! `tiered` resource for between `MIN` (default: `copies`) and `copies` units at once and
+//! gets the largest count that fits, or none ([`Limiter::grant`]); nothing is held
+//! afterwards. `CH.RESERVE` asks a `concurrency` resource for between `MIN` and `copies`
+//! copies ([`ConcurrencyLimiter::reserve`](crate::limits::ConcurrencyLimiter::reserve)):
+//! the domain's limit, the global limit and every group the domain belongs to must have
+//! room; the copies are held by the connection until `CH.RELEASE`, `CH.TRANSFER` or the
+//! connection's end (see [`super::holds`]). The domain is the resource's `customer` key
+//! part: it picks the key, the override and the groups.
+//!
+//! **Replies** are maps (RESP3) or flat arrays of field and value (RESP2), so every client
+//! reads them as a dictionary. `CH.REQUEST`: `granted`, `remaining`, `limit`,
+//! `retry_after_ms` (-1: never), `reset_after_ms`, `kind`, `source` (`local`, `store`,
+//! `fallback`, `deny_cache`), `shadow_rejected`, and for a tiered resource `tier`,
+//! `tier_limit`, `hard_limit`, `global_limit` and `decided_by` (`tier`, `no_tier`,
+//! `hard_limit`, `global_limit`: whether a hard or global limit applied). `CH.RESERVE`:
+//! `granted`, `groups` (the groups the copies were taken from, which `CH.RELEASE` may
+//! name), `held` (this connection's copies of the resource for the domain), `in_use` (the
+//! domain's copies over every holder), `limit`, `global`, `retry_after_ms`,
+//! `limited_by` (`domain`, `global`, `group:NAME` on a rejection) and `shadow_rejected`.
+//!
+//! **Shadow and kill switch.** A rejection by a variant in `mode: shadow`, or while the
+//! kill switch is on, becomes a grant of `copies` that takes nothing, counted as
+//! `shadow_rejected` (`shadow_rejected: 1` in the reply); a reserved copy of it is held and
+//! released like any other. **Unconfigured resources** are granted and recorded (under
+//! `_unconfigured`) when `api.allow_unconfigured` is on, and refused otherwise.
+//!
+//! **Counting.** `tollgate_limit_decisions_total{origin="_api", limit=RESOURCE}` counts
+//! each `CH.REQUEST` and `CH.RESERVE` once: `allowed`, `rejected` or `shadow_rejected`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use super::bounds::{MAX_DOMAIN_LEN, MAX_HOLDS_PER_CONNECTION, MAX_TRANSFER_TTL};
+use super::command::{Ctx, Finish, Outcome};
+use super::holds::{Counted, Held, LedgerError, NewHold};
+use super::reply::{Quoted, Reply};
+use super::resp::Args;
+use super::smyte::{number, ArgError, MAX_COUNT};
+use crate::config::{Kind, Mode, UNCONFIGURED};
+use crate::limits::concurrency::{Limit, Rejection as ConcurrencyRejection};
+use crate::limits::{DecidedBy, Nanos, NANOS_PER_SEC, NEVER};
+use crate::ratelog::suppressed_note;
+use crate::runtime::limiter::Limiter;
+use crate::runtime::resources::{Domain, ResourceRt};
+use crate::runtime::Runtime;
+use crate::store::Source;
+
+/// One value of a reply's map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Val {
+    Int(i64),
+    Text(String),
+    Null,
+    List(Vec<String>),
+}
+
+/// A reply's fields, in order (module doc).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Fields(Vec<(&'static str, Val)>);
+
+impl Fields {
+    fn int(&mut self, name: &'static str, v: u64) -> &mut Self {
+        self.0
+            .push((name, Val::Int(i64::try_from(v).unwrap_or(i64::MAX))));
+        self
+    }
+
+    fn signed(&mut self, name: &'static str, v: i64) -> &mut Self {
+        self.0.push((name, Val::Int(v)));
+        self
+    }
+
+    fn text(&mut self, name: &'static str, v: impl Into<String>) -> &mut Self {
+        self.0.push((name, Val::Text(v.into())));
+        self
+    }
+
+    fn opt(&mut self, name: &'static str, v: Option<u64>) -> &mut Self {
+        match v {
+            Some(v) => self.int(name, v),
+            None => {
+                self.0.push((name, Val::Null));
+                self
+            }
+        }
+    }
+
+    fn list(&mut self, name: &'static str, v: Vec<String>) -> &mut Self {
+        self.0.push((name, Val::List(v)));
+        self
+    }
+
+    fn write(&self, out: &mut Reply<'_>) {
+        out.map(self.0.len());
+        for (name, v) in &self.0 {
+            out.text(name);
+            match v {
+                Val::Int(n) => out.int(*n),
+                Val::Text(t) => out.text(t),
+                Val::Null => out.null(),
+                Val::List(items) => {
+                    out.array(items.len());
+                    items.iter().for_each(|i| out.text(i));
+                }
+            }
+        }
+    }
+}
+
+/// Milliseconds, rounded up; -1 for [`NEVER`].
+fn millis(ns: Nanos) -> i64 {
+    if ns == NEVER {
+        return -1;
+    }
+    i64::try_from(ns.div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// The resource, domain, copies and `MIN` of `CH.REQUEST` and `CH.RESERVE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask<'a> {
+    /// The resource's name, as sent.
+    pub resource: &'a [u8],
+    /// The domain.
+    pub domain: &'a [u8],
+    /// Copies wanted, at most.
+    pub copies: u64,
+    /// Copies wanted, at least (`MIN`, default `copies`).
+    pub min: u64,
+}
+
+/// Why arguments are refused; displayed as the `-ERR` reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AskError<'a> {
+    /// A number, option or repeat, as `RL.*` reports them.
+    Arg(ArgError<'a>),
+    /// A domain that is empty or longer than [`MAX_DOMAIN_LEN`].
+    Domain(usize),
+    /// `MIN` above `copies`.
+    MinAboveCopies(u64, u64),
+    /// More `GROUPS` names than a limiter has groups.
+    TooManyGroups(usize),
+}
+
+impl<'a> From<ArgError<'a>> for AskError<'a> {
+    fn from(e: ArgError<'a>) -> Self {
+        AskError::Arg(e)
+    }
+}
+
+impl fmt::Display for AskError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AskError::Arg(e) => e.fmt(f),
+            AskError::Domain(len) => write!(
+                f,
+                "ERR invalid 'domain': expected 1 to {MAX_DOMAIN_LEN} bytes, got {len}"
+            ),
+            AskError::MinAboveCopies(min, copies) => {
+                write!(f, "ERR invalid 'MIN': {min} is above copies {copies}")
+            }
+            AskError::TooManyGroups(n) => write!(
+                f,
+                "ERR syntax error: {n} group names; at most {}",
+                crate::limits::concurrency::MAX_GROUPS
+            ),
+        }
+    }
+}
+
+fn domain<'a>(text: &'a [u8]) -> Result<&'a [u8], AskError<'a>> {
+    if text.is_empty() || text.len() > MAX_DOMAIN_LEN {
+        return Err(AskError::Domain(text.len()));
+    }
+    Ok(text)
+}
+
+/// Parses `CH.REQUEST` or `CH.RESERVE` arguments (`args[0]` is the name).
+pub fn parse_ask<'a>(args: &Args<'a>, command: &'static str) -> Result<Ask<'a>, AskError<'a>> {
+    let domain = domain(args.at(2))?;
+    let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
+    let mut min = None;
+    let mut i = 4;
+    while let Some(option) = args.get(i) {
+        if !option.eq_ignore_ascii_case(b"MIN") {
+            return Err(ArgError::UnknownOption(command, option).into());
+        }
+        let value = args.get(i + 1).ok_or(ArgError::MissingValue("MIN"))?;
+        if min.replace(number("MIN", value, 1, MAX_COUNT)?).is_some() {
+            return Err(ArgError::Duplicate("MIN").into());
+        }
+        i += 2;
+    }
+    let min = min.unwrap_or(copies);
+    if min > copies {
+        return Err(AskError::MinAboveCopies(min, copies));
+    }
+    Ok(Ask {
+        resource: args.at(1),
+        domain,
+        copies,
+        min,
+    })
+}
+
+/// `[GROUPS g ...]` from argument `from` on: `None` when absent.
+fn parse_groups<'a>(
+    args: &Args<'a>,
+    from: usize,
+    command: &'static str,
+) -> Result<Option<Vec<&'a [u8]>>, AskError<'a>> {
+    let Some(option) = args.get(from) else {
+        return Ok(None);
+    };
+    if !option.eq_ignore_ascii_case(b"GROUPS") {
+        return Err(ArgError::UnknownOption(command, option).into());
+    }
+    let names: Vec<&[u8]> = args.iter_from(from + 1).collect();
+    if names.len() > crate::limits::concurrency::MAX_GROUPS {
+        return Err(AskError::TooManyGroups(names.len()));
+    }
+    Ok(Some(names))
+}
+
+/// Polls a future that is known to complete without waiting (an in-process decision)
+/// once; `None` if it did not.
+fn ready<F: Future>(f: F) -> Option<F::Output> {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// Whether rejections become grants for `variant` of `r` now: the kill switch, or
+/// `mode: shadow`.
+fn lenient(rt: &Runtime, r: &ResourceRt, variant: usize) -> bool {
+    rt.kill.on() || r.limit.variants[variant].mode == Mode::Shadow
+}
+
+/// Logs a rejection turned into a grant, within the resource's log budget.
+fn log_shadow(r: &ResourceRt, now: Nanos) {
+    if let Some(suppressed) = r.limit.log.admit(now) {
+        log::info!(
+            "shadow: resource `{}` of the limiter API would reject{}",
+            r.name(),
+            suppressed_note(suppressed)
+        );
+    }
+}
+
+/// The error reply for a resource nobody configured (with `allow_unconfigured` off).
+fn unknown_resource(cx: &mut Ctx<'_>, name: &[u8]) -> Outcome {
+    cx.error(format_args!(
+        "ERR unknown resource '{}' (configure it under `resources:`, or set api.allow_unconfigured to grant and count unknown ones)",
+        Quoted(name)
+    ))
+}
+
+/// `CH.REQUEST resource domain copies [MIN n]`.
+pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let ask = match parse_ask(args, "CH.REQUEST") {
+        Ok(ask) => ask,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let found = cx
+        .runtime
+        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let Some((rt, r)) = found else {
+        if !cx.service.allow_unconfigured(cx.runtime) {
+            return unknown_resource(cx, ask.resource);
+        }
+        cx.service.unconfigured().counters.allowed.inc();
+        let mut f = Fields::default();
+        f.int("granted", ask.copies)
+            .opt("remaining", None)
+            .opt("limit", None)
+            .signed("retry_after_ms", 0)
+            .signed("reset_after_ms", 0)
+            .text("kind", UNCONFIGURED)
+            .text("source", "local")
+            .int("shadow_rejected", 0);
+        f.write(&mut cx.out);
+        return Outcome::Ok;
+    };
+    let dom = Domain(ask.domain);
+    let (variant, limiter) = r.select(&dom);
+    if !limiter.requestable() {
+        return cx.error(format_args!(
+            "ERR resource '{}' is a `{}` resource: use CH.RESERVE and CH.RELEASE",
+            r.name(),
+            limiter.kind()
+        ));
+    }
+    let now = cx.service.now();
+    if !limiter.is_shared() {
+        return match ready(decide_request(rt, r, variant, ask, now)) {
+            Some(Ok((fields, outcome))) => {
+                fields.write(&mut cx.out);
+                outcome
+            }
+            Some(Err(e)) => cx.error(format_args!("{e}")),
+            None => cx.error(format_args!("ERR internal error: a local decision waited")),
+        };
+    }
+    // A store call: the work owns the runtime it decides in (the latest one, which a
+    // reload may have replaced since this batch began) and looks the resource up again.
+    let Some(live) = cx.service.runtime().map(arc_swap::Guard::into_inner) else {
+        return cx.error(format_args!("ERR internal error: no runtime"));
+    };
+    let (name, domain) = (ask.resource.to_vec(), ask.domain.to_vec());
+    let (copies, min) = (ask.copies, ask.min);
+    cx.defer(async move {
+        let ask = Ask {
+            resource: &name,
+            domain: &domain,
+            copies,
+            min,
+        };
+        let answer = match live.resources.get(&name) {
+            Some(r) => {
+                let (variant, _) = r.select(&Domain(&domain));
+                decide_request(&live, r, variant, ask, now).await
+            }
+            None => Err(format!(
+                "ERR resource '{}' was removed by a reload while deciding",
+                String::from_utf8_lossy(&name)
+            )),
+        };
+        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| match answer {
+            Ok((fields, outcome)) => {
+                fields.write(&mut cx.out);
+                outcome
+            }
+            Err(e) => cx.error(format_args!("{e}")),
+        });
+        finish
+    })
+}
+
+/// Decides a request on variant `variant` of `r`, counts it, and says what to reply (or
+/// the error to reply).
+async fn decide_request(
+    rt: &Runtime,
+    r: &ResourceRt,
+    variant: usize,
+    ask: Ask<'_>,
+    now: Nanos,
+) -> Result<(Fields, Outcome), String> {
+    let limiter = &r.limit.variants[variant].limiter;
+    let mut f = Fields::default();
+    let Some(key) = r.key(&Domain(ask.domain)) else {
+        return Err("ERR internal error: no key for the domain".to_string());
+    };
+    // A resource looked up again after a reload may have become another kind.
+    let g = match limiter.grant(key, ask.min, ask.copies, now, None).await {
+        Ok(g) => g,
+        Err(e) => return Err(format!("ERR resource '{}': {e}", r.name())),
+    };
+    let v = g.grant.verdict;
+    let counters = &r.limit.counters;
+    let (granted, shadow, outcome) = if v.allowed {
+        counters.allowed.inc();
+        (g.grant.granted, false, Outcome::Ok)
+    } else if lenient(rt, r, variant) {
+        counters.shadow_rejected.inc();
+        log_shadow(r, now);
+        (ask.copies, true, Outcome::Ok)
+    } else {
+        counters.rejected.inc();
+        (0, false, Outcome::Rejected)
+    };
+    let tier_limit = g
+        .tiered
+        .and_then(|d| tier_limit(limiter, d.tier))
+        .or(limiter.request_limit());
+    f.int("granted", granted)
+        .int("remaining", v.remaining)
+        .opt("limit", tier_limit)
+        .signed(
+            "retry_after_ms",
+            if v.allowed { 0 } else { millis(v.retry_after) },
+        )
+        .signed("reset_after_ms", millis(v.reset_after))
+        .text("kind", limiter.kind().name())
+        .text(
+            "source",
+            match g.source {
+                None => "local",
+                Some(Source::Store) => "store",
+                Some(Source::Fallback) => "fallback",
+                Some(Source::DenyCache) => "deny_cache",
+            },
+        )
+        .int("shadow_rejected", u64::from(shadow));
+    if let (Some(d), Limiter::Tiered(t)) = (g.tiered, limiter) {
+        f.int("tier", d.tier as u64)
+            .opt("tier_limit", tier_limit)
+            .opt("hard_limit", t.params.hard_limit)
+            .opt("global_limit", t.params.global_limit)
+            .text(
+                "decided_by",
+                match d.decided_by {
+                    DecidedBy::TierWindow => "tier",
+                    DecidedBy::NoTierEnterable => "no_tier",
+                    DecidedBy::HardLimit => "hard_limit",
+                    DecidedBy::GlobalLimit => "global_limit",
+                },
+            );
+    }
+    Ok((f, outcome))
+}
+
+/// The limit of tier `tier` (1-based; 0 is the fake tier, limit 0) of a tiered limiter.
+fn tier_limit(limiter: &Limiter, tier: usize) -> Option<u64> {
+    let Limiter::Tiered(t) = limiter else {
+        return None;
+    };
+    match tier.checked_sub(1) {
+        None => Some(0),
+        Some(i) => t.params.tiers.get(i).map(|t| t.limit),
+    }
+}
+
+/// `CH.RESERVE resource domain copies [MIN n]`.
+pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let ask = match parse_ask(args, "CH.RESERVE") {
+        Ok(ask) => ask,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let slot = match cx.session.ledger.slot(cx.service.hold_budget()) {
+        Ok(slot) => slot,
+        Err(e) => return ledger_error(cx, &e, &ask, None),
+    };
+    let found = cx
+        .runtime
+        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let Some((rt, r)) = found else {
+        if !cx.service.allow_unconfigured(cx.runtime) {
+            return unknown_resource(cx, ask.resource);
+        }
+        let u = cx.service.unconfigured();
+        u.counters.allowed.inc();
+        let name: Arc<str> = Arc::from(String::from_utf8_lossy(ask.resource).as_ref());
+        let held = Held::new(
+            NewHold {
+                resource: &name,
+                domain: ask.domain,
+                groups: 0,
+                counted: None,
+                key: 0,
+                taken: 0,
+                forced: ask.copies,
+                gauge: &u.holds,
+            },
+            slot,
+        );
+        cx.session.ledger.add(held);
+        let mut f = Fields::default();
+        f.int("granted", ask.copies)
+            .list("groups", Vec::new())
+            .int(
+                "held",
+                cx.session.ledger.holding(ask.resource, ask.domain, None),
+            )
+            .opt("in_use", None)
+            .opt("limit", None)
+            .opt("global", None)
+            .signed("retry_after_ms", 0)
+            .text("kind", UNCONFIGURED)
+            .int("shadow_rejected", 0);
+        f.write(&mut cx.out);
+        return Outcome::Ok;
+    };
+    let dom = Domain(ask.domain);
+    let (variant, limiter) = r.select(&dom);
+    let Limiter::Concurrency(c) = limiter else {
+        let kind = limiter.kind();
+        if kind == Kind::Concurrency {
+            // A concurrency limit kept in a shared store: its reservations need a hold
+            // that lives in the store (per-instance counts under a lease).
+            return cx.error(format_args!(
+                "ERR resource '{}' keeps its copies in a shared store, which CH.RESERVE does not serve yet",
+                r.name()
+            ));
+        }
+        return cx.error(format_args!(
+            "ERR resource '{}' is a `{kind}` resource: use CH.REQUEST",
+            r.name()
+        ));
+    };
+    let Some(key) = r.key(&dom) else {
+        return cx.error(format_args!("ERR internal error: no key for the domain"));
+    };
+    let now = cx.service.now();
+    let mask = c.groups_of(&dom);
+    let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
+    let counters = &r.limit.counters;
+    let (taken, forced, rejection) = match c.state.reserve(key, mask, ask.copies, ask.min) {
+        Ok(n) => {
+            counters.allowed.inc();
+            (n, 0, None)
+        }
+        Err(rejection) if lenient(rt, r, variant) => {
+            counters.shadow_rejected.inc();
+            log_shadow(r, now);
+            (0, ask.copies, Some(rejection))
+        }
+        Err(rejection) => {
+            counters.rejected.inc();
+            (0, 0, Some(rejection))
+        }
+    };
+    let granted = taken + forced;
+    if granted > 0 {
+        let resource: Arc<str> = Arc::from(r.name());
+        let held = Held::new(
+            NewHold {
+                resource: &resource,
+                domain: ask.domain,
+                groups: mask,
+                counted: Some(Counted {
+                    limiter: Arc::clone(&c.state),
+                    names: Arc::clone(&names),
+                }),
+                key,
+                taken,
+                forced,
+                gauge: &r.holds,
+            },
+            slot,
+        );
+        cx.session.ledger.add(held);
+    }
+    let groups: Vec<String> = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask >> i & 1 == 1)
+        .map(|(_, n)| n.clone())
+        .collect();
+    let mut f = Fields::default();
+    f.int("granted", granted)
+        .list("groups", if granted > 0 { groups } else { Vec::new() })
+        .int(
+            "held",
+            cx.session.ledger.holding(ask.resource, ask.domain, None),
+        )
+        .int("in_use", c.state.held(key))
+        .int("limit", c.max)
+        .opt("global", c.params.global)
+        .signed(
+            "retry_after_ms",
+            match (&rejection, forced) {
+                (Some(rej), 0) => millis(rej.verdict().retry_after),
+                _ => 0,
+            },
+        )
+        .text("kind", Kind::Concurrency.name());
+    if let Some(rej) = &rejection {
+        f.text("limited_by", limited_by(rej, &names));
+    }
+    f.int("shadow_rejected", u64::from(forced > 0));
+    f.write(&mut cx.out);
+    if granted > 0 {
+        Outcome::Ok
+    } else {
+        Outcome::Rejected
+    }
+}
+
+/// Which limit turned a reservation down: `domain`, `global` or `group:NAME`.
+fn limited_by(rej: &ConcurrencyRejection, names: &[String]) -> String {
+    match rej.limit {
+        Limit::Key => "domain".to_string(),
+        Limit::Global => "global".to_string(),
+        Limit::Group(i) => format!(
+            "group:{}",
+            names.get(usize::from(i)).map_or("?", String::as_str)
+        ),
+    }
+}
+
+/// The error reply of a ledger refusal.
+fn ledger_error(
+    cx: &mut Ctx<'_>,
+    e: &LedgerError,
+    ask: &Ask<'_>,
+    groups: Option<&[&[u8]]>,
+) -> Outcome {
+    let within = match groups {
+        None => String::new(),
+        Some(g) => format!(
+            " in groups [{}]",
+            g.iter()
+                .map(|n| Quoted(n).to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    };
+    match e {
+        LedgerError::OverRelease { held, asked } => cx.error(format_args!(
+            "ERR over-release: this connection holds {held} copies of '{}' for domain '{}'{within}, {asked} asked; nothing changed",
+            Quoted(ask.resource),
+            Quoted(ask.domain)
+        )),
+        LedgerError::Full(which) => cx.error(format_args!(
+            "ERR too many holds ({which}: {MAX_HOLDS_PER_CONNECTION} per connection); release some first"
+        )),
+    }
+}
+
+/// `CH.RELEASE resource domain copies [GROUPS g ...]`.
+pub fn release(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let parsed = (|| {
+        let domain = domain(args.at(2))?;
+        let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
+        let groups = parse_groups(args, 4, "CH.RELEASE")?;
+        Ok::<_, AskError<'_>>((domain, copies, groups))
+    })();
+    let (domain, copies, groups) = match parsed {
+        Ok(p) => p,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let ask = Ask {
+        resource: args.at(1),
+        domain,
+        copies,
+        min: copies,
+    };
+    let groups = groups.as_deref();
+    match cx
+        .session
+        .ledger
+        .release(ask.resource, ask.domain, copies, groups)
+    {
+        Ok(left) => {
+            let mut f = Fields::default();
+            f.int("released", copies).int("held", left);
+            f.write(&mut cx.out);
+            Outcome::Ok
+        }
+        Err(e) => ledger_error(cx, &e, &ask, groups),
+    }
+}
+
+/// `ttl_seconds`: seconds with up to 9 decimals, above 0 and at most a day.
+fn ttl(text: &[u8]) -> Result<Duration, AskError<'_>> {
+    let max = MAX_TRANSFER_TTL.as_secs();
+    let bad = AskError::Arg(ArgError::Number {
+        name: "ttl_seconds",
+        min: 0,
+        max,
+        got: text,
+    });
+    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+        Some(dot) => (&text[..dot], &text[dot + 1..]),
+        None => (text, &b""[..]),
+    };
+    let seconds = number("ttl_seconds", whole, 0, max).map_err(|_| bad.clone())?;
+    if fraction.len() > 9 || !fraction.iter().all(u8::is_ascii_digit) {
+        return Err(bad);
+    }
+    let nanos = (0..9).fold(0u64, |n, i| {
+        n * 10 + fraction.get(i).map_or(0, |&d| u64::from(d - b'0'))
+    });
+    let ttl = seconds * NANOS_PER_SEC + nanos;
+    if ttl == 0 || ttl > max * NANOS_PER_SEC {
+        return Err(bad);
+    }
+    Ok(Duration::from_nanos(ttl))
+}
+
+/// `CH.TRANSFER resource domain copies ttl_seconds [GROUPS g ...]`.
+pub fn transfer(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let parsed = (|| {
+        let domain = domain(args.at(2))?;
+        let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
+        let ttl = ttl(args.at(4))?;
+        let groups = parse_groups(args, 5, "CH.TRANSFER")?;
+        Ok::<_, AskError<'_>>((domain, copies, ttl, groups))
+    })();
+    let (domain, copies, ttl, groups) = match parsed {
+        Ok(p) => p,
+        Err(e) => return cx.error(format_args!("{e}")),
+    };
+    let ask = Ask {
+        resource: args.at(1),
+        domain,
+        copies,
+        min: copies,
+    };
+    let groups = groups.as_deref();
+    let budget = Arc::clone(cx.service.hold_budget());
+    let holds = match cx
+        .session
+        .ledger
+        .take_out(ask.resource, ask.domain, copies, groups, &budget)
+    {
+        Ok(holds) => holds,
+        Err(e) => return ledger_error(cx, &e, &ask, groups),
+    };
+    match cx.service.transfers().park(holds, ttl) {
+        Ok(id) => {
+            cx.out.bulk(id.as_bytes());
+            Outcome::Ok
+        }
+        Err((e, holds)) => {
+            for h in holds {
+                cx.session.ledger.add(h);
+            }
+            cx.error(format_args!("ERR {e}"))
+        }
+    }
+}
+
+/// `CH.SEIZE transfer_id`.
+pub fn seize(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    let room = MAX_HOLDS_PER_CONNECTION.saturating_sub(cx.session.ledger.len());
+    let holds = match cx.service.transfers().seize(args.at(1), room) {
+        Ok(holds) => holds,
+        Err(super::holds::SeizeError::Unknown) => {
+            return cx.error(format_args!(
+                "ERR unknown transfer '{}': never made, already seized, or expired",
+                Quoted(args.at(1))
+            ))
+        }
+        Err(super::holds::SeizeError::NoRoom(n)) => {
+            return cx.error(format_args!(
+                "ERR too many holds: the transfer has {n} entries and this connection room for {room}; release some first"
+            ))
+        }
+    };
+    let mut f = Fields::default();
+    if let Some(first) = holds.first() {
+        f.text("resource", first.resource()).text(
+            "domain",
+            String::from_utf8_lossy(first.domain()).into_owned(),
+        );
+    }
+    let copies: u64 = holds.iter().map(Held::copies).sum();
+    let mut groups: Vec<String> = Vec::new();
+    for h in &holds {
+        for g in h.group_names() {
+            if !groups.iter().any(|x| x == g) {
+                groups.push(g.to_string());
+            }
+        }
+    }
+    f.int("copies", copies).list("groups", groups);
+    for h in holds {
+        cx.session.ledger.add(h);
+    }
+    f.write(&mut cx.out);
+    Outcome::Ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::resp::Parser;
+    use bytes::BytesMut;
+
+    fn parsed(line: &str) -> &'static Parser {
+        let mut p = Parser::new();
+        let mut buf = BytesMut::from(format!("{line}\r\n").as_bytes());
+        assert!(p.parse(&mut buf).unwrap());
+        Box::leak(Box::new(p))
+    }
+
+    fn ask(line: &str) -> Result<Ask<'static>, String> {
+        parse_ask(&parsed(line).args(), "CH.REQUEST").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn asks_parse_and_bad_ones_name_the_argument() {
+        let a = ask("CH.REQUEST logins alice 5").unwrap();
+        assert_eq!(
+            (a.resource, a.domain, a.copies, a.min),
+            (&b"logins"[..], &b"alice"[..], 5, 5)
+        );
+        assert_eq!(ask("CH.REQUEST r d 5 min 2").unwrap().min, 2);
+        let long = format!("CH.REQUEST r {} 1", "d".repeat(257));
+        for (line, want) in [
+            ("CH.REQUEST r d 0", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '0'"),
+            ("CH.REQUEST r d -3", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '-3'"),
+            ("CH.REQUEST r d 1180591620717411303424", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '1180591620717411303424'"),
+            ("CH.REQUEST r d 2 MIN 3", "ERR invalid 'MIN': 3 is above copies 2"),
+            ("CH.REQUEST r d 2 MIN 0", "ERR invalid 'MIN': expected an integer from 1 to 9223372036854775807, got '0'"),
+            ("CH.REQUEST r d 2 MIN", "ERR syntax error: option 'MIN' needs a value"),
+            ("CH.REQUEST r d 2 MIN 1 MIN 1", "ERR syntax error: option 'MIN' given twice"),
+            ("CH.REQUEST r d 2 MAX 1", "ERR syntax error: unknown option 'MAX' for 'CH.REQUEST'"),
+            (long.as_str(), "ERR invalid 'domain': expected 1 to 256 bytes, got 257"),
+        ] {
+            assert_eq!(ask(line), Err(want.to_string()), "{line}");
+        }
+    }
+
+    #[test]
+    fn ttls_are_seconds_with_a_fraction_within_a_day() {
+        assert_eq!(ttl(b"1").unwrap(), Duration::from_secs(1));
+        assert_eq!(ttl(b"0.25").unwrap(), Duration::from_millis(250));
+        assert_eq!(ttl(b"86400").unwrap(), Duration::from_secs(86_400));
+        for bad in [
+            &b"0"[..],
+            b"0.0",
+            b"86400.000000001",
+            b"-1",
+            b"1e3",
+            b"",
+            b".",
+            b"x",
+        ] {
+            let e = ttl(bad).map(|_| ()).unwrap_err().to_string();
+            assert!(e.starts_with("ERR invalid 'ttl_seconds'"), "{e}");
+        }
+    }
+
+    #[test]
+    fn fields_are_a_map_in_resp3_and_pairs_in_resp2() {
+        let mut f = Fields::default();
+        f.int("granted", 2)
+            .opt("global", None)
+            .list("groups", vec!["big".into()]);
+        let mut buf = BytesMut::new();
+        f.write(&mut Reply::new(&mut buf, true));
+        assert_eq!(
+            &buf[..],
+            b"%3\r\n$7\r\ngranted\r\n:2\r\n$6\r\nglobal\r\n_\r\n$6\r\ngroups\r\n*1\r\n$3\r\nbig\r\n"
+        );
+        let mut buf = BytesMut::new();
+        f.write(&mut Reply::new(&mut buf, false));
+        assert!(buf.starts_with(b"*6\r\n"));
+        assert_eq!((millis(NEVER), millis(1), millis(1_000_000)), (-1, 1, 1));
+    }
+}
