@@ -364,3 +364,51 @@ async fn an_unwritable_path_is_logged_and_counted_and_tollgate_serves() {
     assert!(t.wait_exit().await.success());
     assert!(t.log_text().contains("cannot write it (shutdown)"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_turns_snapshots_on_and_moves_them_live() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let off = config(up.addr, "{}");
+    let t = Tollgate::start(&off).await;
+    fill(&t, "slow.test", "a").await;
+    let first = t.dir.path().join("first.snap");
+    let second = t.dir.path().join("second.snap");
+    t.write_config(&config(
+        up.addr,
+        r#"{ snapshot: "first.snap", every: 200ms }"#,
+    ));
+    eventually("a reload turns the snapshot on", 250, || async {
+        first.exists()
+    })
+    .await;
+    assert!(
+        std::fs::read(&first).unwrap().len() > 200,
+        "with the drained bucket"
+    );
+    t.write_config(&config(
+        up.addr,
+        r#"{ snapshot: "second.snap", every: 200ms }"#,
+    ));
+    // The bucket's state, carried over the reloads, is in the new file too.
+    eventually("a reload moves it", 250, || async {
+        std::fs::read(&second).is_ok_and(|b| b.len() > 200)
+    })
+    .await;
+    t.write_config(&off);
+    eventually("a reload turns it off", 250, || async {
+        t.metric("tollgate_config_reloads_total{result=\"success\"}")
+            .await
+            >= 3.0
+    })
+    .await;
+    let written = t
+        .metric("tollgate_snapshot_writes_total{result=\"ok\"}")
+        .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        t.metric("tollgate_snapshot_writes_total{result=\"ok\"}")
+            .await,
+        written,
+        "no write once it is off"
+    );
+}

@@ -1639,7 +1639,6 @@ impl TieredLimiter {
     /// as long as the saved one would have.
     pub fn import(&self, entry: &mut TieredEntry, now: Nanos) -> Restored {
         let shift = self.shape.shift;
-        let mut expires = 0;
         let mut base = now;
         for (r, spec) in self.shape.rings.iter().enumerate() {
             let Some(hits) = entry.hits.get_mut(r) else {
@@ -1652,9 +1651,19 @@ impl TieredLimiter {
             let live = hits.partition_point(|&t| t.saturating_add(spec.window) <= now);
             let keep = hits.len().saturating_sub(spec.limit as usize).max(live);
             hits.drain(..keep);
-            if let (Some(&oldest), Some(&newest)) = (hits.first(), hits.last()) {
+            if let Some(&oldest) = hits.first() {
                 base = base.min(oldest);
-                expires = expires.max(newest.saturating_add(spec.window));
+            }
+        }
+        // A hit's stored offset, rounded up to a unit: within the window of `now`, so below
+        // 2^31 units.
+        let unit = (1u64 << shift) - 1;
+        let q = |t: Nanos| ((t - base + unit) >> shift) as u32;
+        let mut expires = 0;
+        for (hits, spec) in entry.hits.iter().zip(self.shape.rings.iter()) {
+            if let Some(&newest) = hits.last() {
+                let at = base.saturating_add(u64::from(q(newest)) << shift);
+                expires = expires.max(at.saturating_add(spec.window));
             }
         }
         for (tier, spec) in self.shape.tiers.iter().enumerate() {
@@ -1698,10 +1707,7 @@ impl TieredLimiter {
                 view.set_word(tier - 1, at);
             }
         }
-        let unit = (1u64 << shift) - 1;
         for (r, hits) in entry.hits.iter().enumerate().take(self.shape.rings.len()) {
-            // Rounded up to a unit; within the window of `now`, so below 2^31 units.
-            let q = |t: Nanos| ((t - base + unit) >> shift) as u32;
             let (Some(&oldest), Some(&newest)) = (hits.first(), hits.last()) else {
                 continue;
             };

@@ -511,10 +511,13 @@ pub fn read_all<R: Read>(
                         });
                     }
                     entry.hits.resize_with(rings as usize, Vec::new);
-                    for hits in &mut entry.hits {
+                    let p = l.state.params();
+                    let limits = p.tiers.iter().map(|t| t.limit);
+                    let limits = limits.chain(std::iter::once(p.hard_limit.unwrap_or(0)));
+                    for (hits, limit) in entry.hits.iter_mut().zip(limits) {
                         let n = src.u32()?;
-                        if u64::from(n) > MAX_LIMIT {
-                            return Err(corrupt("a tier log longer than any limit"));
+                        if u64::from(n) > limit.min(MAX_LIMIT) {
+                            return Err(corrupt("a tier log longer than its limit"));
                         }
                         hits.clear();
                         for _ in 0..n {
