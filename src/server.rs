@@ -150,10 +150,6 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         snapshots.await_predecessor(started_at);
     }
     snapshots.load();
-    server.add_service(background_service(
-        "snapshot writer",
-        SnapshotWriter::new(snapshots.clone(), server.watch_execution_phase()),
-    ));
 
     let drain = Arc::new(Drain::new());
     server.add_service(background_service(
@@ -209,6 +205,10 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     server.add_service(background_service(
         "config reloader",
         Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
+    ));
+    server.add_service(background_service(
+        "snapshot writer",
+        SnapshotWriter::new(snapshots.clone(), server.watch_execution_phase()),
     ));
     Ok(Started { server, snapshots })
 }

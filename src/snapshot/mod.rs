@@ -363,7 +363,8 @@ impl Snapshots {
     /// [`Snapshots::load`] reads the state of the predecessor's last decision. `since` is
     /// this process's start (Unix ns): only files written after it count. Bounded: at most
     /// [`HANDOVER_WAIT`] for a predecessor that writes none, and [`UPGRADE_WAIT`] more for
-    /// one that promised it; then the file is loaded as it is, with a warning.
+    /// one that promised it (less if it dies); then the file is loaded as it is, with a
+    /// warning.
     pub fn await_predecessor(&self, since: u64) {
         let Some(path) = self.path() else {
             return;
@@ -386,17 +387,30 @@ impl Snapshots {
             path.display(),
             promise.pid
         );
-        let done = poll(&path, UPGRADE_WAIT, |h| {
-            h.reason == Reason::Upgrade
-                && h.pid == promise.pid
-                && h.written_at >= promise.written_at
-        });
-        if done.is_none() {
+        let deadline = Instant::now() + UPGRADE_WAIT;
+        loop {
+            let h = file::peek(&path);
+            if h.as_ref().is_some_and(|h| {
+                h.reason == Reason::Upgrade
+                    && h.pid == promise.pid
+                    && h.written_at >= promise.written_at
+            }) {
+                return;
+            }
+            let why = if !alive(promise.pid) {
+                "exited without writing its final snapshot"
+            } else if Instant::now() >= deadline {
+                "wrote no final snapshot in time"
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
             log::warn!(
-                "snapshot {}: the previous process (pid {}) wrote no final snapshot within {UPGRADE_WAIT:?}: loading its handover snapshot; its decisions since are not carried over",
+                "snapshot {}: the previous process (pid {}) {why}: loading its handover snapshot; its decisions since are not carried over",
                 path.display(),
                 promise.pid
             );
+            return;
         }
     }
 
@@ -457,6 +471,16 @@ fn poll(path: &Path, wait: Duration, ok: impl Fn(&Header) -> bool) -> Option<Hea
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether process `pid` still runs (Linux: it has a `/proc` entry and is not a zombie),
+/// so that a successor stops waiting for a predecessor that died.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) STATE ...`: the state follows the last `)`.
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+    })
 }
 
 /// Unix time in nanoseconds (0 before 1970).

@@ -284,6 +284,15 @@ fn a_file_written_by_one_process_is_loaded_by_the_next_unless_damaged() {
 }
 
 #[test]
+fn a_process_is_alive_until_it_exits_and_is_reaped() {
+    assert!(super::alive(std::process::id()));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    assert!(!super::alive(pid), "reaped");
+}
+
+#[test]
 fn after_an_upgrade_the_old_process_writes_once_then_leaves_the_file_alone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.snap");
