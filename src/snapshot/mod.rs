@@ -23,98 +23,33 @@
 
 pub mod file;
 pub mod format;
+mod handover;
+mod metrics;
 pub mod service;
 pub mod state;
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use prometheus::{Gauge, IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 use crate::limits::clock::nanos;
 use crate::limits::{Clock, Fact, Facts, KeyPart, KeySpec, MonotonicClock};
 use crate::metrics::{Metrics, MetricsError};
 use crate::runtime::Runtime;
 use crate::snapshot::format::{FormatError, Header, Reason};
+use crate::snapshot::metrics::SnapshotMetrics;
 use crate::snapshot::state::{KindCounts, SavedKind, TimeMap};
 
-/// How long a new process waits, after receiving the listeners, for its predecessor's
-/// `handover` snapshot before concluding that the predecessor writes none.
-pub const HANDOVER_WAIT: Duration = Duration::from_secs(2);
-
-/// How long it then waits for the `upgrade` snapshot: Pingora's fixed 5 s close window,
-/// plus time for the write.
-pub const UPGRADE_WAIT: Duration = Duration::from_secs(15);
+pub use handover::{HANDOVER_WAIT, UPGRADE_WAIT};
 
 /// The smallest file size cap: a snapshot larger than its config's tables can fill is
 /// refused only beyond four times that bound and at least this.
 const MIN_CAP: u64 = 64 << 20;
-
-/// The snapshot metrics, registered in tollgate's registry.
-struct SnapshotMetrics {
-    writes_ok: IntCounter,
-    writes_error: IntCounter,
-    last_success: Gauge,
-    keys: IntGaugeVec,
-    loads: IntCounterVec,
-}
-
-impl SnapshotMetrics {
-    fn register(metrics: &Metrics) -> Result<Self, MetricsError> {
-        let writes = IntCounterVec::new(
-            Opts::new(
-                "tollgate_snapshot_writes_total",
-                "Local-state snapshot writes by result (ok, error).",
-            ),
-            &["result"],
-        )?;
-        let last_success = Gauge::new(
-            "tollgate_snapshot_last_success_timestamp_seconds",
-            "Unix time of the last local-state snapshot written.",
-        )?;
-        let keys = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_snapshot_keys",
-                "Keys in the last local-state snapshot written, by kind.",
-            ),
-            &["kind"],
-        )?;
-        let loads = IntCounterVec::new(
-            Opts::new(
-                "tollgate_snapshot_loads_total",
-                "Local-state snapshot loads at start by result (restored, absent, refused).",
-            ),
-            &["result"],
-        )?;
-        for result in ["restored", "absent", "refused"] {
-            loads.with_label_values(&[result]);
-        }
-        for kind in [
-            SavedKind::TokenBucket,
-            SavedKind::Rate,
-            SavedKind::SlidingLog,
-            SavedKind::Tiered,
-        ] {
-            keys.with_label_values(&[kind.name()]);
-        }
-        metrics.register_collector(Box::new(writes.clone()))?;
-        metrics.register_collector(Box::new(last_success.clone()))?;
-        metrics.register_collector(Box::new(keys.clone()))?;
-        metrics.register_collector(Box::new(loads.clone()))?;
-        Ok(Self {
-            writes_ok: writes.with_label_values(&["ok"]),
-            writes_error: writes.with_label_values(&["error"]),
-            last_success,
-            keys,
-            loads,
-        })
-    }
-}
 
 /// Who this process is, as written into every snapshot.
 struct Writer {
@@ -199,11 +134,6 @@ impl Snapshots {
     /// The configured interval (a reload changes it live).
     pub fn every(&self) -> Duration {
         self.runtime.load().config.local_store.every
-    }
-
-    /// Records that the listeners are being handed over to a successor (SIGQUIT).
-    pub fn mark_handover(&self) {
-        self.handover_at.lock().get_or_insert_with(Instant::now);
     }
 
     /// Whether this process has handed the file over to its successor.
@@ -357,130 +287,6 @@ impl Snapshots {
         );
         Loaded::Restored(report.restored)
     }
-
-    /// In a process started with `--upgrade`, once it holds the listeners: waits until
-    /// the predecessor's `upgrade` snapshot is on disk (see the module doc), so that
-    /// [`Snapshots::load`] reads the state of the predecessor's last decision. `since` is
-    /// this process's start (Unix ns): only files written after it count. Bounded: at most
-    /// [`HANDOVER_WAIT`] for a predecessor that writes none, and [`UPGRADE_WAIT`] more for
-    /// one that promised it (less if it dies); then the file is loaded as it is, with a
-    /// warning.
-    pub fn await_predecessor(&self, since: u64) {
-        let Some(path) = self.path() else {
-            return;
-        };
-        let fresh = |h: &Header| h.written_at >= since && h.pid != self.writer.pid;
-        let Some(promise) = poll(&path, HANDOVER_WAIT, |h| {
-            fresh(h) && matches!(h.reason, Reason::Handover | Reason::Upgrade)
-        }) else {
-            log::warn!(
-                "snapshot {}: the previous process wrote no handover snapshot within {HANDOVER_WAIT:?} (it may not write snapshots, or to another path): loading the file as it is",
-                path.display()
-            );
-            return;
-        };
-        if promise.reason == Reason::Upgrade {
-            return;
-        }
-        log::info!(
-            "snapshot {}: waiting for the final state of pid {}, written when it stops accepting",
-            path.display(),
-            promise.pid
-        );
-        let deadline = Instant::now() + UPGRADE_WAIT;
-        loop {
-            let h = file::peek(&path);
-            if h.as_ref().is_some_and(|h| {
-                h.reason == Reason::Upgrade
-                    && h.pid == promise.pid
-                    && h.written_at >= promise.written_at
-            }) {
-                return;
-            }
-            let why = if !alive(promise.pid) {
-                "exited without writing its final snapshot"
-            } else if Instant::now() >= deadline {
-                "wrote no final snapshot in time"
-            } else {
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            };
-            log::warn!(
-                "snapshot {}: the previous process (pid {}) {why}: loading its handover snapshot; its decisions since are not carried over",
-                path.display(),
-                promise.pid
-            );
-            return;
-        }
-    }
-
-    /// Called once the server has stopped (every service's runtime is down, so no decision
-    /// is being made): writes the last snapshot, unless this process handed the file over
-    /// to a successor. `phases` is a receiver of Pingora's execution phases subscribed before
-    /// the server ran: a phase of the listeners being handed over means an upgrade, even if
-    /// the writer service never saw it.
-    ///
-    /// After an upgrade whose `upgrade` snapshot the service did not get to write (its
-    /// runtime was stopped first), it is written here, as long as the successor still waits
-    /// for it; later, the successor may have loaded what it found and be writing its own
-    /// state, which a late write would overwrite, so nothing is written.
-    pub fn after_run(
-        &self,
-        phases: &mut tokio::sync::broadcast::Receiver<pingora::server::ExecutionPhase>,
-    ) {
-        use pingora::server::ExecutionPhase;
-        use tokio::sync::broadcast::error::TryRecvError;
-        loop {
-            match phases.try_recv() {
-                Ok(ExecutionPhase::GracefulUpgradeTransferringFds)
-                | Ok(ExecutionPhase::GracefulUpgradeCloseTimeout) => self.mark_handover(),
-                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
-                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
-            }
-        }
-        let handover = *self.handover_at.lock();
-        let Some(began) = handover else {
-            self.write(Reason::Shutdown);
-            return;
-        };
-        // Waits for a write the service may still be making.
-        drop(self.writing.lock());
-        if self.handed_over() {
-            return;
-        }
-        // The successor waits HANDOVER_WAIT + UPGRADE_WAIT from about `began`; stay well
-        // inside that.
-        if began.elapsed() + Duration::from_secs(3) < HANDOVER_WAIT + UPGRADE_WAIT {
-            self.write(Reason::Upgrade);
-        } else {
-            log::warn!("snapshot: the listeners were handed over but the upgrade snapshot was not written in time; leaving the file to the new process");
-        }
-        self.handed_over.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Polls the header of `path` every 20 ms for up to `wait` until `ok` holds.
-fn poll(path: &Path, wait: Duration, ok: impl Fn(&Header) -> bool) -> Option<Header> {
-    let deadline = Instant::now() + wait;
-    loop {
-        if let Some(h) = file::peek(path).filter(|h| ok(h)) {
-            return Some(h);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Whether process `pid` still runs (Linux: it has a `/proc` entry and is not a zombie),
-/// so that a successor stops waiting for a predecessor that died.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // `pid (comm) STATE ...`: the state follows the last `)`.
-        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
-    })
 }
 
 /// Unix time in nanoseconds (0 before 1970).

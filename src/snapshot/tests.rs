@@ -285,11 +285,11 @@ fn a_file_written_by_one_process_is_loaded_by_the_next_unless_damaged() {
 
 #[test]
 fn a_process_is_alive_until_it_exits_and_is_reaped() {
-    assert!(super::alive(std::process::id()));
+    assert!(super::handover::alive(std::process::id()));
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
-    assert!(!super::alive(pid), "reaped");
+    assert!(!super::handover::alive(pid), "reaped");
 }
 
 #[test]
