@@ -7,7 +7,8 @@
 //!   assembles the process from every part below.
 //! - [`proxy`] (the HTTP front end), [`api`] (the second front end: the same limits over
 //!   the Redis protocol, for non-HTTP callers) and [`reload`] (watching and swapping the
-//!   config): they read and build [`runtime`] state, none knows another.
+//!   config): they read and build [`runtime`] state, none knows another; [`snapshot`]
+//!   (local limit state written to a file and loaded at start) reads and fills it too.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
 //!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
@@ -23,4 +24,5 @@ pub mod reload;
 pub mod runtime;
 pub mod segments;
 pub mod server;
+pub mod snapshot;
 pub mod store;

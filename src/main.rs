@@ -114,7 +114,7 @@ fn main() -> ExitCode {
                 pid_file,
             };
             match server::build(&opts) {
-                Ok(server) => server.run_forever(),
+                Ok(started) => started.run(),
                 Err(e) => {
                     eprintln!("tollgate: cannot start: {e}");
                     ExitCode::from(1)

@@ -8,6 +8,11 @@
 //! `max_connections` from it ([`safe_max_connections`]); a watcher of Pingora's execution
 //! phases starts draining when a graceful upgrade or shutdown begins ([`Drain`]).
 //!
+//! Local limit state is loaded from the snapshot before any service starts (in an upgrade,
+//! once the predecessor's final state is on disk), written by the snapshot writer service
+//! while running, and written once more when the server has stopped ([`Started::run`]); see
+//! [`crate::snapshot`].
+//!
 //! It is the only module that knows every other one; nothing imports it but `main`. See the
 //! module map in `docs/architecture.md`.
 
@@ -18,13 +23,14 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::{ExecutionPhase, Server, ShutdownWatch};
+use pingora::server::{ExecutionPhase, RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 use tokio::sync::broadcast;
 
 use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
+use crate::limits::MonotonicClock;
 use crate::metrics::{Metrics, MetricsError};
 use crate::proxy::conn::Drain;
 use crate::proxy::connections::{AcceptFilter, Caps, Connections};
@@ -35,6 +41,8 @@ use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Reloader, Snapshot};
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::{BuildError, Runtime};
+use crate::snapshot::service::SnapshotWriter;
+use crate::snapshot::{self, Snapshots};
 
 /// How to run: the CLI's `run` options.
 #[derive(Debug, Clone)]
@@ -69,8 +77,31 @@ pub enum StartError {
     Collector(#[from] prometheus::Error),
 }
 
-/// Loads the config and builds a bootstrapped server ready for `run_forever`.
-pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
+/// A bootstrapped server with its local-state snapshots loaded, ready to run.
+pub struct Started {
+    /// The Pingora server.
+    pub server: Server,
+    /// The snapshots of its local limit state.
+    pub snapshots: Arc<Snapshots>,
+}
+
+impl Started {
+    /// Runs the server until it stops (a signal), writes the last snapshot once no
+    /// decision can be made any more (unless an upgrade handed the file over), and exits.
+    pub fn run(self) -> ! {
+        let mut phases = self.server.watch_execution_phase();
+        self.server.run(RunArgs::default());
+        self.snapshots.after_run(&mut phases);
+        std::process::exit(0)
+    }
+}
+
+/// Loads the config and builds a bootstrapped server ready to [`Started::run`]: with the
+/// listeners in hand (from the old process in an upgrade) and the local-state snapshot
+/// loaded.
+pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
+    // Before anything else: a predecessor's upgrade snapshot is written after this.
+    let started_at = snapshot::unix_nanos();
     // Read once, as the reloader reads: it compares later reads with this one.
     let snapshot = Snapshot::read(&opts.config).map_err(|source| ConfigError::Read {
         file: opts.config.display().to_string(),
@@ -109,7 +140,17 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
+    // In an upgrade, this waits for the old process to hand its listeners over.
     server.bootstrap();
+
+    // The proxy's clock reads Unix time at start and then moves monotonically: snapshot
+    // times map into it, and rate periods keep their phase over a restart.
+    let clock = MonotonicClock::from_unix_epoch();
+    let snapshots = Snapshots::new(runtime.clone(), clock, &metrics)?;
+    if opts.upgrade {
+        snapshots.await_predecessor(started_at);
+    }
+    snapshots.load();
 
     let drain = Arc::new(Drain::new());
     server.add_service(background_service(
@@ -124,7 +165,10 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         caps(&caps_runtime.load().config.server.connections, derived_max)
     });
     let front = Front::new(
-        pingora_proxy::http_proxy(&server.configuration, Tollgate::new(runtime.clone(), drain)),
+        pingora_proxy::http_proxy(
+            &server.configuration,
+            Tollgate::new(runtime.clone(), drain, clock),
+        ),
         runtime.clone(),
         connections.clone(),
         &metrics,
@@ -165,7 +209,11 @@ pub fn build(opts: &RunOptions) -> Result<Server, StartError> {
         "config reloader",
         Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
     ));
-    Ok(server)
+    server.add_service(background_service(
+        "snapshot writer",
+        SnapshotWriter::new(snapshots.clone(), server.watch_execution_phase()),
+    ));
+    Ok(Started { server, snapshots })
 }
 
 /// Pingora's default size of the idle upstream connection pool.

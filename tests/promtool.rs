@@ -21,7 +21,9 @@ async fn exposition_passes_promtool_check_metrics() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let config = format!(
         r#"
-{SERVER}origins:
+{SERVER}stores:
+  local: {{ snapshot: "state.snap", every: 1h }}
+origins:
   app:
     hosts: ["app.test"]
     upstreams: ["{}"]
@@ -56,6 +58,10 @@ async fn exposition_passes_promtool_check_metrics() {
         "tollgate_request_duration_seconds_count{origin=\"app\"} 2",
         "tollgate_config_reloads_total{result=\"success\"} 0",
         "# TYPE tollgate_config_last_reload_success_timestamp_seconds gauge",
+        "tollgate_snapshot_writes_total{result=\"error\"} 0",
+        "tollgate_snapshot_loads_total{result=\"absent\"} 1",
+        "tollgate_snapshot_keys{kind=\"token_bucket\"} 0",
+        "# TYPE tollgate_snapshot_last_success_timestamp_seconds gauge",
     ] {
         assert!(text.contains(family), "missing `{family}` in\n{text}");
     }

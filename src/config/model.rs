@@ -125,11 +125,12 @@ impl Default for RedisStoreSpec {
 /// The in-process store's options (`stores: {local: {snapshot, every}}`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LocalStore {
-    /// Where token buckets, sliding logs and tiers are written so that they survive a
-    /// restart or an upgrade (`snapshot`); none by default.
+    /// Where token buckets, rate windows, sliding logs and tiers are written so that they
+    /// survive a restart or an upgrade (`snapshot`, a relative path resolved against the
+    /// config file's directory); none by default.
     pub snapshot: Option<PathBuf>,
-    /// How often the snapshot is written (`every`, default 30 s), besides at shutdown and
-    /// upgrade.
+    /// How often the snapshot is written (`every`, 100 ms to 1 day, default 30 s), besides
+    /// at shutdown and upgrade.
     pub every: Duration,
 }
 

@@ -182,7 +182,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     }
     let server = server::parse(r, section("server"));
     let segments = segments::parse(r, section("segments"), file);
-    let (stores, local_store) = stores::parse(r, section("stores"));
+    let (stores, local_store) = stores::parse(r, section("stores"), file);
     let api = api::parse(r, section("api"), &stores);
     let known = Known {
         segments: &segments,

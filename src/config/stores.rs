@@ -6,6 +6,7 @@
 //! Only the shape is checked here; the runtime connects (never failing on an unreachable
 //! Redis: it starts failed open and recovers by itself).
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::config::model::{Fallback, LocalStore, RedisEndpoint, RedisStoreSpec, StoreSpec};
@@ -36,8 +37,13 @@ const LOCAL_KEYS: [&str; 3] = ["kind", "snapshot", "every"];
 /// Stores a config may name.
 const MAX_STORES: usize = 16;
 
-/// Reads `stores:`.
-pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> (Vec<StoreSpec>, LocalStore) {
+/// Reads `stores:`; `file` is the config file, whose directory a relative `snapshot` path
+/// starts in.
+pub(crate) fn parse(
+    r: &mut Report,
+    node: Option<&Node>,
+    file: &str,
+) -> (Vec<StoreSpec>, LocalStore) {
     let mut local = LocalStore::default();
     let Some(entries) = node.and_then(|n| scalar::map(r, n, "stores")) else {
         return (Vec::new(), local);
@@ -85,7 +91,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> (Vec<StoreSpec>, Loc
                 );
                 continue;
             }
-            local = local_store(r, fields, &path);
+            local = local_store(r, fields, &path, file);
         } else if let Some(spec) = redis_store(r, &e.key, fields, e.key_pos, &path) {
             stores.push(spec);
         }
@@ -93,16 +99,34 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> (Vec<StoreSpec>, Loc
     (stores, local)
 }
 
-fn local_store(r: &mut Report, fields: &[crate::config::yaml::Entry], path: &str) -> LocalStore {
+fn local_store(
+    r: &mut Report,
+    fields: &[crate::config::yaml::Entry],
+    path: &str,
+    file: &str,
+) -> LocalStore {
     let mut local = LocalStore::default();
+    let base = Path::new(file).parent().unwrap_or(Path::new(""));
     for f in fields {
         let sub = child(path, &f.key);
         match f.key.as_str() {
             "kind" => {}
-            "snapshot" => local.snapshot = scalar::text(r, &f.value, &sub).map(Into::into),
+            "snapshot" => {
+                local.snapshot = scalar::text(r, &f.value, &sub).and_then(|t| {
+                    if t.is_empty() || t.ends_with('/') || t.len() > 4096 || t.contains('\0') {
+                        r.error(
+                            f.value.pos,
+                            &sub,
+                            "`snapshot` must be a file path (not a directory), at most 4096 bytes",
+                        );
+                        return None;
+                    }
+                    Some(base.join(t))
+                })
+            }
             "every" => {
-                let range = (Duration::from_secs(1), Duration::from_secs(86_400));
-                if let Some(d) = scalar::duration(r, &f.value, &sub, range, ("1s", "1d")) {
+                let range = (Duration::from_millis(100), Duration::from_secs(86_400));
+                if let Some(d) = scalar::duration(r, &f.value, &sub, range, ("100ms", "1d")) {
                     local.every = d;
                 }
             }

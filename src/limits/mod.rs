@@ -21,6 +21,10 @@
 //!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
 //!   in the same kind of fixed table with preallocated log arenas.
 //!
+//! The kinds whose state outlives a request (token bucket, rate, sliding log, tiered) can
+//! export their live keys and import saved ones ([`restore`]), for snapshots that survive
+//! a restart.
+//!
 //! A request-time limiter consumes on admission and can [`refund`](rate::RateLimiter::refund),
 //! so that a later limit's rejection never burns an earlier limit's quota. Decisions are
 //! returned as a [`verdict::Verdict`], a small `Copy` type that a remote (Redis) backend can
@@ -32,6 +36,7 @@ pub mod concurrency;
 pub mod inflight;
 pub mod key;
 pub mod rate;
+pub mod restore;
 pub mod sketch;
 pub mod sliding_log;
 pub mod tiered;
@@ -43,12 +48,13 @@ pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
 pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
-pub use rate::{RateLimiter, RateParams};
+pub use rate::{RateLimiter, RateParams, RateWindowEntry};
+pub use restore::Restored;
 pub use sketch::SketchSize;
 pub use sliding_log::{LogWindow, SlidingLog};
 pub use tiered::{
-    DecidedBy, Normalized, Tier, TierChange, TieredDecision, TieredError, TieredLimiter,
-    TieredParams,
+    DecidedBy, Normalized, Tier, TierChange, TieredDecision, TieredEntry, TieredError,
+    TieredLimiter, TieredParams,
 };
-pub use token_bucket::{TokenBucket, TokenBucketParams};
+pub use token_bucket::{BucketEntry, TokenBucket, TokenBucketParams};
 pub use verdict::{Grant, Verdict, NEVER};

@@ -70,6 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
+use crate::limits::restore::Restored;
 use crate::limits::verdict::{Grant, Verdict, NEVER};
 
 /// Slots per set, as for the token bucket: a set rarely overflows at half load, and a scan
@@ -508,6 +509,75 @@ impl Window {
 /// A `u128` back to `u64`, saturating.
 fn saturate(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// One key's stored window, as [`RateLimiter::export`] reads it and [`RateLimiter::import`]
+/// takes it back: the period `curr` counts (period `p` covers `[p·per, (p+1)·per)`) and the
+/// counts of that period and the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateWindowEntry {
+    /// The key's hash (never 0: key 0 is stored as 1).
+    pub key: u64,
+    /// The period `curr` counts.
+    pub period: u64,
+    /// Events in the period before it.
+    pub prev: u64,
+    /// Events in `period`.
+    pub curr: u64,
+}
+
+impl RateLimiter {
+    /// Calls `f` for every key holding state (a window empty by now is included until
+    /// touched; [`RateLimiter::import`] drops it). Each set is locked only while its 8
+    /// slots are copied, and `f` runs with no lock held.
+    pub fn export(&self, mut f: impl FnMut(RateWindowEntry)) {
+        for set in self.sets.iter() {
+            let slots = *set.lock();
+            for slot in slots.iter().filter(|s| s.key != 0) {
+                f(RateWindowEntry {
+                    key: slot.key,
+                    period: slot.counts.period,
+                    prev: slot.counts.prev,
+                    curr: slot.counts.curr,
+                });
+            }
+        }
+    }
+
+    /// Puts a saved window back at `now`: moved forward to `now`'s period (a period after
+    /// `now`'s is taken as `now`'s), it is stored unless it is empty by then. It replaces
+    /// the key's state if the key has some, else takes an empty slot or one whose window is
+    /// empty by now; it never evicts (see [`crate::limits::restore`]).
+    pub fn import(&self, entry: RateWindowEntry, now: Nanos) -> Restored {
+        let at = self.moment(now);
+        let saved = Counts {
+            period: entry.period.min(at.period),
+            prev: entry.prev,
+            curr: entry.curr,
+        };
+        let counts = saved.at(at.period);
+        let key = entry.key.max(1);
+        let mut slots = self.set(key).lock();
+        let hit = slots.iter().position(|s| s.key == key);
+        if counts.is_empty() {
+            if let Some(way) = hit {
+                slots[way] = Slot::default();
+            }
+            return Restored::Empty;
+        }
+        let free = || {
+            slots
+                .iter()
+                .position(|s| s.key == 0 || s.counts.at(at.period).is_empty())
+        };
+        match hit.or_else(free) {
+            Some(way) => {
+                slots[way] = Slot { key, counts };
+                Restored::Stored
+            }
+            None => Restored::NoRoom,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::restore::Restored;
 use crate::limits::verdict::{Grant, Verdict};
 
 /// Slots per set, as in the token bucket.
@@ -636,6 +637,108 @@ fn scan(slots: &[Slot; WAYS], key: u64) -> (usize, usize) {
         empty = if slot.key == 0 { way } else { empty };
     }
     (hit, empty)
+}
+
+impl SlidingLog {
+    /// Calls `f` for every key holding entries, with its entries' instants, oldest first
+    /// (a log empty by now is included until touched; [`SlidingLog::import`] drops it).
+    /// Each instant is the last nanosecond of the entry's unit, the instant the log itself
+    /// counts it from, so an import never counts an entry shorter than this log would.
+    /// One way at a time is copied under its set's lock (at most `E` entries), and `f`
+    /// runs with no lock held; `buf` is reused between keys.
+    pub fn export(&self, buf: &mut Vec<Nanos>, mut f: impl FnMut(u64, &[Nanos])) {
+        for set in 0..self.sets.len() {
+            for way in 0..WAYS {
+                let key = {
+                    let mut slots = self.sets[set].lock();
+                    let slot = &mut slots[way];
+                    if slot.key == 0 {
+                        continue;
+                    }
+                    let log = Log {
+                        slot,
+                        ring: self.ring(set, way),
+                    };
+                    buf.clear();
+                    buf.extend((0..log.slot.len).map(|i| self.last_ns(log.quantum(i))));
+                    log.slot.key
+                };
+                f(key, buf);
+            }
+        }
+    }
+
+    /// Puts a saved log back at `now`: `entries` (instants in any order; sorted here, and
+    /// one after `now` is taken as `now`) lose those expired in every window by `now` and
+    /// keep at most the newest `E`. The log is stored unless nothing is left. It replaces
+    /// the key's log if it has one, else takes an empty slot or one whose log is empty by
+    /// now; it never evicts (see [`crate::limits::restore`]).
+    ///
+    /// An entry at instant `t` is recorded in the unit holding `t`, whose last nanosecond
+    /// is at or after `t`: it counts at least as long as the saved one did (the strict side,
+    /// as every entry of the log).
+    pub fn import(&self, key: u64, entries: &mut [Nanos], now: Nanos) -> Restored {
+        for t in entries.iter_mut() {
+            *t = (*t).min(now) >> self.shift;
+        }
+        entries.sort_unstable();
+        let live_from = entries.partition_point(|&q| self.expire(q, self.longest) <= now);
+        let live = &entries[live_from..];
+        let live = &live[live.len().saturating_sub(self.cap as usize)..];
+        let key = key.max(1);
+        let set = self.set_index(key);
+        let mut slots = self.sets[set].lock();
+        let (hit, _) = scan(&slots, key);
+        let Some(&oldest) = live.first() else {
+            if let Some(slot) = slots.get_mut(hit) {
+                *slot = Slot::default();
+            }
+            return Restored::Empty;
+        };
+        let free = || {
+            (0..WAYS).find(|&way| {
+                let mut slot = slots[way];
+                let log = Log {
+                    slot: &mut slot,
+                    ring: self.ring(set, way),
+                };
+                slot_free(log.newest().map(|n| self.expire(n, self.longest)), now)
+            })
+        };
+        let Some(way) = (hit < WAYS).then_some(hit).or_else(free) else {
+            return Restored::NoRoom;
+        };
+        let base = oldest.saturating_sub(MARGIN);
+        slots[way] = Slot {
+            key,
+            base,
+            head: 0,
+            // At most `cap` entries: fits u32.
+            len: live.len() as u32,
+        };
+        let log = Log {
+            slot: &mut slots[way],
+            ring: self.ring(set, way),
+        };
+        for (i, &q) in live.iter().enumerate() {
+            // Live entries span at most the longest window (2^31 units) plus the margin.
+            log.put(i as u32, u32::try_from(q - base).unwrap_or(u32::MAX));
+        }
+        Restored::Stored
+    }
+
+    /// The last nanosecond of unit `q`: the instant an entry of that unit counts from.
+    fn last_ns(&self, q: u64) -> Nanos {
+        q.saturating_add(1)
+            .saturating_mul(1 << self.shift)
+            .saturating_sub(1)
+    }
+}
+
+/// Whether a way whose newest entry leaves the log at `expires` (`None`: empty) is free at
+/// `now`.
+fn slot_free(expires: Option<Nanos>, now: Nanos) -> bool {
+    expires.is_none_or(|e| e <= now)
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::limits::clock::Nanos;
+use crate::limits::restore::Restored;
 use crate::limits::verdict::{Grant, Verdict, NEVER};
 
 /// Slots per set: enough that a set rarely overflows at half load (see the module doc),
@@ -362,6 +363,76 @@ impl Bucket {
         refills
             .saturating_mul(p.every)
             .saturating_sub(now.saturating_sub(self.last))
+    }
+}
+
+/// One key's stored bucket, as [`TokenBucket::export`] reads it and [`TokenBucket::import`]
+/// takes it back: the tokens after the last refill applied, and that refill's instant. The
+/// refills due since then are not applied (they are a function of `last`), so a bucket
+/// restored with its `last` mapped into the new process keeps refilling over the downtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketEntry {
+    /// The key's hash (never 0: key 0 is stored as 1).
+    pub key: u64,
+    /// Tokens held, below `capacity` (a full bucket is not stored).
+    pub tokens: u64,
+    /// The instant of the last refill applied.
+    pub last: Nanos,
+}
+
+impl TokenBucket {
+    /// Calls `f` for every key holding state (a bucket full by now is included until
+    /// touched; [`TokenBucket::import`] drops it). Each set is locked only while its 8
+    /// slots are copied: decisions wait at most that long, and `f` runs with no lock held.
+    pub fn export(&self, mut f: impl FnMut(BucketEntry)) {
+        for set in self.sets.iter() {
+            let slots = *set.lock();
+            for slot in slots.iter().filter(|s| s.key != 0) {
+                f(BucketEntry {
+                    key: slot.key,
+                    tokens: slot.bucket.tokens,
+                    last: slot.bucket.last,
+                });
+            }
+        }
+    }
+
+    /// Puts a saved bucket back at `now`: refilled as the semantics say (a `last` after
+    /// `now` is taken as `now`), it is stored unless it is full by now. It replaces the
+    /// key's state if the key has some, else takes an empty slot or one whose bucket is
+    /// full by now; it never evicts (see [`crate::limits::restore`]).
+    pub fn import(&self, entry: BucketEntry, now: Nanos) -> Restored {
+        let p = &self.params;
+        let saved = Bucket {
+            tokens: entry.tokens.min(p.capacity),
+            last: entry.last.min(now),
+        };
+        let bucket = if saved.tokens >= p.capacity {
+            Bucket::full(p, now)
+        } else {
+            saved.refilled(p, now)
+        };
+        let key = entry.key.max(1);
+        let mut slots = self.set(key).lock();
+        let hit = slots.iter().position(|s| s.key == key);
+        if bucket.tokens >= p.capacity {
+            if let Some(way) = hit {
+                slots[way] = Slot::default();
+            }
+            return Restored::Empty;
+        }
+        let free = || {
+            slots
+                .iter()
+                .position(|s| s.key == 0 || s.bucket.refilled(p, now).tokens >= p.capacity)
+        };
+        match hit.or_else(free) {
+            Some(way) => {
+                slots[way] = Slot { key, bucket };
+                Restored::Stored
+            }
+            None => Restored::NoRoom,
+        }
     }
 }
 

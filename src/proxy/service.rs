@@ -48,12 +48,13 @@ pub struct Tollgate {
 
 impl Tollgate {
     /// A proxy reading its config from `runtime`, which the reloader swaps; once `drain`
-    /// starts, every response closes its connection.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, drain: Arc<Drain>) -> Self {
+    /// starts, every response closes its connection. `clock` times every decision: the
+    /// process's clock, which snapshots of the limiters' state are written and loaded on.
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>, drain: Arc<Drain>, clock: MonotonicClock) -> Self {
         Self {
             runtime,
             drain,
-            clock: MonotonicClock::new(),
+            clock,
             client_errors: LogBudget::new(),
             upstream_errors: LogBudget::new(),
             upstream_retries: LogBudget::new(),

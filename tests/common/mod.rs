@@ -173,6 +173,39 @@ impl Tollgate {
         std::fs::write(&self.config_path, text).expect("rewrite config");
     }
 
+    /// The Unix socket an upgrade hands the listeners over on.
+    pub fn upgrade_sock(&self) -> PathBuf {
+        self.dir.path().join("upgrade.sock")
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        for _ in 0..1500 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("tollgate did not exit:\n{}", self.log_text());
+    }
+
+    /// Makes `child` (a tollgate on this instance's config and ports: a restart, or the
+    /// new process of an upgrade) the process this handle drives and logs; the previous
+    /// one must have exited.
+    pub async fn replace_child(&mut self, child: Child) {
+        self.child = child;
+        self.log = Arc::new(Mutex::new(String::new()));
+        self.capture_log();
+        self.wait_ready().await;
+    }
+
+    /// Starts tollgate again on the same config and ports, once the previous process has
+    /// exited.
+    pub async fn restart(&mut self) {
+        let child = spawn(&self.config_path, &self.upgrade_sock(), false);
+        self.replace_child(child).await;
+    }
+
     /// Sends a signal to the process.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) with a PID we own; no memory is touched.

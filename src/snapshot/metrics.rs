@@ -1,0 +1,74 @@
+//! The snapshot metrics: writes by result, the last good write, keys written per kind,
+//! and the load at start by result. Registered in tollgate's one registry.
+
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+
+use crate::metrics::{Metrics, MetricsError};
+use crate::snapshot::state::SavedKind;
+
+/// The snapshot metrics, registered in tollgate's registry.
+pub(super) struct SnapshotMetrics {
+    /// `tollgate_snapshot_writes_total{result="ok"}`.
+    pub writes_ok: IntCounter,
+    /// `tollgate_snapshot_writes_total{result="error"}`.
+    pub writes_error: IntCounter,
+    /// `tollgate_snapshot_last_success_timestamp_seconds`.
+    pub last_success: Gauge,
+    /// `tollgate_snapshot_keys{kind}`.
+    pub keys: IntGaugeVec,
+    /// `tollgate_snapshot_loads_total{result}`: `restored`, `absent`, `refused`.
+    pub loads: IntCounterVec,
+}
+
+impl SnapshotMetrics {
+    /// Creates the families (every label value at 0) and registers them in `metrics`.
+    pub fn register(metrics: &Metrics) -> Result<Self, MetricsError> {
+        let writes = IntCounterVec::new(
+            Opts::new(
+                "tollgate_snapshot_writes_total",
+                "Local-state snapshot writes by result (ok, error).",
+            ),
+            &["result"],
+        )?;
+        let last_success = Gauge::new(
+            "tollgate_snapshot_last_success_timestamp_seconds",
+            "Unix time of the last local-state snapshot written.",
+        )?;
+        let keys = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_snapshot_keys",
+                "Keys in the last local-state snapshot written, by kind.",
+            ),
+            &["kind"],
+        )?;
+        let loads = IntCounterVec::new(
+            Opts::new(
+                "tollgate_snapshot_loads_total",
+                "Local-state snapshot loads at start by result (restored, absent, refused).",
+            ),
+            &["result"],
+        )?;
+        for result in ["restored", "absent", "refused"] {
+            loads.with_label_values(&[result]);
+        }
+        for kind in [
+            SavedKind::TokenBucket,
+            SavedKind::Rate,
+            SavedKind::SlidingLog,
+            SavedKind::Tiered,
+        ] {
+            keys.with_label_values(&[kind.name()]);
+        }
+        metrics.register_collector(Box::new(writes.clone()))?;
+        metrics.register_collector(Box::new(last_success.clone()))?;
+        metrics.register_collector(Box::new(keys.clone()))?;
+        metrics.register_collector(Box::new(loads.clone()))?;
+        Ok(Self {
+            writes_ok: writes.with_label_values(&["ok"]),
+            writes_error: writes.with_label_values(&["error"]),
+            last_success,
+            keys,
+            loads,
+        })
+    }
+}
