@@ -186,6 +186,37 @@ impl Collector for RuntimeCollector {
                                 }
                             }
                         }
+                        Limiter::SharedTiered(t) => {
+                            let key = vec![at[0], at[1], "tiered"];
+                            *others.entry(key).or_default() += t.limiter.evictions();
+                            for tier in 1..=t.params.tiers.len() {
+                                *tiers.entry((at[0], at[1], tier)).or_default() +=
+                                    t.limiter.entries(tier);
+                            }
+                        }
+                        Limiter::SharedSlidingLog(l) => {
+                            let key = vec![at[0], at[1], "sliding_log"];
+                            *others.entry(key).or_default() += l.limiter.evictions();
+                        }
+                        Limiter::SharedConcurrency(c) => {
+                            // This instance's copies (exact): the fleet's is their sum.
+                            let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
+                            all.add(gauge(c.limiter.in_use_here()));
+                            if let Some(global) = c.params.global {
+                                self.max
+                                    .with_label_values(&[at[0], at[1], "_all"])
+                                    .set(gauge(global));
+                            }
+                            for (i, g) in c.groups.iter().enumerate() {
+                                let labels = [at[0], at[1], g.name.as_str()];
+                                self.in_use
+                                    .with_label_values(&labels)
+                                    .add(gauge(c.limiter.group_in_use_here(i)));
+                                if let Some(&max) = c.params.groups.get(i) {
+                                    self.max.with_label_values(&labels).set(gauge(max));
+                                }
+                            }
+                        }
                         Limiter::Inflight(_)
                         | Limiter::SharedTokenBucket(_)
                         | Limiter::SharedRate(_)

@@ -125,18 +125,58 @@ pub enum StateKind {
     InflightCounts,
     /// Inflight leases per instance: sorted set `{instance: lease end µs}`.
     InflightLeases,
+    /// A sliding log: sorted set `{entry: instant µs}`.
+    SlidingLog,
+    /// A tiered key's tier state: hash `{e<i>: instant tier i was entered, µs}`.
+    TieredState,
+    /// Tier `i`'s access log (1-based): sorted set `{hit: instant µs}`.
+    TierLog(u8),
+    /// A tiered key's hard-limit log: sorted set `{hit: instant µs}`.
+    TieredHard,
+    /// A key's concurrency copies per holder: hash `{holder: copies}`.
+    ConcurrencyCounts,
+    /// A key's concurrency leases per holder: sorted set `{holder: lease end µs}`.
+    ConcurrencyLeases,
 }
 
 impl StateKind {
     /// The name suffix.
-    pub fn suffix(self) -> &'static str {
+    pub fn suffix(&self) -> &'static str {
         match self {
             StateKind::TokenBucket => "tb",
             StateKind::Rate => "rate",
             StateKind::InflightCounts => "ic",
             StateKind::InflightLeases => "il",
+            StateKind::SlidingLog => "sl",
+            StateKind::TieredState => "ts",
+            StateKind::TierLog(i) => TIER_LOGS.get(usize::from(*i)).copied().unwrap_or("t"),
+            StateKind::TieredHard => "th",
+            StateKind::ConcurrencyCounts => "cc",
+            StateKind::ConcurrencyLeases => "cl",
         }
     }
+}
+
+/// The suffixes of tier logs `t1` .. `t16`, as static strings (index = tier).
+const TIER_LOGS: [&str; 17] = [
+    "t", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10", "t11", "t12", "t13",
+    "t14", "t15", "t16",
+];
+
+/// State one limit variant keeps across all its keys (a global limit, a group's count):
+/// named under the variant's own hash tag (see [`KeyNames::limit_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitState<'a> {
+    /// A tiered limit's global count: hash `{s: aligned second, c: count}`.
+    TieredGlobal,
+    /// A concurrency limit's global copies per holder: hash `{holder: copies}`.
+    ConcurrencyGlobal,
+    /// Their leases: sorted set `{holder: lease end µs}`.
+    ConcurrencyGlobalLeases,
+    /// A concurrency group's copies per holder, by group name.
+    GroupCounts(&'a str),
+    /// Their leases.
+    GroupLeases(&'a str),
 }
 
 /// The fixed part of the key names of one limit variant: `PREFIX ORIGIN:LIMIT:VARIANT:`,
@@ -180,6 +220,32 @@ impl KeyNames {
         let mut name = String::with_capacity(self.base.len() + 24);
         name.push_str(&self.base);
         let _ = write!(name, "{{{hash:016x}}}:{}", kind.suffix());
+        name
+    }
+
+    /// The name of state the variant keeps across all its keys:
+    /// `BASE "{l" HASH "}:" KIND`, HASH being the stable hash of BASE's bytes (the stable
+    /// seed, XXH3-64, 16 hex digits). Every such name of one variant shares that hash tag,
+    /// hence one Cluster slot; a per-key name never does (its tag is the key's hash).
+    /// Group names are escaped like origin names.
+    pub fn limit_key(&self, state: LimitState<'_>) -> String {
+        let tag = xxhash_rust::xxh3::xxh3_64_with_seed(self.base.as_bytes(), STABLE_SEED);
+        let mut name = String::with_capacity(self.base.len() + 40);
+        name.push_str(&self.base);
+        let _ = write!(name, "{{l{tag:016x}}}:");
+        match state {
+            LimitState::TieredGlobal => name.push_str("tg"),
+            LimitState::ConcurrencyGlobal => name.push_str("cg"),
+            LimitState::ConcurrencyGlobalLeases => name.push_str("cgl"),
+            LimitState::GroupCounts(group) => {
+                name.push_str("cp:");
+                escape_into(&mut name, group);
+            }
+            LimitState::GroupLeases(group) => {
+                name.push_str("cpl:");
+                escape_into(&mut name, group);
+            }
+        }
         name
     }
 

@@ -18,17 +18,27 @@
 
 pub mod breaker;
 pub mod deny_cache;
+mod held;
 pub mod key;
 pub mod redis;
 pub mod shared;
+pub mod shared_concurrency;
+pub mod shared_log;
+pub mod shared_tiered;
 
-pub use self::redis::{default_instance, Endpoint, Fallback, Micros, RedisStore, RedisStoreConfig};
+pub use self::redis::{
+    default_instance, CounterKeys, CountersOutcome, Endpoint, EntryId, Fallback, GlobalArg,
+    LogGrant, Micros, RedisStore, RedisStoreConfig, TieredGrant,
+};
 pub use deny_cache::DenyCache;
-pub use key::{stable_key_hash, KeyNames, StateKind, Variant};
+pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};
 pub use shared::{
     InflightOutcome, SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket,
     SharedVerdict, Source,
 };
+pub use shared_concurrency::{ConcurrencyOutcome, SharedConcurrency, SharedConcurrencyGuard};
+pub use shared_log::{LogDecision, LogTicket, SharedSlidingLog};
+pub use shared_tiered::{SharedTiered, SharedTieredDecision, TieredTicket};
 
 /// Why a store call did not produce an answer. Only construction errors (`BadUrl`,
 /// `Runtime`) reach the config; the others make the caller fall back.
