@@ -185,7 +185,17 @@ fn total(redis: &RedisServer, counts: &str) -> u64 {
 
 /// Polls (bounded) until every counter in Redis equals the in-process limiter's count.
 async fn agree(redis: &RedisServer, checks: &[(String, u64)], what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    agree_for(redis, checks, what, Duration::from_secs(5)).await
+}
+
+/// [`agree`] within `within`.
+pub(crate) async fn agree_for(
+    redis: &RedisServer,
+    checks: &[(String, u64)],
+    what: &str,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
     loop {
         let seen: Vec<u64> = checks.iter().map(|(k, _)| total(redis, k)).collect();
         let want: Vec<u64> = checks.iter().map(|(_, v)| *v).collect();
