@@ -5,4 +5,5 @@ pub(crate) mod example;
 mod fuzz;
 mod hostile;
 mod origin_options;
+mod stores;
 mod warnings;
