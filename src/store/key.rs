@@ -29,10 +29,18 @@
 //! `tollgate:shop:api_tokens:b:{9f86d081884c7d65}:tb`, where VARIANT is `b` for the limit's
 //! base parameters or `oN` for its override number N (0-based, config order), HASH the
 //! 16 lower-case hex digits of the stable hash and KIND the state's type (`tb` token
-//! bucket, `rate`, `ic`/`il` inflight counts and leases). The braces are a Redis Cluster
-//! hash tag: the slot depends only on the hash, so the keys of one limit key share a slot
-//! and one script can touch them all. `{`, `}` and `%` in the prefix, origin or limit
-//! names are written `%7B`, `%7D` and `%25`, so a name can never open a hash tag of its own.
+//! bucket, `rate`, `ic`/`il` inflight counts and leases, `sl` sliding log, `ts`/`t1`..
+//! `t16`/`th` tier state, tier logs and hard log, `cc`/`cl` concurrency counts and
+//! leases). The braces are a Redis Cluster hash tag: the slot depends only on the hash, so
+//! the keys of one limit key share a slot and one script can touch them all. `{`, `}` and
+//! `%` in the prefix, origin, limit or group names are written `%7B`, `%7D` and `%25`, so a
+//! name can never open a hash tag of its own.
+//!
+//! **Names across keys.** State a limit variant keeps for all its keys (a concurrency
+//! limit's global and group counts, a tiered global count) is named
+//! `PREFIX ORIGIN ":" LIMIT ":" VARIANT ":{l" HASH "}:" KIND`, HASH being the stable hash of
+//! the fixed part before it ([`KeyNames::limit_key`]): one Cluster slot per variant, never
+//! a key's (see `docs/architecture.md` for what that means for the scripts).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -472,6 +480,37 @@ mod tests {
         assert_eq!(
             KeyNames::scoped("tollgate:", "rl").key(1, StateKind::TokenBucket),
             "tollgate:rl:{0000000000000001}:tb"
+        );
+    }
+
+    #[test]
+    fn names_across_keys_share_one_slot_per_variant() {
+        let names = KeyNames::new("tg:", "shop", "up", Variant::Base);
+        let tag = xxhash_rust::xxh3::xxh3_64_with_seed(b"tg:shop:up:b:", STABLE_SEED);
+        assert_eq!(
+            names.limit_key(LimitState::ConcurrencyGlobal),
+            format!("tg:shop:up:b:{{l{tag:016x}}}:cg")
+        );
+        let all = [
+            names.limit_key(LimitState::TieredGlobal),
+            names.limit_key(LimitState::ConcurrencyGlobalLeases),
+            names.limit_key(LimitState::GroupCounts("big")),
+            names.limit_key(LimitState::GroupLeases("big")),
+        ];
+        assert!(all[2].ends_with(":cp:big") && all[3].ends_with(":cpl:big"));
+        let slot = cluster_slot(all[0].as_bytes());
+        assert!(all.iter().all(|n| cluster_slot(n.as_bytes()) == slot));
+        // Another variant of the same limit has its own slot (almost surely).
+        let other = KeyNames::new("tg:", "shop", "up", Variant::Override(0));
+        assert_ne!(other.limit_key(LimitState::TieredGlobal), all[0]);
+        // Hostile group names stay out of the tag.
+        let evil = names.limit_key(LimitState::GroupCounts("}{x"));
+        assert!(evil.ends_with(":cp:%7D%7Bx"), "{evil}");
+        assert_eq!(cluster_slot(evil.as_bytes()), slot);
+        assert_eq!(StateKind::TierLog(16).suffix(), "t16");
+        assert_eq!(
+            names.key(1, StateKind::TierLog(3)),
+            "tg:shop:up:b:{0000000000000001}:t3"
         );
     }
 

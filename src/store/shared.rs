@@ -2,8 +2,9 @@
 //! runtime calls one async method and gets a decision and where it came from.
 //!
 //! A decision goes, in order, to:
-//! 1. the local deny cache (token bucket and rate, not `strict`): a key the store rejected
-//!    is rejected here until its `retry_after`, without a store call ([`Source::DenyCache`]);
+//! 1. the local deny cache (token bucket, rate and sliding log, not `strict`): a key the
+//!    store rejected is rejected here until its `retry_after`, without a store call
+//!    ([`Source::DenyCache`]);
 //! 2. the store, within its budget ([`Source::Store`]);
 //! 3. the fallback, when the store missed its budget, answered an error or its breaker is
 //!    open ([`Source::Fallback`], counted in `tollgate_store_fallback_decisions_total`):
