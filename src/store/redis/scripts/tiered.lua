@@ -203,10 +203,19 @@ local function live(log, w, t)
   return redis.call('ZCOUNT', log, '(' .. str(t - w), '+inf')
 end
 
+-- Per log, the hits left after the pop at now, and the newest hit (false: none). Both are
+-- read once and kept up to date by push: a decision reads each log at most twice. A newest
+-- hit read before a pop may since have expired; every use of it treats an expired newest
+-- hit as none.
+local cards, lasts = {}, {}
+
 -- Drops the hits of `log` that left their window by now; returns the hits left.
 local function pop(log, w)
-  redis.call('ZREMRANGEBYSCORE', log, '-inf', str(now - w))
-  return redis.call('ZCARD', log)
+  if cards[log] == nil then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', str(now - w))
+    cards[log] = redis.call('ZCARD', log)
+  end
+  return cards[log]
 end
 
 local function room_now(i)
@@ -255,11 +264,15 @@ end
 
 -- The newest hit of `log`, or nil.
 local function newest(log)
-  local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  return tonumber(last[2])
+  if lasts[log] == nil then
+    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+    lasts[log] = tonumber(last[2]) or false
+  end
+  return lasts[log] or nil
 end
 
--- Records `count` hits (members first .. first + count - 1 of the decision) in `log`.
+-- Records `count` hits (members first .. first + count - 1 of the decision) in `log`,
+-- which was popped at now.
 local function push(log, first, count)
   local at = now
   local last = newest(log)
@@ -282,6 +295,8 @@ local function push(log, first, count)
   if #batch > 0 then
     redis.call('ZADD', log, unpack(batch))
   end
+  cards[log] = (cards[log] or 0) + count
+  lasts[log] = at
 end
 
 -- The first instant from `lo` at which `log` (limit `l`, window `w`) has `want` free.
