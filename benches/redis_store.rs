@@ -218,7 +218,14 @@ fn main() {
     println!("\nshared decisions, one connection:");
     println!(
         "{:<14} {:>8} {:>12} {:>10} {:>10} {:>14} {:>14} {:>9}",
-        "kind", "callers", "decisions/s", "p50 µs", "p99 µs", "tollgate CPU", "redis CPU", "fallback"
+        "kind",
+        "callers",
+        "decisions/s",
+        "p50 µs",
+        "p99 µs",
+        "tollgate CPU",
+        "redis CPU",
+        "fallback"
     );
     for callers in [1usize, 16, 64] {
         let bucket = Arc::clone(&bucket);
@@ -268,13 +275,21 @@ fn main() {
         skippable: false,
     };
     let tiers = TieredParams {
-        tiers: vec![tier(1_000, 3_600 * SEC, 0), tier(1_000, 600 * SEC, 3_600 * SEC)],
+        tiers: vec![
+            tier(1_000, 3_600 * SEC, 0),
+            tier(1_000, 600 * SEC, 3_600 * SEC),
+        ],
         hard_limit: Some(10_000),
         global_limit: None,
     };
     let tiered = Arc::new(
-        SharedTiered::new(&store, store.names("bench", "tiers", Variant::Base), &tiers, 1_000)
-            .unwrap(),
+        SharedTiered::new(
+            &store,
+            store.names("bench", "tiers", Variant::Base),
+            &tiers,
+            1_000,
+        )
+        .unwrap(),
     );
     for callers in [1usize, 16, 64] {
         let tiered = Arc::clone(&tiered);

@@ -68,9 +68,17 @@ async fn held(up: &Upstream, n: usize) {
 async fn two_instances_share_a_concurrency_limit_with_a_group_exactly() {
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
-    let all = fleet(2, &config(up.addr, &redis.url(), ROOMY, &concurrency(SHARED))).await;
+    let all = fleet(
+        2,
+        &config(up.addr, &redis.url(), ROOMY, &concurrency(SHARED)),
+    )
+    .await;
     // acme holds 3 through both instances: its max, whichever instance it asks.
-    let mut holds = vec![hold(&all[0], "acme"), hold(&all[1], "acme"), hold(&all[0], "acme")];
+    let mut holds = vec![
+        hold(&all[0], "acme"),
+        hold(&all[1], "acme"),
+        hold(&all[0], "acme"),
+    ];
     held(&up, 3).await;
     for t in &all {
         assert_eq!(status(t, "acme").await, 503, "acme's 4th");
@@ -130,7 +138,11 @@ async fn two_instances_share_a_sliding_log_cap_exactly() {
     for t in &all {
         let r = fleet::get(t, "/", "acme").await;
         assert_eq!(r.status(), 429);
-        let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        let retry: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!((86_390..=86_400).contains(&retry), "retry-after {retry}");
         assert_eq!(status(t, "other").await, 200);
     }
@@ -155,7 +167,10 @@ async fn two_instances_share_burst_tiers() {
     let mut policies = Vec::new();
     for i in 0..8 {
         let r = fleet::get(&all[i % 2], "/", "acme").await;
-        let policy = r.headers()["ratelimit-policy"].to_str().unwrap().to_string();
+        let policy = r.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .to_string();
         policies.push((r.status().as_u16(), policy));
     }
     let want: Vec<(u16, &str)> = [(200, "q=4"); 4]
@@ -187,10 +202,18 @@ async fn an_instance_killed_holding_concurrency_copies_loses_them_after_one_leas
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let store = "timeout: 1s\n    breaker: { failures: 1000, probe_every: 50ms }\n    lease: 2s";
-    let mut all = fleet(2, &config(up.addr, &redis.url(), store, &concurrency(SHARED))).await;
+    let mut all = fleet(
+        2,
+        &config(up.addr, &redis.url(), store, &concurrency(SHARED)),
+    )
+    .await;
     // Instance 0 holds 2 of acme's copies and 1 of bigco's; instance 1 holds 2 more: the
     // global limit of 5 is reached.
-    let mut dying = vec![hold(&all[0], "acme"), hold(&all[0], "acme"), hold(&all[0], "bigco")];
+    let mut dying = vec![
+        hold(&all[0], "acme"),
+        hold(&all[0], "acme"),
+        hold(&all[0], "bigco"),
+    ];
     held(&up, 3).await;
     let living = vec![hold(&all[1], "acme"), hold(&all[1], "umbrella")];
     held(&up, 5).await;
@@ -208,7 +231,11 @@ async fn an_instance_killed_holding_concurrency_copies_loses_them_after_one_leas
     // Renewed every lease / 3: the last renewal was at most 2/3 s before the kill.
     assert!(after >= Duration::from_millis(1000), "gone after {after:?}");
     // Instance 1 holds 2: exactly 3 more fit in all, then the global limit again.
-    let extra = vec![hold(&all[1], "acme"), hold(&all[1], "acme"), hold(&all[1], "x")];
+    let extra = vec![
+        hold(&all[1], "acme"),
+        hold(&all[1], "acme"),
+        hold(&all[1], "x"),
+    ];
     eventually("instance 1 holds 5", 500, || async { up.held() == 5 }).await;
     assert_eq!(status(&all[1], "y").await, 503, "full again at 5");
     up.release();
@@ -220,7 +247,9 @@ async fn an_instance_killed_holding_concurrency_copies_loses_them_after_one_leas
     let _ = all.remove(0);
 }
 
-async fn futures(handles: impl Iterator<Item = tokio::task::JoinHandle<Option<u16>>>) -> Vec<Option<u16>> {
+async fn futures(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<Option<u16>>>,
+) -> Vec<Option<u16>> {
     let mut out = Vec::new();
     for h in handles {
         out.push(h.await.unwrap());
@@ -251,7 +280,9 @@ async fn redis_frozen_fails_open_within_the_budget_for_every_kind() {
         max_keys: 100
         store: shared
 {}",
-        concurrency(SHARED).replace("max: 3\n", "max: 100\n").replace("global: 5", "global: 1000")
+        concurrency(SHARED)
+            .replace("max: 3\n", "max: 100\n")
+            .replace("global: 5", "global: 1000")
     );
     let mut redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;

@@ -19,10 +19,10 @@ mod harness;
 
 #[path = "redis_store/concurrency.rs"]
 mod concurrency;
-#[path = "redis_store/sliding_log.rs"]
-mod sliding_log;
 #[path = "redis_store/shared_kinds.rs"]
 mod shared_kinds;
+#[path = "redis_store/sliding_log.rs"]
+mod sliding_log;
 #[path = "redis_store/tiered.rs"]
 mod tiered;
 

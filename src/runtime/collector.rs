@@ -6,9 +6,12 @@
 //!   `tollgate_limit_evictions_total{origin,limit,kind}` (tiered and sliding-log tables):
 //!   the sum of the evictions of every variant of the limit in the runtime serving now.
 //! - `tollgate_tier_entries_total{origin,limit,tier}`: bursts into each tier of a tiered
-//!   limit (tiers are per key, so no per-key gauge).
+//!   limit (tiers are per key, so no per-key gauge). For a limit in a shared store: the
+//!   entries this instance's decisions caused (summed over the fleet, each entry once).
 //! - `tollgate_concurrency_in_use{origin,limit,group}`: copies held now, exact, per group,
-//!   and `group="_all"` for every copy of the limit (bounded by the config).
+//!   and `group="_all"` for every copy of the limit (bounded by the config). For a limit in
+//!   a shared store: the copies this instance holds (summed over the fleet, the copies in
+//!   use), read from its local truth without a store call.
 //! - `tollgate_concurrency_max{origin,limit,group}`: the max each of those series is held
 //!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.

@@ -775,7 +775,10 @@ impl Limiter {
                             && p.limiter.store().same_as(at.store)
                             && p.params == params
                             && p.max_keys == *max_keys
-                            && p.groups.iter().map(|g| g.name.as_str()).eq(names.iter().copied()) =>
+                            && p.groups
+                                .iter()
+                                .map(|g| g.name.as_str())
+                                .eq(names.iter().copied()) =>
                     {
                         Some(p.limiter.clone())
                     }

@@ -167,8 +167,8 @@ impl StateKind {
 
 /// The suffixes of tier logs `t1` .. `t16`, as static strings (index = tier).
 const TIER_LOGS: [&str; 17] = [
-    "t", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10", "t11", "t12", "t13",
-    "t14", "t15", "t16",
+    "t", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10", "t11", "t12", "t13", "t14",
+    "t15", "t16",
 ];
 
 /// State one limit variant keeps across all its keys (a global limit, a group's count):

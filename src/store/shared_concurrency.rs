@@ -269,7 +269,14 @@ impl ConcShared {
             .map(|(c, max)| (c, max, 0, Limit::Global));
         let groups = (0..self.groups.len())
             .filter(move |i| groups & (1 << i) != 0)
-            .map(|i| (&self.groups[i], self.params.groups[i], i + 1, Limit::Group(i as u8)));
+            .map(|i| {
+                (
+                    &self.groups[i],
+                    self.params.groups[i],
+                    i + 1,
+                    Limit::Group(i as u8),
+                )
+            });
         global.into_iter().chain(groups).collect()
     }
 
@@ -377,7 +384,11 @@ impl ConcShared {
         let s = Arc::clone(self);
         self.store.handle().spawn(async move {
             let refs: Vec<&CounterKeys> = counters.iter().collect();
-            if s.store.counters_release(&s.holder, &refs, copies).await.is_err() {
+            if s.store
+                .counters_release(&s.holder, &refs, copies)
+                .await
+                .is_err()
+            {
                 match key {
                     Some(key) => s.held.mark_dirty(key),
                     None => s.mark_dirty(groups),
@@ -391,7 +402,11 @@ impl ConcShared {
         let global = self.params.global.map(|_| 0);
         global
             .into_iter()
-            .chain((0..self.groups.len()).filter(|i| groups & (1 << i) != 0).map(|i| i + 1))
+            .chain(
+                (0..self.groups.len())
+                    .filter(|i| groups & (1 << i) != 0)
+                    .map(|i| i + 1),
+            )
             .collect()
     }
 
@@ -468,7 +483,10 @@ impl ConcShared {
             let ok = if variant.is_empty() || !s.store.is_cluster() {
                 let mut all = vec![&own];
                 all.extend(variant);
-                s.store.counters_release(&s.holder, &all, copies).await.is_ok()
+                s.store
+                    .counters_release(&s.holder, &all, copies)
+                    .await
+                    .is_ok()
             } else {
                 let own_list = [&own];
                 let (a, b) = tokio::join!(

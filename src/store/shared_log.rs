@@ -170,7 +170,7 @@ impl SharedSlidingLog {
         let id = self.store.entry_id();
         match self
             .store
-            .sliding_log(&self.names, key, &self.windows, &id, min, cost, at)
+            .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
             .await
         {
             Ok(grant) => {
@@ -194,7 +194,10 @@ impl SharedSlidingLog {
                 match self.store.config().fallback {
                     Fallback::Local => self.local_decide(key, min, cost, now),
                     Fallback::Allow => LogDecision {
-                        verdict: Verdict::allow(self.windows.iter().map(|w| w.max).min().unwrap_or(0), 0),
+                        verdict: Verdict::allow(
+                            self.windows.iter().map(|w| w.max).min().unwrap_or(0),
+                            0,
+                        ),
                         granted: cost,
                         source: Source::Fallback,
                         ticket: LogTicket::None,

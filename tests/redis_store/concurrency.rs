@@ -300,7 +300,11 @@ async fn concurrency_table_matches_the_local_limiter() {
     // Every copy went back exactly once: nothing but the probe key is left.
     let deadline = Instant::now() + Duration::from_secs(5);
     while redis.cmd(&["DBSIZE"]) != redis::Value::Int(1) {
-        assert!(Instant::now() < deadline, "leftover keys: {:?}", sliding_log::redis_keys(&redis, "*"));
+        assert!(
+            Instant::now() < deadline,
+            "leftover keys: {:?}",
+            sliding_log::redis_keys(&redis, "*")
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -337,9 +341,8 @@ async fn two_proxies_share_groups_and_a_global_limit_exactly() {
     let la = Arc::new(
         SharedConcurrency::new(&a, names(&a, "fleet"), params.clone(), &["big"], 1_000).unwrap(),
     );
-    let lb = Arc::new(
-        SharedConcurrency::new(&b, names(&b, "fleet"), params, &["big"], 1_000).unwrap(),
-    );
+    let lb =
+        Arc::new(SharedConcurrency::new(&b, names(&b, "fleet"), params, &["big"], 1_000).unwrap());
     // 64 concurrent requests over both, half of them in group `big`: exactly 10 big ones
     // and 30 in all are admitted.
     let mut tasks = Vec::new();

@@ -75,10 +75,20 @@ async fn fallbacks_decide_at_this_instances_share() {
         .map(|d| (d.decision.verdict.allowed, d.decision.tier))
         .collect();
     assert_eq!(got, [(true, 1), (true, 1), (true, 2), (false, 2)]);
-    assert_eq!((t.entries(1), t.entries(2)), (1, 1), "the fallback's entries");
+    assert_eq!(
+        (t.entries(1), t.entries(2)),
+        (1, 1),
+        "the fallback's entries"
+    );
     // Concurrency: ⌈6 / 3⌉ per key, the group's ⌈4 / 3⌉.
-    let c = SharedConcurrency::new(&store, names(&store, "conc"), conc(6, None, &[4]), &["g"], 100)
-        .unwrap();
+    let c = SharedConcurrency::new(
+        &store,
+        names(&store, "conc"),
+        conc(6, None, &[4]),
+        &["g"],
+        100,
+    )
+    .unwrap();
     let a = c.acquire(1, 0, 1).await;
     assert_eq!(a.source, Source::Fallback);
     let b = c.acquire(1, 0, 1).await.result.unwrap();
@@ -86,11 +96,17 @@ async fn fallbacks_decide_at_this_instances_share() {
     assert_eq!((r.limit, r.max), (Limit::Key, 2));
     let g1 = c.acquire(2, 1, 1).await.result.unwrap();
     let g2 = c.acquire(2, 1, 1).await.result.unwrap();
-    assert_eq!(c.acquire(3, 1, 1).await.result.err().unwrap().limit, Limit::Group(0));
+    assert_eq!(
+        c.acquire(3, 1, 1).await.result.err().unwrap().limit,
+        Limit::Group(0)
+    );
     assert_eq!((c.in_use_here(), c.group_in_use_here(0)), (4, 2));
     drop((a, b, g1, g2));
     assert_eq!((c.in_use_here(), c.group_in_use_here(0)), (0, 0));
-    assert!(c.acquire(1, 1, 1).await.result.is_ok(), "given back to the fallback");
+    assert!(
+        c.acquire(1, 1, 1).await.result.is_ok(),
+        "given back to the fallback"
+    );
     // Allow: everything passes; deny: nothing, retry after one probe interval.
     let store = down(Fallback::Allow);
     let log = SharedSlidingLog::new(&store, names(&store, "log"), &caps(), 100, 0).unwrap();
@@ -108,7 +124,10 @@ async fn fallbacks_decide_at_this_instances_share() {
     let t = SharedTiered::new(&store, names(&store, "tiers"), &tiers(None), 100).unwrap();
     let c = SharedConcurrency::new(&store, names(&store, "conc"), conc(1, None, &[]), &[], 100)
         .unwrap();
-    assert_eq!(log.acquire(1, 1, 0).await.verdict, Verdict::reject(0, 0, 50 * MS));
+    assert_eq!(
+        log.acquire(1, 1, 0).await.verdict,
+        Verdict::reject(0, 0, 50 * MS)
+    );
     assert_eq!(
         t.acquire(1, 0).await.decision.verdict,
         Verdict::reject(0, 0, 50 * MS)
@@ -165,8 +184,8 @@ async fn concurrency_renewals_repair_redis_from_the_local_counts() {
     config.lease = Duration::from_millis(600);
     let (store, _) = start_up(config).await;
     let n = names(&store, "conc");
-    let c = SharedConcurrency::new(&store, n.clone(), conc(10, Some(20), &[5]), &["g"], 100)
-        .unwrap();
+    let c =
+        SharedConcurrency::new(&store, n.clone(), conc(10, Some(20), &[5]), &["g"], 100).unwrap();
     let mut guards = Vec::new();
     for _ in 0..3 {
         guards.push(c.acquire(9, 1, 1).await.result.unwrap());
@@ -223,10 +242,16 @@ async fn a_dead_holder_loses_its_copies_after_one_lease() {
         if let Ok(g) = l.acquire(2, 0, 1).await.result {
             break g;
         }
-        assert!(died.elapsed() < Duration::from_secs(3), "the dead share stayed");
+        assert!(
+            died.elapsed() < Duration::from_secs(3),
+            "the dead share stayed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(died.elapsed() >= Duration::from_millis(500), "gone before its lease");
+    assert!(
+        died.elapsed() >= Duration::from_millis(500),
+        "gone before its lease"
+    );
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     assert_eq!(l.fleet_totals().await.unwrap(), [1], "renewed, not expired");
     drop(guard);
@@ -317,7 +342,10 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
         cluster.keyslot(&CounterKeys::global(&n).counts),
         cluster.keyslot(&CounterKeys::group(&n, "big").leases),
     );
-    assert_eq!(global_slot, group_slot, "the variant's counters share a slot");
+    assert_eq!(
+        global_slot, group_slot,
+        "the variant's counters share a slot"
+    );
     assert_ne!(key_slot, global_slot);
     let mut tasks = Vec::new();
     for i in 0..40u64 {
@@ -345,7 +373,10 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
         if totals == [12, big as u64, 12] {
             break;
         }
-        assert!(Instant::now() < deadline, "fleet totals {totals:?}, big {big}");
+        assert!(
+            Instant::now() < deadline,
+            "fleet totals {totals:?}, big {big}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(held);
@@ -354,4 +385,55 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
         assert!(Instant::now() < deadline, "copies not given back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_moves_a_customer_releases_to_the_group_it_took_from() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(standalone(&redis.url())).await;
+    let n = names(&store, "moves");
+    let params = conc(10, None, &[2, 2]);
+    // Before the reload: groups [a, b]; the customer is in `a` (bit 0).
+    let before =
+        SharedConcurrency::new(&store, n.clone(), params.clone(), &["a", "b"], 100).unwrap();
+    let old = before.acquire(1, 0b01, 1).await.result.unwrap();
+    // The reload lists the groups as [b, a] and moves the customer to `b` (now bit 0): a
+    // new limiter, while the old guard still holds its copy.
+    let after = SharedConcurrency::new(&store, n.clone(), params, &["b", "a"], 100).unwrap();
+    drop(before);
+    let new = after.acquire(1, 0b01, 1).await.result.unwrap();
+    let (a, b) = (CounterKeys::group(&n, "a"), CounterKeys::group(&n, "b"));
+    let key = CounterKeys::of_key(&n, 1);
+    super::concurrency::agree_for(
+        &redis,
+        &[
+            (a.counts.clone(), 1),
+            (b.counts.clone(), 1),
+            (key.counts.clone(), 2),
+        ],
+        "both held",
+        Duration::from_secs(2),
+    )
+    .await;
+    // The old copy goes back to `a`, the group it was taken from.
+    drop(old);
+    super::concurrency::agree_for(
+        &redis,
+        &[
+            (a.counts.clone(), 0),
+            (b.counts.clone(), 1),
+            (key.counts.clone(), 1),
+        ],
+        "old released",
+        Duration::from_secs(2),
+    )
+    .await;
+    drop(new);
+    super::concurrency::agree_for(
+        &redis,
+        &[(b.counts, 0), (key.counts, 0)],
+        "new released",
+        Duration::from_secs(2),
+    )
+    .await;
 }

@@ -121,7 +121,12 @@ fn cases() -> Vec<(Vec<LogWindow>, Vec<Step>)> {
     let mut rng = Rng(0x51d1_e10c_0000_0001);
     for _ in 0..40 {
         let windows: Vec<LogWindow> = (0..1 + rng.below(3))
-            .map(|_| w(rng.below(6), [SEC, 1_500 * MS, 2 * SEC][rng.below(3) as usize]))
+            .map(|_| {
+                w(
+                    rng.below(6),
+                    [SEC, 1_500 * MS, 2 * SEC][rng.below(3) as usize],
+                )
+            })
             .collect();
         let mut t = 0;
         let mut admitted = 0usize;
@@ -177,7 +182,7 @@ async fn sliding_log_table_matches_the_local_limiter() {
                     let want = local_take(&local, key, min, cost, t);
                     let id = store.entry_id();
                     let got = store
-                        .sliding_log(&n, key, &windows, &id, min, cost, at(t))
+                        .sliding_log(&n, key, &windows, &id, (min, cost), at(t))
                         .await
                         .unwrap();
                     assert_eq!(
@@ -212,13 +217,13 @@ async fn sliding_log_table_matches_the_local_limiter() {
                                 for (t, g, _) in &admitted {
                                     let id = store.entry_id();
                                     store
-                                        .sliding_log(&n, key, &windows, &id, *g, *g, at(*t))
+                                        .sliding_log(&n, key, &windows, &id, (*g, *g), at(*t))
                                         .await
                                         .unwrap();
                                 }
                                 let id = store.entry_id();
                                 store
-                                    .sliding_log(&n, key, &windows, &id, m, m, at(t_probe))
+                                    .sliding_log(&n, key, &windows, &id, (m, m), at(t_probe))
                                     .await
                                     .unwrap()
                                     .verdict
@@ -236,14 +241,7 @@ async fn sliding_log_table_matches_the_local_limiter() {
                     let Some((t, granted, id)) = admitted.get(which).cloned() else {
                         continue;
                     };
-                    let now = steps[..i]
-                        .iter()
-                        .filter_map(|s| match s {
-                            Step::Take { t, .. } => Some(*t),
-                            Step::Refund { .. } => None,
-                        })
-                        .last()
-                        .unwrap_or(0);
+                    let now = steps_now(&steps, i);
                     let want = local.refund(key, granted, t);
                     let got = store
                         .sliding_log_refund(&n, key, &windows, &id, granted, at(now))
@@ -284,11 +282,11 @@ async fn sliding_log_table_matches_the_local_limiter() {
 fn steps_now(steps: &[Step], i: usize) -> Nanos {
     steps[..=i]
         .iter()
-        .filter_map(|s| match s {
+        .rev()
+        .find_map(|s| match s {
             Step::Take { t, .. } => Some(*t),
             Step::Refund { .. } => None,
         })
-        .last()
         .unwrap_or(0)
 }
 

@@ -58,7 +58,12 @@ enum Step {
 }
 
 fn one(k: u64, t: Nanos) -> Step {
-    Step::Take { k, t, min: 1, max: 1 }
+    Step::Take {
+        k,
+        t,
+        min: 1,
+        max: 1,
+    }
 }
 
 fn many(k: u64, t: Nanos, min: u64, max: u64) -> Step {
@@ -109,7 +114,11 @@ fn scenarios() -> Vec<(&'static str, TieredParams, Vec<Step>)> {
     steps.extend([one(9, 2 * MINUTE), one(9, DAY - SEC), one(9, DAY)]);
     out.push((
         "prison",
-        params(&[tier(5, MINUTE, HOUR, 0), tier(1, DAY, DAY, 0)], None, None),
+        params(
+            &[tier(5, MINUTE, HOUR, 0), tier(1, DAY, DAY, 0)],
+            None,
+            None,
+        ),
         steps,
     ));
     // Batch: 5000 per 5 minutes, then nothing for a day (in batches of 100 copies).
@@ -265,7 +274,11 @@ fn scenarios() -> Vec<(&'static str, TieredParams, Vec<Step>)> {
     // Day-long windows: coarse in-process units.
     out.push((
         "coarse",
-        params(&[tier(2, DAY, 2 * DAY, 0), tier(1, HOUR, HOUR, DAY)], Some(3), None),
+        params(
+            &[tier(2, DAY, 2 * DAY, 0), tier(1, HOUR, HOUR, DAY)],
+            Some(3),
+            None,
+        ),
         vec![
             one(6, 12_345_000),
             one(6, HOUR + 999_999_000),
@@ -398,10 +411,7 @@ async fn tiered_table_matches_the_local_limiter() {
                     for (e, tier) in entered.iter_mut().zip(0..) {
                         *e += u64::from(got.entered >> tier & 1);
                     }
-                    last = want
-                        .verdict
-                        .allowed
-                        .then(|| (key(k), want, got, id));
+                    last = want.verdict.allowed.then(|| (key(k), want, got, id));
                 }
                 Step::Refund { t } => {
                     if let Some((k, want, got, id)) = last.take() {
@@ -415,10 +425,18 @@ async fn tiered_table_matches_the_local_limiter() {
             }
         }
         for (tier, e) in entered.iter().enumerate() {
-            assert_eq!(*e, local.entries(tier + 1), "{name} (case {case}): entries of tier {}", tier + 1);
+            assert_eq!(
+                *e,
+                local.entries(tier + 1),
+                "{name} (case {case}): entries of tier {}",
+                tier + 1
+            );
         }
     }
-    assert!(checked_retries > 60, "only {checked_retries} rejections compared");
+    assert!(
+        checked_retries > 60,
+        "only {checked_retries} rejections compared"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,14 +445,24 @@ async fn tiered_retry_after_is_a_promise_on_redis() {
     // is admitted (the in-process limiter's own promise, to its nanosecond).
     let redis = RedisServer::start();
     let (store, _) = start_up(standalone(&redis.url())).await;
-    let cases: Vec<(TieredParams, Vec<(Nanos, u64)>, u64)> = vec![
+    // (params, a script of (t, copies) ending with a rejection, the copies to retry)
+    type Case = (TieredParams, Vec<(Nanos, u64)>, u64);
+    let cases: Vec<Case> = vec![
         (
-            params(&[tier(5, MINUTE, HOUR, 0), tier(1, DAY, DAY, 0)], None, None),
+            params(
+                &[tier(5, MINUTE, HOUR, 0), tier(1, DAY, DAY, 0)],
+                None,
+                None,
+            ),
             [(0, 1); 6].into_iter().chain([(2 * MINUTE, 1)]).collect(),
             1,
         ),
         (
-            params(&[tier(2, MINUTE, HOUR, 0), tier(100, MINUTE, HOUR, 0)], Some(3), None),
+            params(
+                &[tier(2, MINUTE, HOUR, 0), tier(100, MINUTE, HOUR, 0)],
+                Some(3),
+                None,
+            ),
             vec![(0, 1), (0, 1), (0, 1), (500 * MS, 1)],
             1,
         ),
@@ -444,12 +472,21 @@ async fn tiered_retry_after_is_a_promise_on_redis() {
                 Some(20),
                 None,
             ),
-            vec![(0, 2), (100 * MS, 2), (200 * MS, 1), (300 * MS, 2), (400 * MS, 3)],
+            vec![
+                (0, 2),
+                (100 * MS, 2),
+                (200 * MS, 1),
+                (300 * MS, 2),
+                (400 * MS, 3),
+            ],
             3,
         ),
         (
             params(&[tier(5000, 5 * MINUTE, 5 * MINUTE, DAY)], None, None),
-            (0..50).map(|i| (i * 5 * SEC, 100)).chain([(MINUTE * 4, 1)]).collect(),
+            (0..50)
+                .map(|i| (i * 5 * SEC, 100))
+                .chain([(MINUTE * 4, 1)])
+                .collect(),
             1,
         ),
     ];
@@ -473,17 +510,32 @@ async fn tiered_retry_after_is_a_promise_on_redis() {
         };
         probe += 3;
         let d = run(probe, script.len()).await.unwrap();
-        assert!(!d.verdict.allowed, "case {case}: the script ends with a rejection");
+        assert!(
+            !d.verdict.allowed,
+            "case {case}: the script ends with a rejection"
+        );
         let t = script.last().unwrap().0;
         let due = t + d.verdict.retry_after;
         for (key, t_probe, allowed) in [(probe + 1, due - 1_000, false), (probe + 2, due, true)] {
             run(key, script.len() - 1).await;
             let id = store.entry_id();
             let g = store
-                .tiered(&n, key, &p, &id, (min, min), GlobalArg::None, t_probe, at(t_probe))
+                .tiered(
+                    &n,
+                    key,
+                    &p,
+                    &id,
+                    (min, min),
+                    GlobalArg::None,
+                    t_probe,
+                    at(t_probe),
+                )
                 .await
                 .unwrap();
-            assert_eq!(g.decision.verdict.allowed, allowed, "case {case} at {t_probe}: {g:?}");
+            assert_eq!(
+                g.decision.verdict.allowed, allowed,
+                "case {case} at {t_probe}: {g:?}"
+            );
         }
     }
 }

@@ -38,7 +38,9 @@ fn every_kind_may_name_a_shared_store() {
 #[test]
 fn an_unknown_store_is_an_error_for_every_kind() {
     for limit in KINDS {
-        let err = parse_str(&with(limit, false), "t.yaml").unwrap_err().to_string();
+        let err = parse_str(&with(limit, false), "t.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("origins.a.limits.l.store: unknown store `shared`"),
             "{limit}: {err}"

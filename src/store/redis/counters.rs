@@ -4,8 +4,8 @@
 //! all or nothing (`scripts/counters_acquire.lua`); release and renewal likewise.
 
 use crate::store::key::{KeyNames, LimitState, StateKind};
-use crate::store::redis::{scripts, Arg, RedisStore};
 use crate::store::redis::SCRIPT_MAX;
+use crate::store::redis::{scripts, Arg, RedisStore};
 use crate::store::StoreError;
 use redis::Value;
 

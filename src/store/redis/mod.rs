@@ -31,8 +31,8 @@
 //! durations are whole milliseconds).
 
 mod counters;
-mod sliding_log;
 mod scripts;
+mod sliding_log;
 mod tiered;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,8 +58,8 @@ use crate::store::key::{KeyNames, StateKind, Variant};
 use crate::store::StoreError;
 
 pub use counters::{CounterKeys, CountersOutcome};
-pub use sliding_log::LogGrant;
 pub use scripts::{LuaScript, Scripts};
+pub use sliding_log::LogGrant;
 pub use tiered::{GlobalArg, TieredGrant};
 
 /// Microseconds in Redis's clock (`TIME`: since the Unix epoch).

@@ -102,10 +102,7 @@ impl Scripts {
                 "inflight_total.lua",
                 include_str!("scripts/inflight_total.lua"),
             ),
-            sliding_log: LuaScript::new(
-                "sliding_log.lua",
-                include_str!("scripts/sliding_log.lua"),
-            ),
+            sliding_log: LuaScript::new("sliding_log.lua", include_str!("scripts/sliding_log.lua")),
             sliding_log_refund: LuaScript::new(
                 "sliding_log_refund.lua",
                 include_str!("scripts/sliding_log_refund.lua"),

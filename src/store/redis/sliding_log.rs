@@ -27,15 +27,16 @@ impl RedisStore {
     /// the largest `n` in `[min, cost]` that every window has room for (the proxy passes
     /// `min = cost`), recording `n` entries named after `id` (a fresh
     /// [`RedisStore::entry_id`]), at Redis's time or `at`. Windows are rounded to whole
-    /// microseconds; costs above 2^24 are clamped (a cost is that many sorted-set members).
+    /// microseconds. A cost is that many sorted-set members, so costs are clamped to
+    /// [`SLIDING_LOG_MAX`]; a `min` above it is the caller's to refuse
+    /// ([`crate::store::SharedSlidingLog`] does: it can never be recorded).
     pub async fn sliding_log(
         &self,
         names: &KeyNames,
         hash: u64,
         windows: &[LogWindow],
         id: &EntryId,
-        min: u64,
-        cost: u64,
+        (min, cost): (u64, u64),
         at: Option<Micros>,
     ) -> Result<LogGrant, StoreError> {
         let key = names.key(hash, StateKind::SlidingLog);

@@ -7,8 +7,8 @@ use crate::limits::clock::Nanos;
 use crate::limits::tiered::{DecidedBy, TieredDecision, TieredParams};
 use crate::limits::verdict::Verdict;
 use crate::store::key::{KeyNames, LimitState, StateKind};
-use crate::store::redis::{nanos, round_micros, scripts, Arg, EntryId, Micros, RedisStore};
 use crate::store::redis::SCRIPT_MAX;
+use crate::store::redis::{nanos, round_micros, scripts, Arg, EntryId, Micros, RedisStore};
 use crate::store::StoreError;
 
 /// Where a tiered decision's global limit is counted.
@@ -57,6 +57,8 @@ impl RedisStore {
     /// microseconds. `now` is only copied into the decision.
     ///
     /// [`TieredLimiter::acquire_many`]: crate::limits::tiered::TieredLimiter::acquire_many
+    // The key's names and hash, the limit, the decision's id, its range, the global limit's
+    // place and the two clocks: each is needed, none belongs with another.
     #[allow(clippy::too_many_arguments)]
     pub async fn tiered(
         &self,
@@ -78,7 +80,12 @@ impl RedisStore {
                 limit,
                 room,
                 turns_in,
-            } => (limit, 2, room, round_micros(turns_in).max(u64::from(turns_in > 0))),
+            } => (
+                limit,
+                2,
+                room,
+                round_micros(turns_in).max(u64::from(turns_in > 0)),
+            ),
         };
         let mut args = Vec::with_capacity(9 + 5 * params.tiers.len());
         args.extend([
@@ -134,6 +141,7 @@ impl RedisStore {
     /// Takes back exactly the hits a [`RedisStore::tiered`] decision recorded under `id`
     /// (and its global admissions if `global` is [`GlobalArg::InStore`] and its second is
     /// still counted); the tiers it entered stay entered. Returns the tier hits removed.
+    // As for `tiered`: the refund names the same things.
     #[allow(clippy::too_many_arguments)]
     pub async fn tiered_refund(
         &self,
