@@ -61,13 +61,16 @@ impl Held {
         self.shard(key).lock().get(&key).map_or(0, |u| u.count)
     }
 
-    /// The keys to renew (held or dirty) with their counts; forgets clean zeros.
-    pub(crate) fn to_renew(&self) -> Vec<(u64, u64)> {
+    /// The keys to renew (held or dirty) with their counts and whether Redis may disagree
+    /// (then the renewal overwrites Redis's count; otherwise it only restores a count Redis
+    /// lost, since one in Redis may include operations still on their way here); forgets
+    /// clean zeros.
+    pub(crate) fn to_renew(&self) -> Vec<(u64, u64, bool)> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             shard.retain(|_, u| u.count > 0 || u.dirty);
-            out.extend(shard.iter().map(|(&k, u)| (k, u.count)));
+            out.extend(shard.iter().map(|(&k, u)| (k, u.count, u.dirty)));
         }
         out
     }
@@ -106,25 +109,25 @@ mod tests {
         h.sub(1, 1, false);
         h.sub(3, 1, false);
         assert_eq!((h.get(1), h.get(2), h.get(3)), (1, 1, 0));
-        let sorted = |mut v: Vec<(u64, u64)>| {
+        let sorted = |mut v: Vec<(u64, u64, bool)>| {
             v.sort();
             v
         };
         // Held keys are renewed; a clean zero (key 3) is forgotten without a call.
-        assert_eq!(sorted(h.to_renew()), [(1, 1), (2, 1)]);
+        assert_eq!(sorted(h.to_renew()), [(1, 1, false), (2, 1, true)]);
         h.renewed(2, 1);
         h.sub(1, 1, false);
         h.sub(2, 1, true);
         // Key 1's release landed: forgotten. Key 2's did not: renewed with 0, then clean.
-        assert_eq!(h.to_renew(), [(2, 0)]);
+        assert_eq!(h.to_renew(), [(2, 0, true)]);
         h.renewed(2, 0);
         assert_eq!(h.to_renew(), []);
         // A failed release makes a key dirty again, even after it was forgotten.
         h.mark_dirty(5);
-        assert_eq!(h.to_renew(), [(5, 0)]);
+        assert_eq!(h.to_renew(), [(5, 0, true)]);
         // A renewal that raced a change leaves the key dirty.
         h.add(6, 1, true);
         h.renewed(6, 0);
-        assert_eq!(sorted(h.to_renew()), [(5, 0), (6, 1)]);
+        assert_eq!(sorted(h.to_renew()), [(5, 0, true), (6, 1, true)]);
     }
 }

@@ -28,15 +28,17 @@
 //!
 //! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
 //! admitted them: the store or the fallback). A background task on the store's runtime
-//! renews this instance's lease every `lease / 3` for every key it holds, writing that
-//! local count to Redis: Redis is repaired from the local truth at each renewal (units
-//! admitted by the fallback, releases lost while Redis was away). A guard's drop gives
+//! renews this instance's lease every `lease / 3` for every key it holds, repairing Redis
+//! from the local truth: a key Redis may disagree about (*dirty*: units admitted by the
+//! fallback, a release lost while Redis was away) gets the local count written over
+//! Redis's; a clean key keeps Redis's count, which may already include an acquire or a
+//! release on its way back here (overwriting it would undo that one), and gets the local
+//! count only if Redis lost it (a restart, an expired lease). A guard's drop gives
 //! the unit back locally at once and sends the release in the background (only for units
 //! the store admitted, and only while the store is up): it never waits for Redis and never
-//! fails. A key whose units all went back with releases that landed costs no renewal; one
-//! that Redis may disagree about is written at the next renewal. Between renewals Redis
-//! can be off by the operations racing one (a release or acquire landing just after a
-//! renewal read the local count): at most one renewal interval.
+//! fails. A key whose units all went back with releases that landed costs no renewal. A
+//! dirty key's overwrite can race an operation in flight; the key then stays dirty and is
+//! written again at the next renewal: Redis is off by it for at most one interval.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -514,10 +516,14 @@ async fn renew_loop(shared: Weak<InflightShared>, every: Duration) {
         }
         // Concurrent calls on the multiplexed connection: one pipelined burst.
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count) in s.held.to_renew() {
+        for (key, count, dirty) in s.held.to_renew() {
             let s = Arc::clone(&s);
             calls.spawn(async move {
-                if s.store.inflight_renew(&s.names, key, count).await.is_ok() {
+                if s.store
+                    .inflight_renew(&s.names, key, count, dirty)
+                    .await
+                    .is_ok()
+                {
                     s.held.renewed(key, count);
                 }
             });

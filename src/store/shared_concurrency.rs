@@ -6,9 +6,11 @@
 //! name and the limiter's incarnation, so two limiters of one process never overwrite
 //! each other's share), each holder's share living one lease. This limiter keeps, per key
 //! and per global and group counter, the exact copies it holds (whoever admitted them: the
-//! store or the fallback): the local truth, which a background task writes to Redis every
-//! `lease / 3` with the lease renewal, repairing what Redis may have missed (releases lost
-//! while it was away, copies the fallback admitted, a decision that timed out but ran). A
+//! store or the fallback): the local truth, from which a background task repairs Redis
+//! every `lease / 3` with the lease renewal, as for inflight (`crate::store::shared`):
+//! written over Redis's count where Redis may have missed something (releases lost while
+//! it was away, copies the fallback admitted, a decision that timed out but ran), restored
+//! where Redis lost it, and left alone otherwise (it may include operations in flight). A
 //! crashed instance's copies are gone after one lease. A guard's drop gives its copies
 //! back locally at once and to Redis in the background, never waiting.
 //!
@@ -241,11 +243,16 @@ impl SharedConcurrency {
     }
 
     /// Copies of the global counter and every group's, across the fleet (instances with a
-    /// live lease), in that order: a store call (the renewal's), for tests and tools.
+    /// live lease), in that order: a store call (a renewal that changes no count Redis
+    /// holds), for tests and tools.
     pub async fn fleet_totals(&self) -> Result<Vec<u64>, StoreError> {
         let s = &self.shared;
         let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-        let counts: Vec<u64> = s.shared_counts(&counters);
+        let counts: Vec<(u64, bool)> = s
+            .shared_counts(&counters)
+            .into_iter()
+            .map(|c| (c, false))
+            .collect();
         if counters.is_empty() {
             return Ok(Vec::new());
         }
@@ -560,7 +567,7 @@ impl Drop for SharedConcurrencyGuard {
 
 /// Renews this limiter's leases every `every` while the limiter or a guard lives: every
 /// key it holds copies of (or that Redis may disagree about), and its global and group
-/// counts, each written with the local truth.
+/// counts, each repaired from the local truth (module doc).
 async fn renew_loop(shared: Weak<ConcShared>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
@@ -571,12 +578,12 @@ async fn renew_loop(shared: Weak<ConcShared>, every: Duration) {
             continue;
         }
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count) in s.held.to_renew() {
+        for (key, count, dirty) in s.held.to_renew() {
             let s = Arc::clone(&s);
             calls.spawn(async move {
                 let own = CounterKeys::of_key(&s.names, key);
                 if s.store
-                    .counters_renew(&s.holder, &[&own], &[count])
+                    .counters_renew(&s.holder, &[&own], &[(count, dirty)])
                     .await
                     .is_ok()
                 {
@@ -603,18 +610,18 @@ async fn renew_loop(shared: Weak<ConcShared>, every: Duration) {
                         )
                     })
                     .collect();
-                let counts: Vec<u64> = before[first..].iter().map(|b| b.0).collect();
-                if counters.is_empty()
-                    || s.store
-                        .counters_renew(&s.holder, &counters, &counts)
+                let counts = &before[first..];
+                let written = !counters.is_empty()
+                    && s.store
+                        .counters_renew(&s.holder, &counters, counts)
                         .await
-                        .is_err()
-                {
-                    // Not written: keep the marks for the next renewal.
-                    for (c, (_, dirty)) in s.counts.iter().zip(&before) {
-                        if *dirty {
-                            c.dirty.store(true, Ordering::Relaxed);
-                        }
+                        .is_ok();
+                for (c, (count, dirty)) in s.counts.iter().zip(&before) {
+                    // Not written, or written while the count moved: the next renewal
+                    // writes it again.
+                    let moved = c.copies.load(Ordering::Relaxed) != *count;
+                    if *dirty && (!written || moved) {
+                        c.dirty.store(true, Ordering::Relaxed);
                     }
                 }
             });

@@ -437,3 +437,65 @@ async fn a_reload_that_moves_a_customer_releases_to_the_group_it_took_from() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_repairs_only_what_redis_may_have_wrong() {
+    // A clean count in Redis may include an acquire or release still on its way back to
+    // the holder: a renewal must not overwrite it. A dirty one is overwritten; a lost one
+    // is restored.
+    let redis = RedisServer::start();
+    let (store, _) = start_up(standalone(&redis.url())).await;
+    let n = names(&store, "renew");
+    let own = CounterKeys::of_key(&n, 1);
+    let field = |redis: &RedisServer| match redis.cmd(&["HGET", &own.counts, "h#0"]) {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap().parse::<u64>().unwrap(),
+        redis::Value::Nil => 0,
+        other => panic!("{other:?}"),
+    };
+    store
+        .counters_acquire("h#0", &[&own], &[10], 2, 2)
+        .await
+        .unwrap();
+    // The holder has heard of one of the two (the second acquire is still on its way).
+    assert_eq!(
+        store
+            .counters_renew("h#0", &[&own], &[(1, false)])
+            .await
+            .unwrap(),
+        [2]
+    );
+    assert_eq!(field(&redis), 2, "clean: Redis's count stays");
+    assert_eq!(
+        store
+            .counters_renew("h#0", &[&own], &[(1, true)])
+            .await
+            .unwrap(),
+        [1]
+    );
+    assert_eq!(field(&redis), 1, "dirty: the holder's count is written");
+    redis.cmd(&["FLUSHALL"]);
+    assert_eq!(
+        store
+            .counters_renew("h#0", &[&own], &[(3, false)])
+            .await
+            .unwrap(),
+        [3]
+    );
+    assert_eq!(field(&redis), 3, "lost: restored");
+    assert_eq!(
+        store
+            .counters_renew("h#0", &[&own], &[(0, true)])
+            .await
+            .unwrap(),
+        [0]
+    );
+    assert_eq!(redis.cmd(&["EXISTS", &own.counts]), redis::Value::Int(0));
+    // Inflight renewals follow the same rule.
+    let counts = n.key(2, StateKind::InflightCounts);
+    store.inflight_acquire(&n, 2, 10).await.unwrap().unwrap();
+    store.inflight_acquire(&n, 2, 10).await.unwrap().unwrap();
+    assert_eq!(store.inflight_renew(&n, 2, 1, false).await.unwrap(), 2);
+    assert_eq!(store.inflight_renew(&n, 2, 1, true).await.unwrap(), 1);
+    redis.cmd(&["DEL", &counts]);
+    assert_eq!(store.inflight_renew(&n, 2, 4, false).await.unwrap(), 4);
+}

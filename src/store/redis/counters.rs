@@ -117,18 +117,22 @@ impl RedisStore {
         Ok(scripts::count(scripts::int(&v)?))
     }
 
-    /// Renews `holder`'s lease on every counter and sets its copies there to `counts`
-    /// (its own truth); returns the counters' totals across the fleet.
+    /// Renews `holder`'s lease on every counter and repairs its copies there from
+    /// `counts`, (its own truth, whether Redis may disagree): a dirty count is written over
+    /// Redis's, a clean one only where Redis lost it (see counters_renew.lua). Returns the
+    /// counters' totals across the fleet.
     pub async fn counters_renew(
         &self,
         holder: &str,
         counters: &[&CounterKeys],
-        counts: &[u64],
+        counts: &[(u64, bool)],
     ) -> Result<Vec<u64>, StoreError> {
         let keys = pairs(counters);
-        let mut args = Vec::with_capacity(2 + counts.len());
+        let mut args = Vec::with_capacity(2 + 2 * counts.len());
         args.extend([Arg::S(holder), Arg::U(self.lease_micros())]);
-        args.extend(counts.iter().map(|&c| Arg::U(c.min(SCRIPT_MAX))));
+        for &(count, dirty) in counts {
+            args.extend([Arg::U(count.min(SCRIPT_MAX)), Arg::U(u64::from(dirty))]);
+        }
         let s = &self.inner.scripts.counters_renew;
         let v = self.eval(s, &keys, &args, None, self.background()).await?;
         match v {

@@ -538,19 +538,22 @@ impl RedisStore {
         Ok(scripts::count(scripts::int(&v)?))
     }
 
-    /// Renews this instance's lease on the key and sets its count to `count` (the local
-    /// truth); returns the fleet's total.
+    /// Renews this instance's lease on the key and repairs its count from `count` (the
+    /// local truth): written over Redis's when `dirty` (Redis may disagree), else only if
+    /// Redis lost it (see inflight_renew.lua). Returns the fleet's total.
     pub async fn inflight_renew(
         &self,
         names: &KeyNames,
         hash: u64,
         count: u64,
+        dirty: bool,
     ) -> Result<u64, StoreError> {
         let (counts, leases) = inflight_keys(names, hash);
         let args = [
             Arg::S(&self.inner.config.instance),
             Arg::U(count.min(SCRIPT_MAX)),
             Arg::U(self.lease_micros()),
+            Arg::U(u64::from(dirty)),
         ];
         let s = &self.inner.scripts.inflight_renew;
         let v = self
