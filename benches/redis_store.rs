@@ -1,7 +1,8 @@
 //! The Redis store's costs, against a `redis-server` this benchmark starts on a free
 //! loopback port (and stops): `cargo bench --bench redis_store`.
 //!
-//! - decisions per second through one connection at 1, 16 and 64 concurrent callers;
+//! - decisions per second through one connection at 1, 16 and 64 concurrent callers, for
+//!   the token bucket and for the sliding log, tiered and concurrency kinds;
 //! - Redis's own CPU per decision (INFO `used_cpu_user` + `used_cpu_sys` deltas);
 //! - this process's CPU per decision (getrusage: the callers, the store's runtime thread
 //!   and its connection driver), next to a local token-bucket decision's;
@@ -18,17 +19,21 @@
 #[path = "../tests/common/redis.rs"]
 mod harness;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tollgate::limits::sliding_log::LogWindow;
+use tollgate::limits::tiered::{Tier, TieredParams};
 use tollgate::limits::{
-    Clock, MonotonicClock, RateParams, SketchSize, TokenBucket, TokenBucketParams,
+    Clock, ConcurrencyParams, MonotonicClock, RateParams, SketchSize, TokenBucket,
+    TokenBucketParams,
 };
 use tollgate::metrics::StoreMetrics;
 use tollgate::store::{
-    Endpoint, RedisStore, RedisStoreConfig, SharedInflight, SharedRate, SharedTokenBucket, Source,
-    Variant,
+    Endpoint, RedisStore, RedisStoreConfig, SharedConcurrency, SharedInflight, SharedRate,
+    SharedSlidingLog, SharedTiered, SharedTokenBucket, Source, Variant,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -67,6 +72,73 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+/// What one row of the throughput table needs.
+struct Row<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    redis: &'a harness::RedisServer,
+    metrics: &'a StoreMetrics,
+    len: Duration,
+}
+
+impl Row<'_> {
+    /// Runs `decide` from `callers` concurrent tasks for one phase, each over its own run
+    /// of 10 000 keys, and prints the row.
+    fn run<F, Fut>(&self, kind: &str, callers: usize, decide: F)
+    where
+        F: Fn(u64) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let done = Arc::new(AtomicU64::new(0));
+        let fallback_before = self.metrics.fallback.get();
+        let (cpu0, redis_cpu0) = (process_cpu(), self.redis.cpu_seconds());
+        let started = Instant::now();
+        let len = self.len;
+        let latencies = self.rt.block_on(async {
+            let tasks: Vec<_> = (0..callers)
+                .map(|c| {
+                    let (decide, done) = (decide.clone(), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        let mut lat = Vec::with_capacity(100_000);
+                        let mut key = c as u64 * 1_000_003;
+                        while started.elapsed() < len {
+                            key = key.wrapping_add(1);
+                            let t = Instant::now();
+                            decide(key % 10_000).await;
+                            lat.push(t.elapsed());
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        lat
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            all
+        });
+        let elapsed = started.elapsed().as_secs_f64();
+        let n = done.load(Ordering::Relaxed) as f64;
+        // Let background releases land before the CPU is read.
+        std::thread::sleep(Duration::from_millis(50));
+        let cpu = (process_cpu() - cpu0) / n;
+        let redis_cpu = (self.redis.cpu_seconds() - redis_cpu0) / n;
+        let mut lat = latencies;
+        lat.sort();
+        println!(
+            "{:<14} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>11.2} µs {:>11.2} µs {:>9}",
+            kind,
+            callers,
+            n / elapsed,
+            us(percentile(&lat, 0.5)),
+            us(percentile(&lat, 0.99)),
+            cpu * 1e6,
+            redis_cpu * 1e6,
+            self.metrics.fallback.get() - fallback_before,
+        );
+    }
 }
 
 fn main() {
@@ -137,57 +209,124 @@ fn main() {
         1_000,
         0,
     ));
-    println!("\nshared token bucket, one connection:");
+    let row = Row {
+        rt: &rt,
+        redis: &redis,
+        metrics: &metrics,
+        len,
+    };
+    println!("\nshared decisions, one connection:");
     println!(
-        "{:>8} {:>12} {:>10} {:>10} {:>14} {:>14} {:>9}",
-        "callers", "decisions/s", "p50 µs", "p99 µs", "tollgate CPU", "redis CPU", "fallback"
+        "{:<14} {:>8} {:>12} {:>10} {:>10} {:>14} {:>14} {:>9}",
+        "kind",
+        "callers",
+        "decisions/s",
+        "p50 µs",
+        "p99 µs",
+        "tollgate CPU",
+        "redis CPU",
+        "fallback"
     );
     for callers in [1usize, 16, 64] {
-        let done = Arc::new(AtomicU64::new(0));
-        let fallback_before = metrics.fallback.get();
-        let (cpu0, redis_cpu0) = (process_cpu(), redis.cpu_seconds());
-        let started = Instant::now();
-        let latencies = rt.block_on(async {
-            let tasks: Vec<_> = (0..callers)
-                .map(|c| {
-                    let (bucket, done) = (Arc::clone(&bucket), Arc::clone(&done));
-                    tokio::spawn(async move {
-                        let mut lat = Vec::with_capacity(100_000);
-                        let mut key = c as u64 * 1_000_003;
-                        while started.elapsed() < len {
-                            key = key.wrapping_add(1);
-                            let t = Instant::now();
-                            let v = bucket.acquire(key % 10_000, 1, 0).await;
-                            lat.push(t.elapsed());
-                            std::hint::black_box(v);
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        lat
-                    })
-                })
-                .collect();
-            let mut all = Vec::new();
-            for t in tasks {
-                all.extend(t.await.unwrap());
+        let bucket = Arc::clone(&bucket);
+        row.run("token_bucket", callers, move |key| {
+            let bucket = Arc::clone(&bucket);
+            async move {
+                std::hint::black_box(bucket.acquire(key, 1, 0).await);
             }
-            all
         });
-        let elapsed = started.elapsed().as_secs_f64();
-        let n = done.load(Ordering::Relaxed) as f64;
-        let cpu = (process_cpu() - cpu0) / n;
-        let redis_cpu = (redis.cpu_seconds() - redis_cpu0) / n;
-        let mut lat = latencies;
-        lat.sort();
-        println!(
-            "{:>8} {:>12.0} {:>10.1} {:>10.1} {:>11.2} µs {:>11.2} µs {:>9}",
-            callers,
-            n / elapsed,
-            us(percentile(&lat, 0.5)),
-            us(percentile(&lat, 0.99)),
-            cpu * 1e6,
-            redis_cpu * 1e6,
-            metrics.fallback.get() - fallback_before,
-        );
+    }
+    // Sliding log: Grab's caps, two windows, roomy enough to admit throughout.
+    let windows = [
+        LogWindow {
+            max: 1_000,
+            per: 86_400 * SEC,
+        },
+        LogWindow {
+            max: 5_000,
+            per: 7 * 86_400 * SEC,
+        },
+    ];
+    let log = Arc::new(
+        SharedSlidingLog::new(
+            &store,
+            store.names("bench", "log", Variant::Base),
+            &windows,
+            1_000,
+            0,
+        )
+        .unwrap(),
+    );
+    for callers in [1usize, 16, 64] {
+        let log = Arc::clone(&log);
+        row.run("sliding_log", callers, move |key| {
+            let log = Arc::clone(&log);
+            async move {
+                std::hint::black_box(log.acquire(key, 1, 0).await);
+            }
+        });
+    }
+    // Tiered: two tiers and a hard limit, roomy.
+    let tier = |limit, active, cooldown| Tier {
+        limit,
+        window: 60 * SEC,
+        active,
+        cooldown,
+        skippable: false,
+    };
+    let tiers = TieredParams {
+        tiers: vec![
+            tier(1_000, 3_600 * SEC, 0),
+            tier(1_000, 600 * SEC, 3_600 * SEC),
+        ],
+        hard_limit: Some(10_000),
+        global_limit: None,
+    };
+    let tiered = Arc::new(
+        SharedTiered::new(
+            &store,
+            store.names("bench", "tiers", Variant::Base),
+            &tiers,
+            1_000,
+        )
+        .unwrap(),
+    );
+    for callers in [1usize, 16, 64] {
+        let tiered = Arc::clone(&tiered);
+        row.run("tiered", callers, move |key| {
+            let tiered = Arc::clone(&tiered);
+            async move {
+                std::hint::black_box(tiered.acquire(key, 0).await);
+            }
+        });
+    }
+    // Concurrency with a global limit and a group: one script takes from the key's, the
+    // global and the group's counters; the guard's release is a second script, sent in
+    // the background (counted in Redis's CPU per decision).
+    let conc = Arc::new(
+        SharedConcurrency::new(
+            &store,
+            store.names("bench", "slots", Variant::Base),
+            ConcurrencyParams {
+                max: 1_000_000,
+                global: Some(1_000_000),
+                groups: vec![1_000_000],
+            },
+            &["all"],
+            1_000,
+        )
+        .unwrap(),
+    );
+    for callers in [1usize, 16, 64] {
+        let conc = Arc::clone(&conc);
+        row.run("concurrency", callers, move |key| {
+            let conc = Arc::clone(&conc);
+            async move {
+                let o = conc.acquire(key, 1, 1).await;
+                assert_eq!(o.source, Source::Store);
+                drop(o);
+            }
+        });
     }
     println!("(tollgate CPU: this whole process per decision, callers + the store's thread; local decision: {:.2} µs)", local_cpu * 1e6);
 

@@ -90,10 +90,24 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let seen = traffic.stop().await;
+    // Redis decided each request somewhere between its send and its answer. Those wholly
+    // inside the counted windows count for sure; those straddling an edge (a slow answer on
+    // a busy machine) may belong either side, so they widen the bounds instead of skewing
+    // the count.
+    let (lo, hi) = (from as f64, to as f64);
+    let sent_at = |s: &fleet::Seen| secs(s.at) - s.took.as_secs_f64();
     let within: Vec<_> = seen
         .iter()
-        .filter(|s| (from as f64..to as f64).contains(&secs(s.at)))
+        .filter(|s| sent_at(s) >= lo && secs(s.at) < hi)
         .collect();
+    let straddling = seen
+        .iter()
+        .filter(|s| s.status == 200)
+        .filter(|s| {
+            let (a, b) = (sent_at(s), secs(s.at));
+            (a < lo && b >= lo) || (a < hi && b >= hi)
+        })
+        .count() as f64;
     let admitted = within.iter().filter(|s| s.status == 200).count() as f64;
     let bad = seen
         .iter()
@@ -106,9 +120,10 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
         assert!(sent > 2.0 * N, "window {w}: only {sent} requests sent");
     }
     let want = N * WINDOWS as f64;
+    let slack = want / 100.0;
     assert!(
-        (admitted - want).abs() <= want / 100.0,
-        "admitted {admitted} in {WINDOWS} windows of max {N} (want {want} ± 1%)"
+        admitted <= want + slack && admitted + straddling >= want - slack,
+        "admitted {admitted} (+ {straddling} straddling an edge) in {WINDOWS} windows of max {N} (want {want} ± 1%)"
     );
     no_fallback(&all).await;
 }
@@ -420,7 +435,10 @@ async fn the_fleet_example_checks_and_runs_as_its_comments_say() {
         .replace("127.0.0.1:8080", "{listen}")
         .replace("127.0.0.1:9100", "{metrics}")
         .replace("127.0.0.1:8081", &demo)
-        .replace("redis://127.0.0.1:6379/0", &redis.url());
+        .replace("redis://127.0.0.1:6379/0", &redis.url())
+        // A roomy budget: a debug build on a busy machine can miss 5 ms, and a fallback
+        // decision (at a third of the bucket on each instance) would change the count.
+        .replace("timeout: 5ms", "timeout: 1s");
     let a = Tollgate::start(&text).await;
     wait_up(&a).await;
     let b_text = text.replace(&demo, &format!("127.0.0.1:{}", common::free_port()));

@@ -141,3 +141,73 @@ async fn a_key_whose_slot_migrates_keeps_working_and_keeps_its_state() {
     // Fail open at worst: some answers may be 200 by the fallback, the rest are 429.
     assert!(seen.iter().all(|s| s.status == 200 || s.status == 429));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sliding_logs_tiers_and_concurrency_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = format!(
+        "      caps:
+        kind: sliding_log
+        key: [customer]
+        windows: [{{ max: 4, per: 1d }}]
+{SHARED}      tiers:
+        kind: tiered
+        key: [customer]
+        global_limit: 1000
+        tiers:
+          - {{ limit: 1000, window: 1m, active: 1h, cooldown: 0s }}
+{SHARED}      slots:
+        kind: concurrency
+        key: [header:x-slot]
+        max: 10
+        global: 3
+        groups:
+          - {{ name: big, members: {{ customer: [bigco] }}, max: 1 }}
+{SHARED}"
+    );
+    let all = fleet(2, &config_at(up.addr, &target(&cluster), ROOMY, &limits)).await;
+    // The cap is shared exactly, for keys on every node.
+    for who in ["acme", "globex", "initech", "umbrella"] {
+        let statuses = burst(&all, who, 4).await;
+        let ok = statuses.iter().filter(|s| **s == 200).count();
+        assert_eq!(ok, 4, "{who}: {statuses:?}");
+    }
+    // Concurrency (keyed by `x-slot`, so the burst above skipped it): the key's counter
+    // and the limit's (global, group) are in different slots, decided in one round trip;
+    // the group and the global limit hold fleet-wide.
+    let send = |i: usize, path: &str, who: &str| {
+        let (url, who) = (all[i].url(path), who.to_string());
+        async move {
+            common::client()
+                .get(url)
+                .header("host", "app.test")
+                .header("x-customer-id", &who)
+                .header("x-slot", &who)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .ok()
+        }
+    };
+    let hold = |i: usize, who: &str| tokio::spawn(send(i, "/hold", who));
+    let status = |i: usize, who: &str| {
+        let f = send(i, "/", who);
+        async move { f.await.unwrap_or(0) }
+    };
+    let holds = vec![hold(0, "bigco"), hold(1, "hooli")];
+    eventually("2 held", 500, || async { up.held() == 2 }).await;
+    assert_eq!(status(1, "bigco").await, 503, "the group, fleet-wide");
+    let third = hold(1, "pied");
+    eventually("3 held", 500, || async { up.held() == 3 }).await;
+    assert_eq!(status(0, "other").await, 503, "the global limit");
+    up.release();
+    for h in holds.into_iter().chain([third]) {
+        assert_eq!(h.await.unwrap(), Some(200));
+    }
+    eventually("copies given back", 200, || async {
+        status(0, "other").await == 200
+    })
+    .await;
+    no_fallback(&all).await;
+}

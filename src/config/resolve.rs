@@ -41,14 +41,9 @@ pub(crate) struct Known<'a> {
     pub stores: &'a [StoreSpec],
 }
 
-/// Kinds whose state can live in a shared (Redis) store today.
-fn shareable(kind: Kind) -> bool {
-    matches!(kind, Kind::Inflight | Kind::Rate | Kind::TokenBucket)
-}
-
 /// The shared store `spec` names (`None` for the in-process store), checked against
-/// `stores:` and the kind.
-fn store_of(r: &mut Report, kind: Kind, spec: &LimitSpec, known: &Known<'_>) -> Option<String> {
+/// `stores:`. Every kind can keep its state there, with its in-process semantics.
+fn store_of(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<String> {
     let name = spec.store.as_ref()?;
     if name.v == "local" {
         return None;
@@ -66,17 +61,6 @@ fn store_of(r: &mut Report, kind: Kind, spec: &LimitSpec, known: &Known<'_>) -> 
             suggest::unknown("store", &name.v, &all)
         };
         r.error(name.pos, &name.path, message);
-        return None;
-    }
-    if !shareable(kind) {
-        r.error(
-            name.pos,
-            &name.path,
-            format!(
-                "kind `{}` cannot keep its state in a shared store yet; use `store: local`",
-                kind.name()
-            ),
-        );
         return None;
     }
     Some(name.v.clone())
@@ -126,7 +110,7 @@ pub(crate) fn resolve(
         None => kind.default_key(),
     };
     let params = base_params(r, kind, spec, inherited, known);
-    let store = store_of(r, kind, spec, known);
+    let store = store_of(r, spec, known);
     let mode = match spec.mode.as_ref().map(|m| m.v) {
         Some(Setting::On(mode)) => mode,
         Some(Setting::Off) | None => Mode::Enforce,

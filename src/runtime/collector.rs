@@ -6,9 +6,12 @@
 //!   `tollgate_limit_evictions_total{origin,limit,kind}` (tiered and sliding-log tables):
 //!   the sum of the evictions of every variant of the limit in the runtime serving now.
 //! - `tollgate_tier_entries_total{origin,limit,tier}`: bursts into each tier of a tiered
-//!   limit (tiers are per key, so no per-key gauge).
+//!   limit (tiers are per key, so no per-key gauge). For a limit in a shared store: the
+//!   entries this instance's decisions caused (summed over the fleet, each entry once).
 //! - `tollgate_concurrency_in_use{origin,limit,group}`: copies held now, exact, per group,
-//!   and `group="_all"` for every copy of the limit (bounded by the config).
+//!   and `group="_all"` for every copy of the limit (bounded by the config). For a limit in
+//!   a shared store: the copies this instance holds (summed over the fleet, the copies in
+//!   use), read from its local truth without a store call.
 //! - `tollgate_concurrency_max{origin,limit,group}`: the max each of those series is held
 //!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
@@ -189,6 +192,37 @@ impl Collector for RuntimeCollector {
                             self.in_use
                                 .with_label_values(&labels)
                                 .add(c.state.in_use(i) as i64);
+                            if let Some(&max) = c.params.groups.get(i) {
+                                self.max.with_label_values(&labels).set(gauge(max));
+                            }
+                        }
+                    }
+                    Limiter::SharedTiered(t) => {
+                        let key = vec![at[0], at[1], "tiered"];
+                        *others.entry(key).or_default() += t.limiter.evictions();
+                        for tier in 1..=t.params.tiers.len() {
+                            *tiers.entry((at[0], at[1], tier)).or_default() +=
+                                t.limiter.entries(tier);
+                        }
+                    }
+                    Limiter::SharedSlidingLog(l) => {
+                        let key = vec![at[0], at[1], "sliding_log"];
+                        *others.entry(key).or_default() += l.limiter.evictions();
+                    }
+                    Limiter::SharedConcurrency(c) => {
+                        // This instance's copies (exact): the fleet's is their sum.
+                        let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
+                        all.add(gauge(c.limiter.in_use_here()));
+                        if let Some(global) = c.params.global {
+                            self.max
+                                .with_label_values(&[at[0], at[1], "_all"])
+                                .set(gauge(global));
+                        }
+                        for (i, g) in c.groups.iter().enumerate() {
+                            let labels = [at[0], at[1], g.name.as_str()];
+                            self.in_use
+                                .with_label_values(&labels)
+                                .add(gauge(c.limiter.group_in_use_here(i)));
                             if let Some(&max) = c.params.groups.get(i) {
                                 self.max.with_label_values(&labels).set(gauge(max));
                             }

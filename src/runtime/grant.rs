@@ -9,11 +9,12 @@
 //! | `SlidingLog` | [`SlidingLog::acquire_many`](crate::limits::SlidingLog::acquire_many): the smallest room over the windows | each window's max |
 //! | `Tiered` | [`TieredLimiter::acquire_many`](crate::limits::TieredLimiter::acquire_many): copies fill the current tier, then burst | the decision: tier, which limit decided |
 //! | `SharedTokenBucket`, `SharedRate` | one script call with a `min` (`token_bucket.lua`, `rate.lua`), the fallback's `acquire_many` past the budget | as local, plus where the answer came from |
+//! | `SharedSlidingLog`, `SharedTiered` | one script call with `(min, want)` and the caller's time (`sliding_log.lua`, `tiered.lua`) | as local, plus where the answer came from |
 //!
 //! `Inflight` and `Concurrency` hold units for as long as their holder lives: they are
 //! reserved and released (`CH.RESERVE`/`CH.RELEASE`, see [`ConcurrencyRt::groups_of`]),
-//! never requested. A new variant (a shared tiered or sliding log) gets its arm in
-//! [`Limiter::grant`]: the match is exhaustive, so the compiler points here.
+//! never requested. A new variant gets its arm in [`Limiter::grant`]: the match is
+//! exhaustive, so the compiler points here.
 
 use crate::limits::{Facts, Grant, Nanos, TieredDecision};
 use crate::runtime::limiter::{ConcurrencyRt, Limiter};
@@ -60,7 +61,10 @@ impl Limiter {
     pub fn requestable(&self) -> bool {
         !matches!(
             self,
-            Limiter::Inflight(_) | Limiter::Concurrency(_) | Limiter::SharedInflight(_)
+            Limiter::Inflight(_)
+                | Limiter::Concurrency(_)
+                | Limiter::SharedInflight(_)
+                | Limiter::SharedConcurrency(_)
         )
     }
 
@@ -104,9 +108,32 @@ impl Limiter {
             Limiter::SharedRate(l) => {
                 Granted::shared(l.limiter.acquire_many(key, min, want, now, at).await)
             }
-            Limiter::Inflight(_) | Limiter::Concurrency(_) | Limiter::SharedInflight(_) => {
-                return Err(NotRequestable(self.kind()))
+            Limiter::SharedSlidingLog(l) => {
+                let d = l.limiter.acquire_at(key, min, want, now, at).await;
+                Granted {
+                    grant: Grant {
+                        verdict: d.verdict,
+                        granted: d.granted,
+                    },
+                    source: Some(d.source),
+                    tiered: None,
+                }
             }
+            Limiter::SharedTiered(l) => {
+                let d = l.limiter.acquire_at(key, min, want, now, at).await;
+                Granted {
+                    grant: Grant {
+                        verdict: d.decision.verdict,
+                        granted: d.decision.granted,
+                    },
+                    source: Some(d.source),
+                    tiered: Some(d.decision),
+                }
+            }
+            Limiter::Inflight(_)
+            | Limiter::Concurrency(_)
+            | Limiter::SharedInflight(_)
+            | Limiter::SharedConcurrency(_) => return Err(NotRequestable(self.kind())),
         })
     }
 }
@@ -124,7 +151,12 @@ impl Limiter {
             Limiter::Tiered(l) => l.params.tiers.first().map(|t| t.limit),
             Limiter::SharedTokenBucket(l) => Some(l.params.capacity),
             Limiter::SharedRate(l) => Some(l.rate.max),
-            Limiter::Inflight(_) | Limiter::Concurrency(_) | Limiter::SharedInflight(_) => None,
+            Limiter::SharedSlidingLog(l) => l.windows.iter().map(|w| w.max).min(),
+            Limiter::SharedTiered(l) => l.params.tiers.first().map(|t| t.limit),
+            Limiter::Inflight(_)
+            | Limiter::Concurrency(_)
+            | Limiter::SharedInflight(_)
+            | Limiter::SharedConcurrency(_) => None,
         }
     }
 }

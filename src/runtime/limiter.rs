@@ -23,8 +23,9 @@ use crate::limits::{
 };
 use crate::segments::Segment;
 use crate::store::{
-    KeyNames, RedisStore, SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket,
-    SharedVerdict, Source,
+    KeyNames, LogDecision, RedisStore, SharedConcurrency, SharedConcurrencyGuard, SharedInflight,
+    SharedInflightGuard, SharedRate, SharedSlidingLog, SharedTiered, SharedTieredDecision,
+    SharedTokenBucket, SharedVerdict, Source,
 };
 
 /// A cost header that is not a positive integer: answered with 400, because a caller that
@@ -87,6 +88,25 @@ pub enum Hold {
     /// A fleet-wide inflight unit: given back when dropped, locally at once and to the
     /// store in the background.
     SharedInflight(SharedInflightGuard),
+    /// Entries a shared sliding log recorded (in the store, or by its fallback): removed
+    /// exactly, in the background, if a later limit rejects.
+    SharedLog {
+        /// The key charged (its stable hash).
+        key: u64,
+        /// The decision, with what its refund needs.
+        decision: Box<LogDecision>,
+    },
+    /// Hits a shared tiered limit recorded: taken back in the background if a later limit
+    /// rejects (tier entries stay).
+    SharedTiered {
+        /// The key charged (its stable hash).
+        key: u64,
+        /// The decision, with what its refund needs.
+        decision: Box<SharedTieredDecision>,
+    },
+    /// Fleet-wide concurrency copies: given back when dropped, locally at once and to the
+    /// store in the background.
+    SharedConcurrency(SharedConcurrencyGuard),
 }
 
 impl Hold {
@@ -95,7 +115,10 @@ impl Hold {
     pub fn held_upstream(&self) -> bool {
         matches!(
             self,
-            Hold::Inflight(_) | Hold::Concurrency(_) | Hold::SharedInflight(_)
+            Hold::Inflight(_)
+                | Hold::Concurrency(_)
+                | Hold::SharedInflight(_)
+                | Hold::SharedConcurrency(_)
         )
     }
 }
@@ -320,6 +343,48 @@ pub struct SharedInflightRt {
     pub limiter: Arc<SharedInflight>,
 }
 
+/// A tiered limit shared through a store.
+pub struct SharedTieredRt {
+    /// The store's name.
+    pub store: String,
+    /// The normalized tiers, hard and global limits (the script takes them all).
+    pub params: TieredParams,
+    /// `max_keys` of the local fallback.
+    pub max_keys: usize,
+    /// The store's limiter, with its fallback (and, on a Cluster, its global share).
+    pub limiter: Arc<SharedTiered>,
+}
+
+/// A concurrency limit shared through a store: per-holder counts under leases.
+pub struct SharedConcurrencyRt {
+    /// The store's name.
+    pub store: String,
+    /// Copies one key may hold across the fleet; 0 blocks.
+    pub max: u64,
+    /// The groups, in bit order (their names name their counters in the store).
+    pub groups: Vec<GroupRt>,
+    /// Max, global and group maxes.
+    pub params: ConcurrencyParams,
+    /// `max_keys` of the local fallback.
+    pub max_keys: usize,
+    /// The store's limiter, with its fallback and lease renewals.
+    pub limiter: Arc<SharedConcurrency>,
+}
+
+/// A sliding log shared through a store.
+pub struct SharedSlidingLogRt {
+    /// The store's name.
+    pub store: String,
+    /// The windows.
+    pub windows: Vec<LogWindow>,
+    /// A fixed cost, or the header to read it from (clamped to the largest window's max).
+    pub cost: CostRt,
+    /// `max_keys` of the local fallback.
+    pub max_keys: usize,
+    /// The store's limiter, with its fallback and deny cache.
+    pub limiter: Arc<SharedSlidingLog>,
+}
+
 /// A limit variant's kind, parameters and state.
 pub enum Limiter {
     /// `kind: inflight`.
@@ -340,6 +405,12 @@ pub enum Limiter {
     SharedRate(SharedRateRt),
     /// `kind: inflight` with `store:` a shared store.
     SharedInflight(SharedInflightRt),
+    /// `kind: tiered` with `store:` a shared store.
+    SharedTiered(SharedTieredRt),
+    /// `kind: concurrency` with `store:` a shared store.
+    SharedConcurrency(SharedConcurrencyRt),
+    /// `kind: sliding_log` with `store:` a shared store.
+    SharedSlidingLog(SharedSlidingLogRt),
 }
 
 /// What building a variant's limiter needs besides its parameters.
@@ -396,7 +467,7 @@ impl Limiter {
         ctx: BuildCtx<'_>,
     ) -> Result<(Limiter, bool), LimiterError> {
         if let Some(at) = ctx.shared {
-            return Self::build_shared(params, previous, at);
+            return Self::build_shared(params, previous, at, ctx.segments);
         }
         let segments = ctx.segments;
         Ok(match params {
@@ -558,6 +629,7 @@ impl Limiter {
         params: &LimitParams,
         previous: Option<&Limiter>,
         at: SharedAt<'_>,
+        segments: &HashMap<String, Arc<Segment>>,
     ) -> Result<(Limiter, bool), LimiterError> {
         let store = at.name.to_string();
         Ok(match params {
@@ -650,11 +722,130 @@ impl Limiter {
                 };
                 (Limiter::SharedInflight(rt), reused)
             }
-            other => {
-                return Err(LimiterError(format!(
-                    "kind `{}` cannot keep its state in a shared store",
-                    other.kind()
-                )))
+            LimitParams::Tiered { tiered, max_keys } => {
+                let kept = match previous {
+                    Some(Limiter::SharedTiered(p))
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.params == *tiered
+                            && p.max_keys == *max_keys =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = match kept {
+                    Some(l) => l,
+                    None => Arc::new(
+                        SharedTiered::new(at.store, at.names, tiered, *max_keys)
+                            .map_err(|e| LimiterError(e.to_string()))?,
+                    ),
+                };
+                let rt = SharedTieredRt {
+                    store,
+                    params: tiered.clone(),
+                    max_keys: *max_keys,
+                    limiter,
+                };
+                (Limiter::SharedTiered(rt), reused)
+            }
+            LimitParams::Concurrency {
+                max,
+                global,
+                groups,
+                max_keys,
+            } => {
+                let params = ConcurrencyParams {
+                    max: *max,
+                    global: *global,
+                    groups: groups.iter().map(|g| g.max).collect(),
+                };
+                let live = groups
+                    .iter()
+                    .map(|g| group_rt(g, segments))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+                // The counters are named after the groups: the state is kept while they,
+                // the maxes and the store are unchanged (members may change: a guard
+                // releases to the groups it took from).
+                let kept = match previous {
+                    Some(Limiter::SharedConcurrency(p))
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.params == params
+                            && p.max_keys == *max_keys
+                            && p.groups
+                                .iter()
+                                .map(|g| g.name.as_str())
+                                .eq(names.iter().copied()) =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = match kept {
+                    Some(l) => l,
+                    None => Arc::new(
+                        SharedConcurrency::new(
+                            at.store,
+                            at.names,
+                            params.clone(),
+                            &names,
+                            *max_keys,
+                        )
+                        .map_err(|e| LimiterError(e.to_string()))?,
+                    ),
+                };
+                let rt = SharedConcurrencyRt {
+                    store,
+                    max: *max,
+                    groups: live,
+                    params,
+                    max_keys: *max_keys,
+                    limiter,
+                };
+                (Limiter::SharedConcurrency(rt), reused)
+            }
+            LimitParams::SlidingLog {
+                windows,
+                cost,
+                max_keys,
+            } => {
+                let kept = match previous {
+                    Some(Limiter::SharedSlidingLog(p))
+                        if p.store == store
+                            && p.limiter.store().same_as(at.store)
+                            && p.windows == *windows
+                            && p.max_keys == *max_keys =>
+                    {
+                        Some(p.limiter.clone())
+                    }
+                    _ => None,
+                };
+                let reused = kept.is_some();
+                let limiter = match kept {
+                    Some(l) => l,
+                    None => Arc::new(
+                        SharedSlidingLog::new(
+                            at.store,
+                            at.names,
+                            windows,
+                            *max_keys,
+                            at.deny_cache,
+                        )
+                        .map_err(|e| LimiterError(e.to_string()))?,
+                    ),
+                };
+                let rt = SharedSlidingLogRt {
+                    store,
+                    windows: windows.clone(),
+                    cost: CostRt::of(cost),
+                    max_keys: *max_keys,
+                    limiter,
+                };
+                (Limiter::SharedSlidingLog(rt), reused)
             }
         })
     }
@@ -664,7 +855,12 @@ impl Limiter {
     pub fn is_shared(&self) -> bool {
         matches!(
             self,
-            Limiter::SharedTokenBucket(_) | Limiter::SharedRate(_) | Limiter::SharedInflight(_)
+            Limiter::SharedTokenBucket(_)
+                | Limiter::SharedRate(_)
+                | Limiter::SharedInflight(_)
+                | Limiter::SharedTiered(_)
+                | Limiter::SharedConcurrency(_)
+                | Limiter::SharedSlidingLog(_)
         )
     }
 
@@ -680,6 +876,9 @@ impl Limiter {
             Limiter::SharedTokenBucket(_) => Kind::TokenBucket,
             Limiter::SharedRate(_) => Kind::Rate,
             Limiter::SharedInflight(_) => Kind::Inflight,
+            Limiter::SharedTiered(_) => Kind::Tiered,
+            Limiter::SharedConcurrency(_) => Kind::Concurrency,
+            Limiter::SharedSlidingLog(_) => Kind::SlidingLog,
         }
     }
 
@@ -726,6 +925,47 @@ impl Limiter {
                     )
                 }
             },
+            Limiter::SharedTiered(l) => {
+                let d = l.limiter.acquire(key, now).await;
+                let verdict = d.decision.verdict;
+                let policy = u8::try_from(d.decision.tier.saturating_sub(1)).unwrap_or(0);
+                let hold = verdict.allowed.then(|| Hold::SharedTiered {
+                    key,
+                    decision: Box::new(d),
+                });
+                Decision {
+                    verdict,
+                    hold,
+                    policy,
+                }
+            }
+            Limiter::SharedConcurrency(l) => {
+                let mask = group_mask(&l.groups, facts);
+                match l.limiter.acquire(key, mask, 1).await.result {
+                    Ok(guard) => Decision::of(
+                        Verdict::allow(guard.remaining(), 0),
+                        Some(Hold::SharedConcurrency(guard)),
+                    ),
+                    Err(rejection) => {
+                        let mut v = rejection.verdict();
+                        if rejection.max == 0 {
+                            v.retry_after = NEVER;
+                        }
+                        Decision::of(v, None)
+                    }
+                }
+            }
+            Limiter::SharedSlidingLog(l) => {
+                let cap = l.windows.iter().map(|w| w.max).max().unwrap_or(0);
+                let cost = l.cost.resolve(facts, cap)?;
+                let d = l.limiter.acquire(key, cost, now).await;
+                let verdict = d.verdict;
+                let hold = verdict.allowed.then(|| Hold::SharedLog {
+                    key,
+                    decision: Box::new(d),
+                });
+                Decision::of(verdict, hold)
+            }
             Limiter::Inflight(l) => match l.state.acquire(key, l.max) {
                 Ok((guard, estimate)) => Decision::of(
                     Verdict::allow(l.max.saturating_sub(estimate), 0),
@@ -762,12 +1002,7 @@ impl Limiter {
                 }
             }
             Limiter::Concurrency(l) => {
-                let mask = l
-                    .groups
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, g)| g.members.contains(facts))
-                    .fold(0u64, |m, (i, _)| m | 1 << i);
+                let mask = group_mask(&l.groups, facts);
                 match l.state.acquire(key, mask, 1) {
                     Ok(guard) => Decision::of(guard.verdict(), Some(Hold::Concurrency(guard))),
                     Err(rejection) => {
@@ -811,7 +1046,14 @@ impl Limiter {
             (Limiter::SharedRate(l), Hold::SharedRefund { key, cost, source }) => {
                 l.limiter.refund(key, cost, source, now)
             }
+            (Limiter::SharedTiered(l), Hold::SharedTiered { key, decision }) => {
+                l.limiter.refund(key, &decision, now)
+            }
+            (Limiter::SharedSlidingLog(l), Hold::SharedLog { key, decision }) => {
+                l.limiter.refund(key, &decision)
+            }
             (_, Hold::SharedInflight(guard)) => drop(guard),
+            (_, Hold::SharedConcurrency(guard)) => drop(guard),
             // Dropping a guard gives its units back.
             (_, Hold::Inflight(guard)) => drop(guard),
             (_, Hold::Concurrency(guard)) => drop(guard),
@@ -819,6 +1061,15 @@ impl Limiter {
             _ => {}
         }
     }
+}
+
+/// The groups `facts` belong to, as a bitset (bit `i`: group `i`).
+fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u64 {
+    groups
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.members.contains(facts))
+        .fold(0u64, |m, (i, _)| m | 1 << i)
 }
 
 /// A group, live: its members' values gathered in a set, or its segment looked up.

@@ -29,10 +29,18 @@
 //! `tollgate:shop:api_tokens:b:{9f86d081884c7d65}:tb`, where VARIANT is `b` for the limit's
 //! base parameters or `oN` for its override number N (0-based, config order), HASH the
 //! 16 lower-case hex digits of the stable hash and KIND the state's type (`tb` token
-//! bucket, `rate`, `ic`/`il` inflight counts and leases). The braces are a Redis Cluster
-//! hash tag: the slot depends only on the hash, so the keys of one limit key share a slot
-//! and one script can touch them all. `{`, `}` and `%` in the prefix, origin or limit
-//! names are written `%7B`, `%7D` and `%25`, so a name can never open a hash tag of its own.
+//! bucket, `rate`, `ic`/`il` inflight counts and leases, `sl` sliding log, `ts`/`t1`..
+//! `t16`/`th` tier state, tier logs and hard log, `cc`/`cl` concurrency counts and
+//! leases). The braces are a Redis Cluster hash tag: the slot depends only on the hash, so
+//! the keys of one limit key share a slot and one script can touch them all. `{`, `}` and
+//! `%` in the prefix, origin, limit or group names are written `%7B`, `%7D` and `%25`, so a
+//! name can never open a hash tag of its own.
+//!
+//! **Names across keys.** State a limit variant keeps for all its keys (a concurrency
+//! limit's global and group counts, a tiered global count) is named
+//! `PREFIX ORIGIN ":" LIMIT ":" VARIANT ":{l" HASH "}:" KIND`, HASH being the stable hash of
+//! the fixed part before it ([`KeyNames::limit_key`]): one Cluster slot per variant, never
+//! a key's (see `docs/architecture.md` for what that means for the scripts).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -125,18 +133,58 @@ pub enum StateKind {
     InflightCounts,
     /// Inflight leases per instance: sorted set `{instance: lease end µs}`.
     InflightLeases,
+    /// A sliding log: sorted set `{entry: instant µs}`.
+    SlidingLog,
+    /// A tiered key's tier state: hash `{e<i>: instant tier i was entered, µs}`.
+    TieredState,
+    /// Tier `i`'s access log (1-based): sorted set `{hit: instant µs}`.
+    TierLog(u8),
+    /// A tiered key's hard-limit log: sorted set `{hit: instant µs}`.
+    TieredHard,
+    /// A key's concurrency copies per holder: hash `{holder: copies}`.
+    ConcurrencyCounts,
+    /// A key's concurrency leases per holder: sorted set `{holder: lease end µs}`.
+    ConcurrencyLeases,
 }
 
 impl StateKind {
     /// The name suffix.
-    pub fn suffix(self) -> &'static str {
+    pub fn suffix(&self) -> &'static str {
         match self {
             StateKind::TokenBucket => "tb",
             StateKind::Rate => "rate",
             StateKind::InflightCounts => "ic",
             StateKind::InflightLeases => "il",
+            StateKind::SlidingLog => "sl",
+            StateKind::TieredState => "ts",
+            StateKind::TierLog(i) => TIER_LOGS.get(usize::from(*i)).copied().unwrap_or("t"),
+            StateKind::TieredHard => "th",
+            StateKind::ConcurrencyCounts => "cc",
+            StateKind::ConcurrencyLeases => "cl",
         }
     }
+}
+
+/// The suffixes of tier logs `t1` .. `t16`, as static strings (index = tier).
+const TIER_LOGS: [&str; 17] = [
+    "t", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10", "t11", "t12", "t13", "t14",
+    "t15", "t16",
+];
+
+/// State one limit variant keeps across all its keys (a global limit, a group's count):
+/// named under the variant's own hash tag (see [`KeyNames::limit_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitState<'a> {
+    /// A tiered limit's global count: hash `{s: aligned second, c: count}`.
+    TieredGlobal,
+    /// A concurrency limit's global copies per holder: hash `{holder: copies}`.
+    ConcurrencyGlobal,
+    /// Their leases: sorted set `{holder: lease end µs}`.
+    ConcurrencyGlobalLeases,
+    /// A concurrency group's copies per holder, by group name.
+    GroupCounts(&'a str),
+    /// Their leases.
+    GroupLeases(&'a str),
 }
 
 /// The fixed part of the key names of one limit variant: `PREFIX ORIGIN:LIMIT:VARIANT:`,
@@ -180,6 +228,32 @@ impl KeyNames {
         let mut name = String::with_capacity(self.base.len() + 24);
         name.push_str(&self.base);
         let _ = write!(name, "{{{hash:016x}}}:{}", kind.suffix());
+        name
+    }
+
+    /// The name of state the variant keeps across all its keys:
+    /// `BASE "{l" HASH "}:" KIND`, HASH being the stable hash of BASE's bytes (the stable
+    /// seed, XXH3-64, 16 hex digits). Every such name of one variant shares that hash tag,
+    /// hence one Cluster slot; a per-key name never does (its tag is the key's hash).
+    /// Group names are escaped like origin names.
+    pub fn limit_key(&self, state: LimitState<'_>) -> String {
+        let tag = xxhash_rust::xxh3::xxh3_64_with_seed(self.base.as_bytes(), STABLE_SEED);
+        let mut name = String::with_capacity(self.base.len() + 40);
+        name.push_str(&self.base);
+        let _ = write!(name, "{{l{tag:016x}}}:");
+        match state {
+            LimitState::TieredGlobal => name.push_str("tg"),
+            LimitState::ConcurrencyGlobal => name.push_str("cg"),
+            LimitState::ConcurrencyGlobalLeases => name.push_str("cgl"),
+            LimitState::GroupCounts(group) => {
+                name.push_str("cp:");
+                escape_into(&mut name, group);
+            }
+            LimitState::GroupLeases(group) => {
+                name.push_str("cpl:");
+                escape_into(&mut name, group);
+            }
+        }
         name
     }
 
@@ -406,6 +480,37 @@ mod tests {
         assert_eq!(
             KeyNames::scoped("tollgate:", "rl").key(1, StateKind::TokenBucket),
             "tollgate:rl:{0000000000000001}:tb"
+        );
+    }
+
+    #[test]
+    fn names_across_keys_share_one_slot_per_variant() {
+        let names = KeyNames::new("tg:", "shop", "up", Variant::Base);
+        let tag = xxhash_rust::xxh3::xxh3_64_with_seed(b"tg:shop:up:b:", STABLE_SEED);
+        assert_eq!(
+            names.limit_key(LimitState::ConcurrencyGlobal),
+            format!("tg:shop:up:b:{{l{tag:016x}}}:cg")
+        );
+        let all = [
+            names.limit_key(LimitState::TieredGlobal),
+            names.limit_key(LimitState::ConcurrencyGlobalLeases),
+            names.limit_key(LimitState::GroupCounts("big")),
+            names.limit_key(LimitState::GroupLeases("big")),
+        ];
+        assert!(all[2].ends_with(":cp:big") && all[3].ends_with(":cpl:big"));
+        let slot = cluster_slot(all[0].as_bytes());
+        assert!(all.iter().all(|n| cluster_slot(n.as_bytes()) == slot));
+        // Another variant of the same limit has its own slot (almost surely).
+        let other = KeyNames::new("tg:", "shop", "up", Variant::Override(0));
+        assert_ne!(other.limit_key(LimitState::TieredGlobal), all[0]);
+        // Hostile group names stay out of the tag.
+        let evil = names.limit_key(LimitState::GroupCounts("}{x"));
+        assert!(evil.ends_with(":cp:%7D%7Bx"), "{evil}");
+        assert_eq!(cluster_slot(evil.as_bytes()), slot);
+        assert_eq!(StateKind::TierLog(16).suffix(), "t16");
+        assert_eq!(
+            names.key(1, StateKind::TierLog(3)),
+            "tg:shop:up:b:{0000000000000001}:t3"
         );
     }
 

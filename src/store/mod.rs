@@ -3,14 +3,16 @@
 //!
 //! - [`redis`]: the store itself: one pipelined connection on its own runtime thread, a
 //!   budget per call, a breaker with a background probe, one Lua script per decision.
-//! - [`shared`]: the limiters the runtime calls, one per kind ([`SharedTokenBucket`],
-//!   [`SharedRate`], [`SharedInflight`]): each asks the store and, when the store cannot
-//!   answer in time, decides with its fallback; each says where its answer came from
-//!   ([`Source`]).
+//! - [`shared`], [`shared_log`], [`shared_tiered`], [`shared_concurrency`]: the limiters the
+//!   runtime calls, one per kind ([`SharedTokenBucket`], [`SharedRate`], [`SharedInflight`],
+//!   [`SharedSlidingLog`], [`SharedTiered`], [`SharedConcurrency`]): each asks the store
+//!   and, when the store cannot answer in time, decides with its fallback; each says where
+//!   its answer came from ([`Source`]).
 //! - [`deny_cache`]: rejections remembered locally until their `retry_after`, so that a
 //!   flood from one key does not become a flood of store calls.
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
 //! - [`breaker`]: the circuit breaker.
+//! - `held`: what this instance holds in leased counts, the truth each renewal writes.
 //!
 //! The semantics are exactly the in-process limiters' (`crate::limits`): the scripts are
 //! the same algorithms over state in Redis, and a shared test table checks both against
@@ -18,17 +20,27 @@
 
 pub mod breaker;
 pub mod deny_cache;
+mod held;
 pub mod key;
 pub mod redis;
 pub mod shared;
+pub mod shared_concurrency;
+pub mod shared_log;
+pub mod shared_tiered;
 
-pub use self::redis::{default_instance, Endpoint, Fallback, Micros, RedisStore, RedisStoreConfig};
+pub use self::redis::{
+    default_instance, CounterKeys, CountersOutcome, Endpoint, EntryId, Fallback, GlobalArg,
+    LogGrant, Micros, RedisStore, RedisStoreConfig, TieredGrant,
+};
 pub use deny_cache::DenyCache;
-pub use key::{stable_key_hash, KeyNames, StateKind, Variant};
+pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};
 pub use shared::{
     InflightOutcome, SharedGrant, SharedInflight, SharedInflightGuard, SharedRate,
     SharedTokenBucket, SharedVerdict, Source,
 };
+pub use shared_concurrency::{ConcurrencyOutcome, SharedConcurrency, SharedConcurrencyGuard};
+pub use shared_log::{LogDecision, LogTicket, SharedSlidingLog};
+pub use shared_tiered::{SharedTiered, SharedTieredDecision, TieredTicket};
 
 /// Why a store call did not produce an answer. Only construction errors (`BadUrl`,
 /// `Runtime`) reach the config; the others make the caller fall back.

@@ -2,8 +2,9 @@
 //! runtime calls one async method and gets a decision and where it came from.
 //!
 //! A decision goes, in order, to:
-//! 1. the local deny cache (token bucket and rate, not `strict`): a key the store rejected
-//!    is rejected here until its `retry_after`, without a store call ([`Source::DenyCache`]);
+//! 1. the local deny cache (token bucket, rate and sliding log, not `strict`): a key the
+//!    store rejected is rejected here until its `retry_after`, without a store call
+//!    ([`Source::DenyCache`]);
 //! 2. the store, within its budget ([`Source::Store`]);
 //! 3. the fallback, when the store missed its budget, answered an error or its breaker is
 //!    open ([`Source::Fallback`], counted in `tollgate_store_fallback_decisions_total`):
@@ -27,21 +28,20 @@
 //!
 //! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
 //! admitted them: the store or the fallback). A background task on the store's runtime
-//! renews this instance's lease every `lease / 3` for every key it holds, writing that
-//! local count to Redis: Redis is repaired from the local truth at each renewal (units
-//! admitted by the fallback, releases lost while Redis was away). A guard's drop gives
+//! renews this instance's lease every `lease / 3` for every key it holds, repairing Redis
+//! from the local truth: a key Redis may disagree about (*dirty*: units admitted by the
+//! fallback, a release lost while Redis was away) gets the local count written over
+//! Redis's; a clean key keeps Redis's count, which may already include an acquire or a
+//! release on its way back here (overwriting it would undo that one), and gets the local
+//! count only if Redis lost it (a restart, an expired lease). A guard's drop gives
 //! the unit back locally at once and sends the release in the background (only for units
 //! the store admitted, and only while the store is up): it never waits for Redis and never
-//! fails. A key whose units all went back with releases that landed costs no renewal; one
-//! that Redis may disagree about is written at the next renewal. Between renewals Redis
-//! can be off by the operations racing one (a release or acquire landing just after a
-//! renewal read the local count): at most one renewal interval.
+//! fails. A key whose units all went back with releases that landed costs no renewal. A
+//! dirty key's overwrite can race an operation in flight; the key then stays dirty and is
+//! written again at the next renewal: Redis is off by it for at most one interval.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-
-use parking_lot::Mutex;
 
 use crate::limits::clock::{nanos, Nanos};
 use crate::limits::inflight::{InflightGuard, InflightLimiter};
@@ -50,6 +50,7 @@ use crate::limits::sketch::SketchSize;
 use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::store::deny_cache::DenyCache;
+use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::redis::{Fallback, Micros, RedisStore};
 
@@ -117,7 +118,7 @@ fn cached(verdict: Verdict) -> SharedGrant {
 pub const DEFAULT_DENY_CACHE_KEYS: usize = 4096;
 
 /// `⌈v / n⌉`, this instance's share of `v` across `n` instances.
-fn share(v: u64, n: u32) -> u64 {
+pub(crate) fn share(v: u64, n: u32) -> u64 {
     v.div_ceil(u64::from(n.max(1)))
 }
 
@@ -138,7 +139,7 @@ pub fn local_bucket_share(p: TokenBucketParams, n: u32) -> TokenBucketParams {
 }
 
 /// The fallback `deny` verdict: retry after one probe interval.
-fn denied(store: &RedisStore) -> Verdict {
+pub(crate) fn denied(store: &RedisStore) -> Verdict {
     Verdict::reject(0, 0, nanos(store.config().probe_every).max(1))
 }
 
@@ -539,7 +540,7 @@ impl SharedInflight {
     pub async fn acquire(&self, key: u64) -> InflightOutcome {
         let s = &self.shared;
         let guard = |source, local| {
-            s.held.add(key, source != Source::Store);
+            s.held.add(key, 1, source != Source::Store);
             SharedInflightGuard {
                 shared: Arc::clone(s),
                 key,
@@ -601,7 +602,7 @@ impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
         let send = self.source == Source::Store && s.store.is_up();
-        s.held.sub(self.key, !send);
+        s.held.sub(self.key, 1, !send);
         if send {
             let (shared, key) = (Arc::clone(s), self.key);
             s.store.handle().spawn(async move {
@@ -630,93 +631,19 @@ async fn renew_loop(shared: Weak<InflightShared>, every: Duration) {
         }
         // Concurrent calls on the multiplexed connection: one pipelined burst.
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count) in s.held.to_renew() {
+        for (key, count, dirty) in s.held.to_renew() {
             let s = Arc::clone(&s);
             calls.spawn(async move {
-                if s.store.inflight_renew(&s.names, key, count).await.is_ok() {
+                if s.store
+                    .inflight_renew(&s.names, key, count, dirty)
+                    .await
+                    .is_ok()
+                {
                     s.held.renewed(key, count);
                 }
             });
         }
         while calls.join_next().await.is_some() {}
-    }
-}
-
-/// Units this instance holds per key: 16 shards of maps behind their own locks, so that
-/// concurrent requests rarely share a lock.
-///
-/// An entry is `dirty` when Redis may disagree with it: a unit the fallback admitted, or a
-/// release that was not sent or failed. A renewal writes every held or dirty key and
-/// cleans it; a key back to 0 units and clean (its releases all landed) is forgotten at
-/// the next renewal without a store call, so keys that come and go cost nothing extra.
-struct Held {
-    shards: Box<[Mutex<HashMap<u64, Units, ahash::RandomState>>]>,
-}
-
-/// One key's units and whether Redis may disagree.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Units {
-    count: u64,
-    dirty: bool,
-}
-
-impl Held {
-    fn new() -> Self {
-        Self {
-            shards: (0..16)
-                .map(|_| Mutex::new(HashMap::with_hasher(ahash::RandomState::new())))
-                .collect(),
-        }
-    }
-
-    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, Units, ahash::RandomState>> {
-        &self.shards[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize]
-    }
-
-    /// One more unit; `dirty` when Redis did not count it.
-    fn add(&self, key: u64, dirty: bool) {
-        let mut shard = self.shard(key).lock();
-        let units = shard.entry(key).or_default();
-        units.count += 1;
-        units.dirty |= dirty;
-    }
-
-    /// One unit fewer; `dirty` when Redis will not hear of it.
-    fn sub(&self, key: u64, dirty: bool) {
-        let mut shard = self.shard(key).lock();
-        let units = shard.entry(key).or_default();
-        units.count = units.count.saturating_sub(1);
-        units.dirty |= dirty;
-    }
-
-    /// Redis may disagree about `key` (a release that failed).
-    fn mark_dirty(&self, key: u64) {
-        self.shard(key).lock().entry(key).or_default().dirty = true;
-    }
-
-    fn get(&self, key: u64) -> u64 {
-        self.shard(key).lock().get(&key).map_or(0, |u| u.count)
-    }
-
-    /// The keys to renew (held or dirty) with their counts; forgets clean zeros.
-    fn to_renew(&self) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            shard.retain(|_, u| u.count > 0 || u.dirty);
-            out.extend(shard.iter().map(|(&k, u)| (k, u.count)));
-        }
-        out
-    }
-
-    /// A renewal wrote `count` for `key`: clean if it still holds that count.
-    fn renewed(&self, key: u64, count: u64) {
-        let mut shard = self.shard(key).lock();
-        if let Some(units) = shard.get_mut(&key) {
-            if units.count == count {
-                units.dirty = false;
-            }
-        }
     }
 }
 
@@ -745,36 +672,5 @@ mod tests {
         assert_eq!(local_bucket_share(p(1, 1, SEC), 5), p(1, 1, 5 * SEC));
         assert_eq!(local_bucket_share(p(0, 0, 0), 0), p(0, 1, 1));
         assert_eq!((share(100, 3), share(0, 3), share(7, 0)), (34, 0, 7));
-    }
-
-    #[test]
-    fn held_counts_exactly_and_renews_only_what_redis_may_not_know() {
-        let h = Held::new();
-        h.add(1, false);
-        h.add(1, false);
-        h.add(2, true);
-        h.sub(1, false);
-        h.sub(3, false);
-        assert_eq!((h.get(1), h.get(2), h.get(3)), (1, 1, 0));
-        let sorted = |mut v: Vec<(u64, u64)>| {
-            v.sort();
-            v
-        };
-        // Held keys are renewed; a clean zero (key 3) is forgotten without a call.
-        assert_eq!(sorted(h.to_renew()), [(1, 1), (2, 1)]);
-        h.renewed(2, 1);
-        h.sub(1, false);
-        h.sub(2, true);
-        // Key 1's release landed: forgotten. Key 2's did not: renewed with 0, then clean.
-        assert_eq!(h.to_renew(), [(2, 0)]);
-        h.renewed(2, 0);
-        assert_eq!(h.to_renew(), []);
-        // A failed release makes a key dirty again, even after it was forgotten.
-        h.mark_dirty(5);
-        assert_eq!(h.to_renew(), [(5, 0)]);
-        // A renewal that raced a change leaves the key dirty.
-        h.add(6, true);
-        h.renewed(6, 0);
-        assert_eq!(sorted(h.to_renew()), [(5, 0), (6, 1)]);
     }
 }

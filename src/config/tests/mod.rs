@@ -6,4 +6,5 @@ mod fuzz;
 mod hostile;
 mod origin_options;
 mod resources;
+mod stores;
 mod warnings;

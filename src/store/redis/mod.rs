@@ -30,9 +30,12 @@
 //! are returned as [`Nanos`]. Parameters are rounded to whole microseconds (the config's
 //! durations are whole milliseconds).
 
+mod counters;
 mod scripts;
+mod sliding_log;
+mod tiered;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,7 +57,10 @@ use crate::store::breaker::{Breaker, Transition};
 use crate::store::key::{KeyNames, StateKind, Variant};
 use crate::store::StoreError;
 
+pub use counters::{CounterKeys, CountersOutcome};
 pub use scripts::{LuaScript, Scripts};
+pub use sliding_log::LogGrant;
+pub use tiered::{GlobalArg, TieredGrant};
 
 /// Microseconds in Redis's clock (`TIME`: since the Unix epoch).
 pub type Micros = u64;
@@ -144,6 +150,9 @@ pub const SCRIPT_MAX: u64 = 1 << 50;
 pub const RATE_MAX: u64 = 1 << 25;
 /// A window is at most 2^27 ticks (see rate.lua).
 const RATE_TICKS: u64 = 1 << 27;
+/// The most entries one sliding-log decision records (each is a sorted-set member): larger
+/// costs are clamped, so that no single script runs for long.
+pub const SLIDING_LOG_MAX: u64 = 1 << 24;
 
 /// A handle on a Redis store; clones share the connection, breaker and runtime. The
 /// runtime thread stops when the last clone (and the last guard or task holding one) is
@@ -169,6 +178,24 @@ struct Inner {
     /// The next probe replaces the connection.
     reconnect: AtomicBool,
     probe_key: String,
+    /// This store's part of entry ids (see [`RedisStore::entry_id`]).
+    id_tag: String,
+    /// Entry ids handed out so far.
+    ids: AtomicU64,
+}
+
+/// A name unique to one decision, which the entries (sliding log) or hits (tiered) it
+/// records in Redis carry as their sorted-set members, so that a refund removes exactly
+/// them: 12 hex digits that tell this store apart from every other process's (a hash of
+/// the instance name, the process id, the start time and a random seed) and a counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EntryId(Box<str>);
+
+impl EntryId {
+    /// The id as sent to Redis.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Stops the runtime thread when dropped.
@@ -266,6 +293,7 @@ impl RedisStore {
         };
         let (handle, stop) = start_runtime(&config.name)?;
         let probe_key = KeyNames::scoped(&config.prefix, "probe").key(0, StateKind::Rate);
+        let id_tag = id_tag(&config.instance);
         metrics.up.set(0);
         let inner = Arc::new(Inner {
             probe_timeout,
@@ -278,6 +306,8 @@ impl RedisStore {
             wake: Notify::new(),
             reconnect: AtomicBool::new(true),
             probe_key,
+            id_tag,
+            ids: AtomicU64::new(0),
             config,
         });
         handle.spawn(probe_loop(Arc::clone(&inner)));
@@ -301,6 +331,18 @@ impl RedisStore {
     /// The store's name (its metrics label).
     pub fn name(&self) -> &str {
         &self.inner.config.name
+    }
+
+    /// Whether the store is a Redis Cluster: state that spans keys (a global limit, a
+    /// group's count) is then in another slot than a key's, and cannot share its script.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.config.endpoint, Endpoint::Cluster(_))
+    }
+
+    /// A new id, unique to this decision across the fleet (see [`EntryId`]).
+    pub fn entry_id(&self) -> EntryId {
+        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        EntryId(format!("{}{n:x}", self.inner.id_tag).into())
     }
 
     /// Whether the breaker is closed: decisions go to Redis.
@@ -536,19 +578,22 @@ impl RedisStore {
         Ok(scripts::count(scripts::int(&v)?))
     }
 
-    /// Renews this instance's lease on the key and sets its count to `count` (the local
-    /// truth); returns the fleet's total.
+    /// Renews this instance's lease on the key and repairs its count from `count` (the
+    /// local truth): written over Redis's when `dirty` (Redis may disagree), else only if
+    /// Redis lost it (see inflight_renew.lua). Returns the fleet's total.
     pub async fn inflight_renew(
         &self,
         names: &KeyNames,
         hash: u64,
         count: u64,
+        dirty: bool,
     ) -> Result<u64, StoreError> {
         let (counts, leases) = inflight_keys(names, hash);
         let args = [
             Arg::S(&self.inner.config.instance),
             Arg::U(count.min(SCRIPT_MAX)),
             Arg::U(self.lease_micros()),
+            Arg::U(u64::from(dirty)),
         ];
         let s = &self.inner.scripts.inflight_renew;
         let v = self
@@ -742,6 +787,21 @@ impl Inner {
             Target::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
         })
     }
+}
+
+/// 12 hex digits naming this store among every process that ever shares its Redis: a
+/// hash of the instance name, the process id, the wall clock and a random seed, so that a
+/// restarted instance (same name, counter from 0) never reuses an earlier life's ids.
+fn id_tag(instance: &str) -> String {
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let random = ahash::RandomState::new().hash_one(instance);
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(random);
+    h.update(instance.as_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&clock.to_le_bytes());
+    format!("{:012x}", h.digest() >> 16)
 }
 
 /// Probes while the breaker is open, closes it on success; sleeps while it is closed.

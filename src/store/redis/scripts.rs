@@ -50,6 +50,20 @@ pub struct Scripts {
     pub inflight_renew: LuaScript,
     /// Inflight fleet total (read only).
     pub inflight_total: LuaScript,
+    /// Sliding log acquire (several windows, partial grants).
+    pub sliding_log: LuaScript,
+    /// Sliding log refund (exactly one admission's entries).
+    pub sliding_log_refund: LuaScript,
+    /// Tiered acquire (burst tiers, hard and global limits).
+    pub tiered: LuaScript,
+    /// Tiered refund (exactly one admission's hits).
+    pub tiered_refund: LuaScript,
+    /// Concurrency: take copies from several leased counters, all or nothing.
+    pub counters_acquire: LuaScript,
+    /// Concurrency: give copies back.
+    pub counters_release: LuaScript,
+    /// Concurrency: lease renewal and repair.
+    pub counters_renew: LuaScript,
     /// The breaker's probe: a write and TIME.
     pub probe: LuaScript,
 }
@@ -88,12 +102,34 @@ impl Scripts {
                 "inflight_total.lua",
                 include_str!("scripts/inflight_total.lua"),
             ),
+            sliding_log: LuaScript::new("sliding_log.lua", include_str!("scripts/sliding_log.lua")),
+            sliding_log_refund: LuaScript::new(
+                "sliding_log_refund.lua",
+                include_str!("scripts/sliding_log_refund.lua"),
+            ),
+            tiered: LuaScript::new("tiered.lua", include_str!("scripts/tiered.lua")),
+            tiered_refund: LuaScript::new(
+                "tiered_refund.lua",
+                include_str!("scripts/tiered_refund.lua"),
+            ),
+            counters_acquire: LuaScript::new(
+                "counters_acquire.lua",
+                include_str!("scripts/counters_acquire.lua"),
+            ),
+            counters_release: LuaScript::new(
+                "counters_release.lua",
+                include_str!("scripts/counters_release.lua"),
+            ),
+            counters_renew: LuaScript::new(
+                "counters_renew.lua",
+                include_str!("scripts/counters_renew.lua"),
+            ),
             probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
         }
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 10] {
+    pub fn all(&self) -> [&LuaScript; 17] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -104,6 +140,13 @@ impl Scripts {
             &self.inflight_release,
             &self.inflight_renew,
             &self.inflight_total,
+            &self.sliding_log,
+            &self.sliding_log_refund,
+            &self.tiered,
+            &self.tiered_refund,
+            &self.counters_acquire,
+            &self.counters_release,
+            &self.counters_renew,
             &self.probe,
         ]
     }
@@ -158,7 +201,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 10, "distinct scripts");
+        assert_eq!(shas.len(), 17, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),

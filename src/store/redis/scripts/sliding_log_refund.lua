@@ -1,0 +1,56 @@
+-- tollgate: sliding log, refund: removes exactly the entries one admission recorded (a
+-- later limit rejected the request).
+--
+-- KEYS[1]  the log: sorted set {member = entry, score = its instant in µs}
+-- ARGV     id, count, longest (µs), [at]
+--
+-- The admission's entries are the members `id`, `id:2` .. `id:count` (see
+-- sliding_log.lua); entries already pruned, or refunded, are simply not found. The key then
+-- expires when its newest remaining entry leaves the longest window. Returns how many
+-- entries were removed.
+
+local id = ARGV[1]
+local count = tonumber(ARGV[2])
+local longest = tonumber(ARGV[3])
+local replay = ARGV[4] ~= nil
+local now
+if replay then
+  now = tonumber(ARGV[4])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function str(x)
+  return string.format('%.0f', x)
+end
+
+local removed = 0
+local batch = {}
+for j = 1, count do
+  if j == 1 then
+    batch[#batch + 1] = id
+  else
+    batch[#batch + 1] = id .. ':' .. j
+  end
+  if #batch >= 2000 then
+    removed = removed + redis.call('ZREM', KEYS[1], unpack(batch))
+    batch = {}
+  end
+end
+if #batch > 0 then
+  removed = removed + redis.call('ZREM', KEYS[1], unpack(batch))
+end
+
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if newest[2] then
+  local ttl = math.ceil((tonumber(newest[2]) + longest - now) / 1000)
+  if replay then
+    ttl = ttl + 60000
+  end
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('PEXPIRE', KEYS[1], str(ttl))
+end
+return removed

@@ -1,0 +1,631 @@
+//! Charon's copy-limited resources counted across a fleet: exact copies per key, an
+//! optional global limit, and groups (bulkheads), in leased per-holder counters in Redis
+//! (`crate::store::redis::CounterKeys`), with the store's fallback.
+//!
+//! **Leases, as for inflight.** Each counter holds copies per *holder* (this instance's
+//! name and the limiter's incarnation, so two limiters of one process never overwrite
+//! each other's share), each holder's share living one lease. This limiter keeps, per key
+//! and per global and group counter, the exact copies it holds (whoever admitted them: the
+//! store or the fallback): the local truth, from which a background task repairs Redis
+//! every `lease / 3` with the lease renewal, as for inflight (`crate::store::shared`):
+//! written over Redis's count where Redis may have missed something (releases lost while
+//! it was away, copies the fallback admitted, a decision that timed out but ran), restored
+//! where Redis lost it, and left alone otherwise (it may include operations in flight). A
+//! crashed instance's copies are gone after one lease. A guard's drop gives its copies
+//! back locally at once and to Redis in the background, never waiting.
+//!
+//! **Global and group counters span keys.** They live under the limit variant's own hash
+//! tag (`KeyNames::limit_key`), a key's counter under the key's:
+//! - on a standalone Redis one script takes from all of a request's counters at once (key,
+//!   global, its groups), all or nothing: exactly the in-process semantics;
+//! - on a Cluster the key's counter and the variant's counters are two scripts, sent
+//!   together (one round trip, in parallel to their nodes). Each takes all or nothing from
+//!   its own counters; the grant is the smaller of the two, and what one side took beyond
+//!   it (everything, if the other side was full) is given back in the background. No
+//!   counter ever exceeds its max; copies taken and given back can, for that round trip,
+//!   make a racing request see a counter fuller than it ends up: a transient wrong denial,
+//!   bounded by the requests deciding at that instant (`docs/architecture.md`).
+//!
+//! **Reloads.** A guard keeps its limiter's state alive and gives its copies back to the
+//! counters it took them from, with the group mask it was admitted with: a reload that
+//! moves a customer between groups releases to the group the copies came from.
+//!
+//! **Local share.** The fallback is an in-process concurrency limiter whose `max`,
+//! `global` and group maxes are each `⌈x / instances⌉`.
+//!
+//! **Metrics.** `tollgate_concurrency_in_use` reports the copies this instance holds
+//! (exact, local): summed over the fleet, the copies in use.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::limits::concurrency::{
+    ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Limit, Rejection, MAX_GROUPS,
+};
+use crate::store::held::Held;
+use crate::store::key::KeyNames;
+use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
+use crate::store::shared::{share, Source};
+use crate::store::StoreError;
+
+/// Incarnations of shared concurrency limiters in this process.
+static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A concurrency limit counted across the fleet (module doc).
+pub struct SharedConcurrency {
+    shared: Arc<ConcShared>,
+}
+
+struct ConcShared {
+    store: RedisStore,
+    names: KeyNames,
+    /// This limiter's field in every counter: `instance#incarnation`.
+    holder: String,
+    params: ConcurrencyParams,
+    /// Bits of the configured groups.
+    valid: u64,
+    global: Option<CounterKeys>,
+    groups: Vec<CounterKeys>,
+    local: ConcurrencyLimiter,
+    /// Copies held per key.
+    held: Held,
+    /// Copies held in the global counter (index 0) and each group's (1 + i).
+    counts: Box<[Count]>,
+}
+
+/// Copies this limiter holds in one variant-wide counter, and whether Redis may disagree.
+#[derive(Default)]
+struct Count {
+    copies: AtomicU64,
+    dirty: AtomicBool,
+}
+
+/// The outcome of a shared concurrency acquire.
+pub struct ConcurrencyOutcome {
+    /// The guard holding the copies, or the first limit that did not fit.
+    pub result: Result<SharedConcurrencyGuard, Rejection>,
+    /// Who decided.
+    pub source: Source,
+}
+
+/// Copies of a key (and of its global and group counters) held across the fleet. Dropping
+/// it gives them back, exactly once: locally at once, to the store in the background.
+pub struct SharedConcurrencyGuard {
+    shared: Arc<ConcShared>,
+    key: u64,
+    groups: u64,
+    copies: u64,
+    remaining: u64,
+    source: Source,
+}
+
+impl SharedConcurrency {
+    /// A concurrency limit of `params` in `store`, under `names`; `group_names[i]` names
+    /// group `i` (its counter in Redis). The local fallback holds at most `max_keys` keys.
+    /// Starts the renewal task on the store's runtime (it ends when this limiter and its
+    /// last guard are gone).
+    pub fn new(
+        store: &RedisStore,
+        names: KeyNames,
+        params: ConcurrencyParams,
+        group_names: &[&str],
+        max_keys: usize,
+    ) -> Result<Self, ConcurrencyError> {
+        let n = params.groups.len();
+        if n > MAX_GROUPS {
+            return Err(ConcurrencyError::TooManyGroups(n));
+        }
+        let instances = store.config().instances;
+        let local_params = ConcurrencyParams {
+            max: share(params.max, instances),
+            global: params.global.map(|g| share(g, instances)),
+            groups: params.groups.iter().map(|&g| share(g, instances)).collect(),
+        };
+        let local_keys = match store.config().fallback {
+            Fallback::Local => max_keys,
+            Fallback::Allow | Fallback::Deny => 1,
+        };
+        let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
+        let groups = (0..n)
+            .map(|i| {
+                let name = group_names.get(i).copied().unwrap_or("");
+                CounterKeys::group(&names, name)
+            })
+            .collect();
+        let shared = Arc::new(ConcShared {
+            store: store.clone(),
+            holder: format!("{}#{incarnation}", store.config().instance),
+            global: params.global.map(|_| CounterKeys::global(&names)),
+            groups,
+            names,
+            valid: u64::MAX.checked_shr(64 - n as u32).unwrap_or(0),
+            local: ConcurrencyLimiter::new(local_params, local_keys)?,
+            held: Held::new(),
+            counts: (0..=n).map(|_| Count::default()).collect(),
+            params,
+        });
+        let every = (store.config().lease / 3).max(Duration::from_millis(1));
+        store
+            .handle()
+            .spawn(renew_loop(Arc::downgrade(&shared), every));
+        Ok(Self { shared })
+    }
+
+    /// The store this limiter decides in.
+    pub fn store(&self) -> &RedisStore {
+        &self.shared.store
+    }
+
+    /// The parameters (the fleet's).
+    pub fn params(&self) -> &ConcurrencyParams {
+        &self.shared.params
+    }
+
+    /// Takes `copies` for the key hashed to `key` in `groups` (bit `i`: group `i`), or
+    /// nothing: [`SharedConcurrency::acquire_range`] with `min = copies`.
+    pub async fn acquire(&self, key: u64, groups: u64, copies: u64) -> ConcurrencyOutcome {
+        self.acquire_range(key, groups, copies, copies).await
+    }
+
+    /// Takes the largest `n` in `[min, copies]` that fits the key's `max`, the global
+    /// limit and each of the request's groups across the fleet (the fallback's share while
+    /// the store cannot answer), or nothing, naming the first limit (key, global, groups
+    /// by index) that did not fit. A `min` above `copies` is lowered to it; `copies` of 0
+    /// holds nothing. Leases run on Redis's clock: there is no caller time here.
+    pub async fn acquire_range(
+        &self,
+        key: u64,
+        groups: u64,
+        min: u64,
+        copies: u64,
+    ) -> ConcurrencyOutcome {
+        let s = &self.shared;
+        let groups = groups & s.valid;
+        let min = min.min(copies);
+        if copies == 0 {
+            return ConcurrencyOutcome {
+                result: Ok(s.guard(key, groups, 0, s.params.max, Source::Store)),
+                source: Source::Store,
+            };
+        }
+        match s.store_acquire(key, groups, min, copies).await {
+            Ok(Ok((granted, remaining))) => ConcurrencyOutcome {
+                result: Ok(s.guard(key, groups, granted, remaining, Source::Store)),
+                source: Source::Store,
+            },
+            Ok(Err(rejection)) => ConcurrencyOutcome {
+                result: Err(rejection),
+                source: Source::Store,
+            },
+            Err(_) => {
+                // The call may still run in Redis: the next renewal writes the truth.
+                s.held.mark_dirty(key);
+                s.mark_dirty(groups);
+                s.store.metrics().fallback.inc();
+                let result = match s.store.config().fallback {
+                    Fallback::Local => s
+                        .local
+                        .reserve(key, groups, copies, min)
+                        .map(|n| s.guard(key, groups, n, 0, Source::Fallback)),
+                    Fallback::Allow => Ok(s.guard(key, groups, copies, 0, Source::Fallback)),
+                    Fallback::Deny => Err(Rejection {
+                        limit: Limit::Key,
+                        in_use: s.params.max,
+                        max: s.params.max,
+                        wanted: min,
+                    }),
+                };
+                ConcurrencyOutcome {
+                    result,
+                    source: Source::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Copies this instance holds for the key, whoever admitted them.
+    pub fn held(&self, key: u64) -> u64 {
+        self.shared.held.get(key)
+    }
+
+    /// Copies this instance holds across every key of the limit.
+    pub fn in_use_here(&self) -> u64 {
+        self.shared.held.total()
+    }
+
+    /// Copies this instance holds in group `group` (0 for one that does not exist).
+    pub fn group_in_use_here(&self, group: usize) -> u64 {
+        self.shared
+            .counts
+            .get(group + 1)
+            .map_or(0, |c| c.copies.load(Ordering::Relaxed))
+    }
+
+    /// Copies of the global counter and every group's, across the fleet (instances with a
+    /// live lease), in that order: a store call (a renewal that changes no count Redis
+    /// holds), for tests and tools.
+    pub async fn fleet_totals(&self) -> Result<Vec<u64>, StoreError> {
+        let s = &self.shared;
+        let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
+        let counts: Vec<(u64, bool)> = s
+            .shared_counts(&counters)
+            .into_iter()
+            .map(|c| (c, false))
+            .collect();
+        if counters.is_empty() {
+            return Ok(Vec::new());
+        }
+        s.store.counters_renew(&s.holder, &counters, &counts).await
+    }
+
+    /// Keys the local fallback admitted untracked (its table was full).
+    pub fn untracked_total(&self) -> u64 {
+        self.shared.local.untracked_total()
+    }
+}
+
+impl ConcShared {
+    /// The variant-wide counters a request in `groups` touches, with their maxes and the
+    /// indices of their local counts: global, then groups by index.
+    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, usize, Limit)> {
+        let global = self
+            .global
+            .as_ref()
+            .zip(self.params.global)
+            .map(|(c, max)| (c, max, 0, Limit::Global));
+        let groups = (0..self.groups.len())
+            .filter(move |i| groups & (1 << i) != 0)
+            .map(|i| {
+                (
+                    &self.groups[i],
+                    self.params.groups[i],
+                    i + 1,
+                    Limit::Group(i as u8),
+                )
+            });
+        global.into_iter().chain(groups).collect()
+    }
+
+    /// One decision in the store: `Ok(Ok((granted, remaining)))`, `Ok(Err(rejection))`,
+    /// or the store's error (the caller falls back).
+    async fn store_acquire(
+        self: &Arc<Self>,
+        key: u64,
+        groups: u64,
+        min: u64,
+        copies: u64,
+    ) -> Result<Result<(u64, u64), Rejection>, StoreError> {
+        let own = CounterKeys::of_key(&self.names, key);
+        let shared = self.variant_counters(groups);
+        let reject = |limit, in_use, max| Rejection {
+            limit,
+            in_use,
+            max,
+            wanted: min,
+        };
+        let limit_of = |index: usize| -> (Limit, u64) {
+            if index == 0 {
+                (Limit::Key, self.params.max)
+            } else {
+                shared
+                    .get(index - 1)
+                    .map_or((Limit::Key, self.params.max), |c| (c.3, c.1))
+            }
+        };
+        if shared.is_empty() || !self.store.is_cluster() {
+            // One script over every counter: exact and atomic.
+            let mut counters = vec![&own];
+            counters.extend(shared.iter().map(|c| c.0));
+            let mut maxes = vec![self.params.max];
+            maxes.extend(shared.iter().map(|c| c.1));
+            return Ok(
+                match self
+                    .store
+                    .counters_acquire(&self.holder, &counters, &maxes, min, copies)
+                    .await?
+                {
+                    CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
+                    CountersOutcome::Full { index, in_use } => {
+                        let (limit, max) = limit_of(index);
+                        Err(reject(limit, in_use, max))
+                    }
+                },
+            );
+        }
+        // Cluster: the key's slot and the variant's slot, in parallel.
+        let variant: Vec<&CounterKeys> = shared.iter().map(|c| c.0).collect();
+        let maxes: Vec<u64> = shared.iter().map(|c| c.1).collect();
+        let (own_list, own_max) = ([&own], [self.params.max]);
+        let (mine, theirs) = tokio::join!(
+            self.store
+                .counters_acquire(&self.holder, &own_list, &own_max, min, copies),
+            self.store
+                .counters_acquire(&self.holder, &variant, &maxes, min, copies),
+        );
+        let taken = |r: &Result<CountersOutcome, StoreError>| match r {
+            Ok(CountersOutcome::Granted { granted, .. }) => *granted,
+            _ => 0,
+        };
+        let (k, v) = (taken(&mine), taken(&theirs));
+        let grant = match (&mine, &theirs) {
+            (Ok(CountersOutcome::Granted { .. }), Ok(CountersOutcome::Granted { .. })) => k.min(v),
+            _ => 0,
+        };
+        // Give back what one side took beyond the grant.
+        self.give_back_later(vec![own.clone()], k - grant, Some(key), 0);
+        let variant_owned: Vec<CounterKeys> = variant.iter().map(|c| (*c).clone()).collect();
+        self.give_back_later(variant_owned, v - grant, None, groups);
+        match (mine?, theirs?) {
+            (CountersOutcome::Full { in_use, .. }, _) => {
+                Ok(Err(reject(Limit::Key, in_use, self.params.max)))
+            }
+            (_, CountersOutcome::Full { index, in_use }) => {
+                let (limit, max) = limit_of(index + 1);
+                Ok(Err(reject(limit, in_use, max)))
+            }
+            (
+                CountersOutcome::Granted { remaining: a, .. },
+                CountersOutcome::Granted { remaining: b, .. },
+            ) => {
+                // Remaining as if only `grant` had been taken on each side.
+                let a = a + (k - grant);
+                let b = b + (v - grant);
+                Ok(Ok((grant, a.min(b))))
+            }
+        }
+    }
+
+    /// Sends a release of `copies` to `counters` in the background; if it fails, the key
+    /// (`Some`) or the variant's counters of `groups` are rewritten at the next renewal.
+    fn give_back_later(
+        self: &Arc<Self>,
+        counters: Vec<CounterKeys>,
+        copies: u64,
+        key: Option<u64>,
+        groups: u64,
+    ) {
+        if copies == 0 {
+            return;
+        }
+        let s = Arc::clone(self);
+        self.store.handle().spawn(async move {
+            let refs: Vec<&CounterKeys> = counters.iter().collect();
+            if s.store
+                .counters_release(&s.holder, &refs, copies)
+                .await
+                .is_err()
+            {
+                match key {
+                    Some(key) => s.held.mark_dirty(key),
+                    None => s.mark_dirty(groups),
+                }
+            }
+        });
+    }
+
+    /// The indices of the local counts a request in `groups` touches.
+    fn dirty_indices(&self, groups: u64) -> Vec<usize> {
+        let global = self.params.global.map(|_| 0);
+        global
+            .into_iter()
+            .chain(
+                (0..self.groups.len())
+                    .filter(|i| groups & (1 << i) != 0)
+                    .map(|i| i + 1),
+            )
+            .collect()
+    }
+
+    fn mark_dirty(&self, groups: u64) {
+        for i in self.dirty_indices(groups) {
+            if let Some(c) = self.counts.get(i) {
+                c.dirty.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A guard for `copies` now held (counted locally at once).
+    fn guard(
+        self: &Arc<Self>,
+        key: u64,
+        groups: u64,
+        copies: u64,
+        remaining: u64,
+        source: Source,
+    ) -> SharedConcurrencyGuard {
+        if copies > 0 {
+            let dirty = source != Source::Store;
+            self.held.add(key, copies, dirty);
+            for i in self.dirty_indices(groups) {
+                if let Some(c) = self.counts.get(i) {
+                    c.copies.fetch_add(copies, Ordering::Relaxed);
+                    if dirty {
+                        c.dirty.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        SharedConcurrencyGuard {
+            shared: Arc::clone(self),
+            key,
+            groups,
+            copies,
+            remaining,
+            source,
+        }
+    }
+
+    /// Gives back `copies` a guard of `source` held: locally at once, to the store in the
+    /// background (only for copies the store admitted, and only while it is up).
+    fn put_back(self: &Arc<Self>, key: u64, groups: u64, copies: u64, source: Source) {
+        if copies == 0 {
+            return;
+        }
+        if source == Source::Fallback && self.store.config().fallback == Fallback::Local {
+            let _ = self.local.release(key, groups, copies);
+        }
+        let send = source == Source::Store && self.store.is_up();
+        self.held.sub(key, copies, !send);
+        for i in self.dirty_indices(groups) {
+            if let Some(c) = self.counts.get(i) {
+                let _ = c
+                    .copies
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n.saturating_sub(copies))
+                    });
+                if !send {
+                    c.dirty.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        if !send {
+            return;
+        }
+        let s = Arc::clone(self);
+        self.store.handle().spawn(async move {
+            let own = CounterKeys::of_key(&s.names, key);
+            let variant: Vec<&CounterKeys> =
+                s.variant_counters(groups).iter().map(|c| c.0).collect();
+            let ok = if variant.is_empty() || !s.store.is_cluster() {
+                let mut all = vec![&own];
+                all.extend(variant);
+                s.store
+                    .counters_release(&s.holder, &all, copies)
+                    .await
+                    .is_ok()
+            } else {
+                let own_list = [&own];
+                let (a, b) = tokio::join!(
+                    s.store.counters_release(&s.holder, &own_list, copies),
+                    s.store.counters_release(&s.holder, &variant, copies),
+                );
+                a.is_ok() && b.is_ok()
+            };
+            if !ok {
+                s.held.mark_dirty(key);
+                s.mark_dirty(groups);
+            }
+        });
+    }
+
+    /// This limiter's copies in each of `counters` (global and groups, in order).
+    fn shared_counts(&self, counters: &[&CounterKeys]) -> Vec<u64> {
+        let mut out = Vec::with_capacity(counters.len());
+        let first = usize::from(self.global.is_none());
+        for i in 0..counters.len() {
+            let c = self.counts.get(i + first);
+            out.push(c.map_or(0, |c| c.copies.load(Ordering::Relaxed)));
+        }
+        out
+    }
+}
+
+impl SharedConcurrencyGuard {
+    /// The key whose copies this guard holds.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Copies it holds.
+    pub fn copies(&self) -> u64 {
+        self.copies
+    }
+
+    /// The groups it took copies from (configured bits only).
+    pub fn groups(&self) -> u64 {
+        self.groups
+    }
+
+    /// The smallest room left across its limits right after the admission (0 when the
+    /// fallback admitted it).
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Who admitted the copies.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// Gives back `n` of its copies now (all if `n` is more), keeping the rest; returns
+    /// how many were given back. For callers that release in parts (the limiter API).
+    pub fn release(&mut self, n: u64) -> u64 {
+        let n = n.min(self.copies);
+        self.copies -= n;
+        self.shared.put_back(self.key, self.groups, n, self.source);
+        n
+    }
+}
+
+impl Drop for SharedConcurrencyGuard {
+    fn drop(&mut self) {
+        self.shared
+            .put_back(self.key, self.groups, self.copies, self.source);
+    }
+}
+
+/// Renews this limiter's leases every `every` while the limiter or a guard lives: every
+/// key it holds copies of (or that Redis may disagree about), and its global and group
+/// counts, each repaired from the local truth (module doc).
+async fn renew_loop(shared: Weak<ConcShared>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        if !s.store.is_up() {
+            continue;
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        for (key, count, dirty) in s.held.to_renew() {
+            let s = Arc::clone(&s);
+            calls.spawn(async move {
+                let own = CounterKeys::of_key(&s.names, key);
+                if s.store
+                    .counters_renew(&s.holder, &[&own], &[(count, dirty)])
+                    .await
+                    .is_ok()
+                {
+                    s.held.renewed(key, count);
+                }
+            });
+        }
+        let active = s
+            .counts
+            .iter()
+            .any(|c| c.copies.load(Ordering::Relaxed) > 0 || c.dirty.load(Ordering::Relaxed));
+        if active {
+            let s = Arc::clone(&s);
+            calls.spawn(async move {
+                let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
+                let first = usize::from(s.global.is_none());
+                let before: Vec<(u64, bool)> = s
+                    .counts
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.copies.load(Ordering::Relaxed),
+                            c.dirty.swap(false, Ordering::Relaxed),
+                        )
+                    })
+                    .collect();
+                let counts = &before[first..];
+                let written = !counters.is_empty()
+                    && s.store
+                        .counters_renew(&s.holder, &counters, counts)
+                        .await
+                        .is_ok();
+                for (c, (count, dirty)) in s.counts.iter().zip(&before) {
+                    // Not written, or written while the count moved: the next renewal
+                    // writes it again.
+                    let moved = c.copies.load(Ordering::Relaxed) != *count;
+                    if *dirty && (!written || moved) {
+                        c.dirty.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
+    }
+}

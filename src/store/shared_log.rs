@@ -1,0 +1,269 @@
+//! A sliding log (Grab's frequency caps) whose entries live in a shared store, with the
+//! store's fallback and a deny cache (see `crate::store::shared` for the order: deny
+//! cache, store within its budget, fallback).
+//!
+//! **Exactness.** In Redis each entry is a sorted-set member at its instant in Redis's
+//! microseconds: a window counts exactly the entries of its last `per` (the in-process log
+//! counts to its own time unit, erring strict by less than one unit; both are exact for
+//! windows up to 2 s at whole microseconds, and agree otherwise except within one unit of
+//! an entry's expiry).
+//!
+//! **Partial grants.** [`SharedSlidingLog::acquire_at`] grants the largest `n` in
+//! `[min, cost]` that every window has room for (the proxy passes `min = cost`; the
+//! limiter API a smaller `min`), at Redis's time or a caller's (`at`, a replay).
+//!
+//! **Refunds** remove exactly the entries the admission recorded: in Redis the members
+//! named after its [`EntryId`], locally the entries of its instant.
+//!
+//! **Deny cache.** Sound here: a rejection records nothing, and spending only fills a log,
+//! so a key rejected for `min` stays rejected for `min` or more until its `retry_after`
+//! (unless another instance refunds, the bounded staleness the cache accepts).
+//!
+//! **Local share.** The fallback is an in-process log whose every window's `max` is
+//! `⌈max / instances⌉`.
+
+use std::sync::Arc;
+
+use crate::limits::clock::Nanos;
+use crate::limits::sliding_log::{LogWindow, SlidingLog, SlidingLogError};
+use crate::limits::verdict::{Verdict, NEVER};
+use crate::store::deny_cache::DenyCache;
+use crate::store::key::KeyNames;
+use crate::store::redis::{EntryId, Fallback, Micros, RedisStore, SLIDING_LOG_MAX};
+use crate::store::shared::{denied, share, Source};
+
+/// A sliding log shared through a store.
+pub struct SharedSlidingLog {
+    store: RedisStore,
+    names: Arc<KeyNames>,
+    windows: Arc<[LogWindow]>,
+    local: SlidingLog,
+    deny: Option<DenyCache>,
+}
+
+/// What a refund of a [`LogDecision`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTicket {
+    /// Entries in the store, named after `id`, decided at Redis's time or `at`.
+    Store {
+        /// The decision's id.
+        id: EntryId,
+        /// The caller's time, if it gave one (a refund of a replay uses it too).
+        at: Option<Micros>,
+    },
+    /// Entries in the local fallback, recorded at this local instant.
+    Local(Nanos),
+    /// Nothing recorded (a rejection, a cached rejection, `fallback: allow` or `deny`).
+    None,
+}
+
+/// A sliding-log decision through a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogDecision {
+    /// Admitted or rejected (see [`crate::store::LogGrant`] for the fields).
+    pub verdict: Verdict,
+    /// Entries recorded: in `[min, cost]` when admitted, 0 when rejected.
+    pub granted: u64,
+    /// Who decided.
+    pub source: Source,
+    /// What [`SharedSlidingLog::refund`] needs.
+    pub ticket: LogTicket,
+}
+
+impl SharedSlidingLog {
+    /// A log of `windows` in `store`, under `names`; the local fallback holds at most
+    /// `max_keys` keys (as the in-process limiter would), the deny cache `deny_cache_keys`
+    /// (0: none).
+    pub fn new(
+        store: &RedisStore,
+        names: KeyNames,
+        windows: &[LogWindow],
+        max_keys: usize,
+        deny_cache_keys: usize,
+    ) -> Result<Self, SlidingLogError> {
+        let n = store.config().instances;
+        let shares: Vec<LogWindow> = windows
+            .iter()
+            .map(|w| LogWindow {
+                max: share(w.max, n),
+                per: w.per,
+            })
+            .collect();
+        let local_keys = match store.config().fallback {
+            Fallback::Local => max_keys,
+            Fallback::Allow | Fallback::Deny => 1,
+        };
+        Ok(Self {
+            store: store.clone(),
+            names: Arc::new(names),
+            windows: windows.into(),
+            local: SlidingLog::new(&shares, local_keys)?,
+            deny: (deny_cache_keys > 0).then(|| DenyCache::new(deny_cache_keys)),
+        })
+    }
+
+    /// The store this limiter decides in (a reload keeps the limiter only while the
+    /// runtime keeps this very store).
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// The windows (the fleet's, not the local share).
+    pub fn windows(&self) -> &[LogWindow] {
+        &self.windows
+    }
+
+    /// Decides a request of `cost` entries for the key hashed to `key`, at Redis's time.
+    /// `now` is the local clock (deny cache, fallback).
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> LogDecision {
+        self.acquire_at(key, cost, cost, now, None).await
+    }
+
+    /// Grants the largest `n` in `[min, cost]` that every window has room for, or nothing,
+    /// at Redis's time or `at` (a replay, in Redis's clock). A `min` above `cost` is
+    /// lowered to it. A rejection's `retry_after` is the time until `min` fits, or
+    /// [`NEVER`] if some window's `max` is below `min`.
+    pub async fn acquire_at(
+        &self,
+        key: u64,
+        min: u64,
+        cost: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> LogDecision {
+        let min = min.min(cost);
+        let never = self.windows.iter().any(|w| min > w.max);
+        let decision = self.decide(key, min, cost, now, at).await;
+        if never && !decision.verdict.allowed {
+            return LogDecision {
+                verdict: Verdict {
+                    retry_after: NEVER,
+                    ..decision.verdict
+                },
+                ..decision
+            };
+        }
+        decision
+    }
+
+    async fn decide(
+        &self,
+        key: u64,
+        min: u64,
+        cost: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> LogDecision {
+        let rejected = |verdict, source| LogDecision {
+            verdict,
+            granted: 0,
+            source,
+            ticket: LogTicket::None,
+        };
+        if min > SLIDING_LOG_MAX {
+            // More entries than one script may write: it can never be recorded.
+            return rejected(Verdict::reject(0, 0, NEVER), Source::Store);
+        }
+        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
+            return rejected(verdict, Source::DenyCache);
+        }
+        let id = self.store.entry_id();
+        match self
+            .store
+            .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
+            .await
+        {
+            Ok(grant) => {
+                if let Some(deny) = &self.deny {
+                    deny.insert(key, min, &grant.verdict, now);
+                }
+                let ticket = if grant.granted > 0 {
+                    LogTicket::Store { id, at }
+                } else {
+                    LogTicket::None
+                };
+                LogDecision {
+                    verdict: grant.verdict,
+                    granted: grant.granted,
+                    source: Source::Store,
+                    ticket,
+                }
+            }
+            Err(_) => {
+                self.store.metrics().fallback.inc();
+                match self.store.config().fallback {
+                    Fallback::Local => self.local_decide(key, min, cost, now),
+                    Fallback::Allow => LogDecision {
+                        verdict: Verdict::allow(
+                            self.windows.iter().map(|w| w.max).min().unwrap_or(0),
+                            0,
+                        ),
+                        granted: cost,
+                        source: Source::Fallback,
+                        ticket: LogTicket::None,
+                    },
+                    Fallback::Deny => rejected(denied(&self.store), Source::Fallback),
+                }
+            }
+        }
+    }
+
+    /// The fallback's decision: the in-process log at this instance's share, granting the
+    /// largest `n` in `[min, cost]` its room allows.
+    fn local_decide(&self, key: u64, min: u64, cost: u64, now: Nanos) -> LogDecision {
+        let n = if min == cost {
+            cost
+        } else {
+            let room = self.local.peek(key, 0, now).remaining;
+            cost.min(room).max(min)
+        };
+        let verdict = self.local.acquire(key, n, now);
+        let granted = if verdict.allowed { n } else { 0 };
+        LogDecision {
+            verdict,
+            granted,
+            source: Source::Fallback,
+            ticket: if granted > 0 {
+                LogTicket::Local(now)
+            } else {
+                LogTicket::None
+            },
+        }
+    }
+
+    /// Removes exactly the entries `decision` recorded for the key hashed to `key` (a
+    /// later limit rejected the request). A store refund is sent in the background.
+    pub fn refund(&self, key: u64, decision: &LogDecision) {
+        match &decision.ticket {
+            LogTicket::Store { id, at } => {
+                let (store, names, windows, id, at) = (
+                    self.store.clone(),
+                    Arc::clone(&self.names),
+                    Arc::clone(&self.windows),
+                    id.clone(),
+                    *at,
+                );
+                let granted = decision.granted;
+                self.store.handle().spawn(async move {
+                    let _ = store
+                        .sliding_log_refund(&names, key, &windows, &id, granted, at)
+                        .await;
+                });
+            }
+            LogTicket::Local(at) => {
+                self.local.refund(key, decision.granted, *at);
+            }
+            LogTicket::None => {}
+        }
+    }
+
+    /// Keys the local fallback evicted (a full table).
+    pub fn evictions(&self) -> u64 {
+        self.local.evictions()
+    }
+
+    /// Store calls the deny cache saved.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny.as_ref().map_or(0, DenyCache::hits)
+    }
+}

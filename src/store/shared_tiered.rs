@@ -1,0 +1,383 @@
+//! Charon's burst tiers whose per-key state lives in a shared store, with the store's
+//! fallback (see `crate::store::shared` for the order: store within its budget, then
+//! fallback; there is no deny cache, since a tiered rejection can change state: a burst
+//! that finds no room still enters the tiers it reached).
+//!
+//! **The global limit** (`G` per aligned second across every key of the limit) spans keys,
+//! which Redis Cluster keeps in different slots, out of reach of one key's script:
+//! - on a standalone Redis the script counts it in a key of its own, in the same call: one
+//!   count for the fleet, exact, at no extra round trip ([`GlobalArg::InStore`]);
+//! - on a Cluster each instance counts its share, `⌈G / instances⌉`, locally, and passes
+//!   the room it reserved to the script, which applies it at its place in the order (hard,
+//!   tiers, global), so the tier semantics are unchanged ([`GlobalArg::Reserved`]). The
+//!   fleet then admits at most `instances · ⌈G / instances⌉` a second, and less when
+//!   traffic is unevenly spread over the instances (`docs/architecture.md`).
+//!
+//! **Entries metric.** The script reports the tiers each decision entered; this limiter
+//! counts them (and its fallback's), so `tollgate_tier_entries_total` counts the entries
+//! this instance caused; summed over the fleet, every entry once.
+//!
+//! **Refunds** take back exactly the admission's hits (named after its [`EntryId`]) and, in
+//! Redis's count, its global admissions within their second; the local share gives its
+//! reservation back at once.
+//!
+//! **Local share.** The fallback is an in-process tiered limiter whose tier limits, hard
+//! limit and global limit are each `⌈x / instances⌉`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::tiered::{
+    normalize, DecidedBy, TieredDecision, TieredError, TieredLimiter, TieredParams,
+};
+use crate::limits::verdict::Verdict;
+use crate::store::key::KeyNames;
+use crate::store::redis::{EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant};
+use crate::store::shared::{denied, share, Source};
+
+/// A tiered limit shared through a store.
+pub struct SharedTiered {
+    store: RedisStore,
+    names: Arc<KeyNames>,
+    params: Arc<TieredParams>,
+    local: TieredLimiter,
+    /// This instance's share of the global limit, on a Cluster.
+    global: Option<Arc<GlobalShare>>,
+    /// Tiers entered by store decisions, per tier.
+    entries: Box<[AtomicU64]>,
+}
+
+/// What a refund of a [`SharedTieredDecision`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TieredTicket {
+    /// Hits in the store, named after `id`.
+    Store {
+        /// The decision's id.
+        id: EntryId,
+        /// The store's decision.
+        grant: TieredGrant,
+        /// Where its global limit was counted.
+        global: GlobalArg,
+        /// The caller's time, if it gave one.
+        at: Option<Micros>,
+    },
+    /// Hits in the local fallback.
+    Local,
+    /// Nothing recorded.
+    None,
+}
+
+/// A tiered decision through a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedTieredDecision {
+    /// The decision, as the in-process limiter describes it (`tier` for the headers).
+    pub decision: TieredDecision,
+    /// Who decided.
+    pub source: Source,
+    /// What [`SharedTiered::refund`] needs.
+    pub ticket: TieredTicket,
+}
+
+impl SharedTiered {
+    /// A tiered limit of `params` in `store`, under `names`; the local fallback holds at
+    /// most `max_keys` keys. `params` are normalized here, with the errors of
+    /// [`normalize`].
+    pub fn new(
+        store: &RedisStore,
+        names: KeyNames,
+        params: &TieredParams,
+        max_keys: usize,
+    ) -> Result<Self, TieredError> {
+        let params = normalize(params)?.params;
+        let n = store.config().instances;
+        let mut local_params = params.clone();
+        for t in &mut local_params.tiers {
+            t.limit = share(t.limit, n);
+        }
+        local_params.hard_limit = params.hard_limit.map(|h| share(h, n));
+        local_params.global_limit = params.global_limit.map(|g| share(g, n));
+        let local_keys = match store.config().fallback {
+            Fallback::Local => max_keys,
+            Fallback::Allow | Fallback::Deny => 1,
+        };
+        let global = match params.global_limit {
+            Some(g) if store.is_cluster() => Some(Arc::new(GlobalShare::new(share(g, n)))),
+            _ => None,
+        };
+        Ok(Self {
+            store: store.clone(),
+            names: Arc::new(names),
+            entries: params.tiers.iter().map(|_| AtomicU64::new(0)).collect(),
+            local: TieredLimiter::new(&local_params, local_keys)?,
+            params: Arc::new(params),
+            global,
+        })
+    }
+
+    /// The store this limiter decides in.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// The normalized parameters (the fleet's).
+    pub fn params(&self) -> &TieredParams {
+        &self.params
+    }
+
+    /// Decides one request for the key hashed to `key`, at Redis's time; `now` is the local
+    /// clock (fallback, the Cluster's global share).
+    pub async fn acquire(&self, key: u64, now: Nanos) -> SharedTieredDecision {
+        self.acquire_at(key, 1, 1, now, None).await
+    }
+
+    /// Grants the largest count in `[min, max]` that fits (`min` raised to 1, `max` to
+    /// `min`), as [`TieredLimiter::acquire_many`] does, at Redis's time or `at` (a replay,
+    /// in Redis's clock).
+    pub async fn acquire_at(
+        &self,
+        key: u64,
+        min: u64,
+        max: u64,
+        now: Nanos,
+        at: Option<Micros>,
+    ) -> SharedTieredDecision {
+        let min = min.max(1);
+        let max = max.max(min);
+        let (global, reserved) = match (&self.global, self.params.global_limit) {
+            (Some(share), _) => {
+                let (room, turns_in) = share.reserve(max, now);
+                let arg = GlobalArg::Reserved {
+                    limit: share.limit,
+                    room,
+                    turns_in,
+                };
+                (arg, room)
+            }
+            (None, Some(limit)) => (GlobalArg::InStore { limit }, 0),
+            (None, None) => (GlobalArg::None, 0),
+        };
+        let id = self.store.entry_id();
+        let result = self
+            .store
+            .tiered(
+                &self.names,
+                key,
+                &self.params,
+                &id,
+                (min, max),
+                global,
+                now,
+                at,
+            )
+            .await;
+        let used = result.as_ref().map_or(0, |g| g.decision.granted);
+        if let Some(share) = &self.global {
+            share.give_back(reserved - used.min(reserved), now, now);
+        }
+        match result {
+            Ok(grant) => {
+                self.count_entries(grant.entered);
+                let ticket = if grant.decision.granted > 0 {
+                    TieredTicket::Store {
+                        id,
+                        grant,
+                        global,
+                        at,
+                    }
+                } else {
+                    TieredTicket::None
+                };
+                SharedTieredDecision {
+                    decision: grant.decision,
+                    source: Source::Store,
+                    ticket,
+                }
+            }
+            Err(_) => {
+                self.store.metrics().fallback.inc();
+                let decision = match self.store.config().fallback {
+                    Fallback::Local => self.local.acquire_many(key, min, max, now),
+                    Fallback::Allow => TieredDecision {
+                        verdict: Verdict::allow(0, 0),
+                        granted: max,
+                        tier: 0,
+                        decided_by: DecidedBy::TierWindow,
+                        first_tier: 0,
+                        at: now,
+                    },
+                    Fallback::Deny => TieredDecision {
+                        verdict: denied(&self.store),
+                        granted: 0,
+                        tier: 0,
+                        decided_by: DecidedBy::TierWindow,
+                        first_tier: 0,
+                        at: now,
+                    },
+                };
+                let local = self.store.config().fallback == Fallback::Local;
+                SharedTieredDecision {
+                    ticket: if local && decision.granted > 0 {
+                        TieredTicket::Local
+                    } else {
+                        TieredTicket::None
+                    },
+                    decision,
+                    source: Source::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Takes back the hits `d` recorded for the key hashed to `key` (a later limit rejected
+    /// the request); the tiers it entered stay entered. A store refund is sent in the
+    /// background, a global share's admissions are given back at once.
+    pub fn refund(&self, key: u64, d: &SharedTieredDecision, now: Nanos) {
+        match &d.ticket {
+            TieredTicket::Store {
+                id,
+                grant,
+                global,
+                at,
+            } => {
+                if let Some(share) = &self.global {
+                    share.give_back(grant.decision.granted, grant.decision.at, now);
+                }
+                let (store, names, params) = (
+                    self.store.clone(),
+                    Arc::clone(&self.names),
+                    Arc::clone(&self.params),
+                );
+                let (id, grant, global, at) = (id.clone(), *grant, *global, *at);
+                self.store.handle().spawn(async move {
+                    let _ = store
+                        .tiered_refund(&names, key, &params, &id, &grant, global, at)
+                        .await;
+                });
+            }
+            TieredTicket::Local => self.local.refund(key, &d.decision, now),
+            TieredTicket::None => {}
+        }
+    }
+
+    /// Entries into `tier` (1-based) this instance caused: its store decisions' and its
+    /// fallback's.
+    pub fn entries(&self, tier: usize) -> u64 {
+        let store = tier
+            .checked_sub(1)
+            .and_then(|i| self.entries.get(i))
+            .map_or(0, |e| e.load(Ordering::Relaxed));
+        store + self.local.entries(tier)
+    }
+
+    /// Keys the local fallback evicted (a full table).
+    pub fn evictions(&self) -> u64 {
+        self.local.evictions()
+    }
+
+    fn count_entries(&self, mask: u32) {
+        for (i, e) in self.entries.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                e.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// This instance's share of a global limit, per aligned second of its own clock: the
+/// second and its count in one atomic word, `second << 32 | count`, as in the in-process
+/// limiter.
+struct GlobalShare {
+    limit: u64,
+    state: AtomicU64,
+}
+
+impl GlobalShare {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit: limit.min(u64::from(u32::MAX)),
+            state: AtomicU64::new(0),
+        }
+    }
+
+    fn second(t: Nanos) -> u64 {
+        (t / NANOS_PER_SEC) & u64::from(u32::MAX)
+    }
+
+    /// Reserves up to `want` admissions at `now` (possibly fewer, possibly none); returns
+    /// them and the time until the counted second ends (0 if nothing is counted).
+    fn reserve(&self, want: u64, now: Nanos) -> (u64, Nanos) {
+        let second = Self::second(now);
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            let (mut s, mut c) = (cur >> 32, cur & u64::from(u32::MAX));
+            if second > s {
+                (s, c) = (second, 0);
+            }
+            let take = want.min(self.limit.saturating_sub(c));
+            let next = s << 32 | (c + take);
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    let end = (s + 1).saturating_mul(NANOS_PER_SEC);
+                    let turns_in = if c + take > 0 {
+                        end.saturating_sub(now)
+                    } else {
+                        0
+                    };
+                    return (take, turns_in);
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Gives back `n` admissions reserved at `at`, if their second is still counted at
+    /// `now`.
+    fn give_back(&self, n: u64, at: Nanos, now: Nanos) {
+        let second = Self::second(at);
+        if n == 0 || Self::second(now) != second {
+            return;
+        }
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            let (s, c) = (cur >> 32, cur & u64::from(u32::MAX));
+            if s != second || c == 0 {
+                return;
+            }
+            let next = s << 32 | (c - c.min(n));
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Nanos = NANOS_PER_SEC;
+
+    #[test]
+    fn the_global_share_counts_per_second_and_gives_back_within_it() {
+        let g = GlobalShare::new(3);
+        assert_eq!(g.reserve(2, SEC / 2), (2, SEC / 2));
+        assert_eq!(g.reserve(2, SEC / 2), (1, SEC / 2));
+        assert_eq!(g.reserve(1, SEC / 2), (0, SEC / 2));
+        g.give_back(1, SEC / 2, SEC - 1);
+        assert_eq!(g.reserve(5, SEC - 1), (1, 1));
+        // A new second counts from 0; a give-back of the old one changes nothing.
+        g.give_back(3, SEC / 2, SEC);
+        assert_eq!(g.reserve(5, SEC), (3, SEC));
+        // Nothing counted: no turn to wait for.
+        let fresh = GlobalShare::new(2);
+        assert_eq!(fresh.reserve(0, 7), (0, 0));
+    }
+}
