@@ -1,7 +1,8 @@
 //! The limiter API on a Redis store, through real binaries and a real `redis-server`:
 //! `RL.*` buckets in Redis when `api.store` names a store (shared by instances, their
 //! parameters in their key names, `AT` replays exact, fail-open by the store's fallback),
-//! and `CH.REQUEST` on resources kept in a store (one script call with a `MIN`).
+//! `CH.REQUEST` on resources kept in a store (one script call with a `MIN`), and
+//! `CH.RESERVE` holding copies of a concurrency resource across instances.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -203,4 +204,94 @@ async fn ch_request_on_resources_in_a_store_grants_in_one_call() {
     );
     let allowed = "tollgate_limit_decisions_total{decision=\"allowed\",kind=\"token_bucket\",limit=\"logins\",origin=\"_api\"}";
     assert_eq!(a.t.metric(allowed).await + b.t.metric(allowed).await, 3.0);
+}
+
+/// The fields of a `CH.*` reply (RESP2 field/value pairs), by name.
+fn fields(v: &[Value]) -> std::collections::HashMap<String, Value> {
+    v.chunks(2)
+        .map(|p| match p {
+            [Value::BulkString(k), v] => (String::from_utf8_lossy(k).into_owned(), v.clone()),
+            other => panic!("a field and its value, got {other:?}"),
+        })
+        .collect()
+}
+
+fn ch(con: &mut redis::Connection, args: &[&str]) -> std::collections::HashMap<String, Value> {
+    let v: Vec<Value> = redis::cmd(args[0]).arg(&args[1..]).query(con).unwrap();
+    fields(&v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ch_reserve_on_a_concurrency_resource_in_a_store_holds_across_instances() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let tail = "resources:\n  uploads: { kind: concurrency, max: 5, groups: [{ name: partners, members: { customer: [bigco] }, max: 8 }], store: shared }\n";
+    let (a, b) = (
+        instance(&up, &redis.url(), tail).await,
+        instance(&up, &redis.url(), tail).await,
+    );
+    let (mut ca, mut cb) = (a.con(), b.con());
+    let granted = |f: &std::collections::HashMap<String, Value>| match f.get("granted") {
+        Some(Value::Int(n)) => *n,
+        other => panic!("granted: {other:?} in {f:?}"),
+    };
+    let r = ch(&mut ca, &["CH.RESERVE", "uploads", "bigco", "3"]);
+    assert_eq!(granted(&r), 3, "{r:?}");
+    assert_eq!(r["source"], Value::BulkString(b"store".to_vec()));
+    assert_eq!(
+        r["groups"],
+        Value::Array(vec![Value::BulkString(b"partners".to_vec())])
+    );
+    assert_eq!(r["held"], Value::Int(3));
+    // The other instance sees the fleet's count: 2 of 5 left.
+    let r = ch(
+        &mut cb,
+        &["CH.RESERVE", "uploads", "bigco", "3", "MIN", "1"],
+    );
+    assert_eq!(granted(&r), 2, "{r:?}");
+    let r = ch(&mut cb, &["CH.RESERVE", "uploads", "bigco", "1"]);
+    assert_eq!(granted(&r), 0, "{r:?}");
+    assert_eq!(r["limited_by"], Value::BulkString(b"domain".to_vec()));
+    // Another domain has its own count.
+    assert_eq!(
+        granted(&ch(&mut cb, &["CH.RESERVE", "uploads", "acme", "5"])),
+        5
+    );
+    // A release reaches the store: the other instance may take the copies.
+    let r = ch(&mut ca, &["CH.RELEASE", "uploads", "bigco", "2"]);
+    assert_eq!(r["held"], Value::Int(1), "{r:?}");
+    let mut tries = 0;
+    loop {
+        let r = ch(&mut cb, &["CH.RESERVE", "uploads", "bigco", "2"]);
+        if granted(&r) == 2 {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 250, "released copies never became free: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A transfer moves store-held copies between connections of one instance; the
+    // seizer's release frees them.
+    let id: String = redis::cmd("CH.TRANSFER")
+        .arg(&["uploads", "bigco", "1", "30"])
+        .query(&mut cb)
+        .unwrap();
+    let mut seizer = b.con();
+    let _: Value = redis::cmd("CH.SEIZE").arg(&id).query(&mut seizer).unwrap();
+    let holds = "tollgate_api_holds{resource=\"uploads\"}";
+    assert_eq!(a.t.metric(holds).await, 1.0);
+    assert_eq!(b.t.metric(holds).await, 9.0);
+    // A connection that ends gives its copies back, once, to the store.
+    drop(ca);
+    a.t.wait_metric(holds, 0.0).await;
+    drop(seizer);
+    b.t.wait_metric(holds, 8.0).await;
+    eventually("copies of ended connections are free again", 250, || {
+        let mut con = b.con();
+        async move {
+            let f = ch(&mut con, &["CH.RESERVE", "uploads", "bigco", "2"]);
+            granted(&f) == 2
+        }
+    })
+    .await;
 }

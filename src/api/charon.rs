@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use super::bounds::{MAX_DOMAIN_LEN, MAX_HOLDS_PER_CONNECTION, MAX_TRANSFER_TTL};
 use super::command::{Ctx, Finish, Outcome};
-use super::holds::{Counted, Held, LedgerError, NewHold};
+use super::holds::{Counted, Counter, Held, LedgerError, NewHold, Slots};
 use super::reply::{Quoted, Reply};
 use super::resp::Args;
 use super::smyte::{number, ArgError, MAX_COUNT};
@@ -78,6 +78,15 @@ impl Fields {
         self.0
             .push((name, Val::Int(i64::try_from(v).unwrap_or(i64::MAX))));
         self
+    }
+
+    /// Sets an integer field already written (in its place), or adds it.
+    fn set_int(&mut self, name: &'static str, v: u64) {
+        let v = Val::Int(i64::try_from(v).unwrap_or(i64::MAX));
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(field) => field.1 = v,
+            None => self.0.push((name, v)),
+        }
     }
 
     fn signed(&mut self, name: &'static str, v: i64) -> &mut Self {
@@ -488,20 +497,16 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     };
     let dom = Domain(ask.domain);
     let (variant, limiter) = r.select(&dom);
-    let Limiter::Concurrency(c) = limiter else {
-        let kind = limiter.kind();
-        if kind == Kind::Concurrency {
-            // A concurrency limit kept in a shared store: its reservations need a hold
-            // that lives in the store (per-instance counts under a lease).
+    let c = match limiter {
+        Limiter::Concurrency(c) => c,
+        Limiter::SharedConcurrency(_) => return reserve_shared(cx, ask, slot),
+        _ => {
+            let kind = limiter.kind();
             return cx.error(format_args!(
-                "ERR resource '{}' keeps its copies in a shared store, which CH.RESERVE does not serve yet",
+                "ERR resource '{}' is a `{kind}` resource: use CH.REQUEST",
                 r.name()
             ));
         }
-        return cx.error(format_args!(
-            "ERR resource '{}' is a `{kind}` resource: use CH.REQUEST",
-            r.name()
-        ));
     };
     let Some(key) = r.key(&dom) else {
         return cx.error(format_args!("ERR internal error: no key for the domain"));
@@ -534,7 +539,7 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
                 domain: ask.domain,
                 groups: mask,
                 counted: Some(Counted {
-                    limiter: Arc::clone(&c.state),
+                    counter: Counter::Local(Arc::clone(&c.state)),
                     names: Arc::clone(&names),
                 }),
                 key,
@@ -580,6 +585,148 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     } else {
         Outcome::Rejected
     }
+}
+
+/// `CH.RESERVE` on a concurrency resource kept in a shared store: one store call, deferred
+/// (the connection answers its commands in order meanwhile). The work owns the latest
+/// runtime and looks the resource up again, as `CH.REQUEST` does; the copies are held by
+/// the store's guard (under this instance's lease, repaired from the local truth), which
+/// the ledger entry owns, so they go back exactly once however the connection ends. The
+/// reply's `in_use` is the copies *this instance* holds for the domain: the fleet's count
+/// lives in the store, and reading it would cost a second round trip.
+fn reserve_shared(cx: &mut Ctx<'_>, ask: Ask<'_>, slot: Slots) -> Outcome {
+    let Some(live) = cx.service.runtime().map(arc_swap::Guard::into_inner) else {
+        return cx.error(format_args!("ERR internal error: no runtime"));
+    };
+    let now = cx.service.now();
+    let (name, domain) = (ask.resource.to_vec(), ask.domain.to_vec());
+    let (copies, min) = (ask.copies, ask.min);
+    cx.defer(async move {
+        let answer = reserve_in_store(&live, &name, &domain, copies, min, now, slot).await;
+        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| match answer {
+            Ok((mut fields, held, outcome)) => {
+                if let Some(held) = held {
+                    cx.session.ledger.add(held);
+                }
+                let holding = cx.session.ledger.holding(&name, &domain, None);
+                fields.set_int("held", holding);
+                fields.write(&mut cx.out);
+                outcome
+            }
+            Err(e) => cx.error(format_args!("{e}")),
+        });
+        finish
+    })
+}
+
+/// The store side of [`reserve_shared`]: decides, counts, and builds the hold and the
+/// reply (whose `held` the connection fills in).
+async fn reserve_in_store(
+    rt: &Runtime,
+    name: &[u8],
+    domain: &[u8],
+    copies: u64,
+    min: u64,
+    now: Nanos,
+    slot: Slots,
+) -> Result<(Fields, Option<Held>, Outcome), String> {
+    let Some(r) = rt.resources.get(name) else {
+        return Err(format!(
+            "ERR resource '{}' was removed by a reload while deciding",
+            String::from_utf8_lossy(name)
+        ));
+    };
+    let dom = Domain(domain);
+    let (variant, limiter) = r.select(&dom);
+    let Limiter::SharedConcurrency(c) = limiter else {
+        return Err(format!(
+            "ERR resource '{}' changed kind or store in a reload while deciding; ask again",
+            r.name()
+        ));
+    };
+    let Some(key) = r.key(&dom) else {
+        return Err("ERR internal error: no key for the domain".to_string());
+    };
+    let mask = crate::runtime::limiter::group_mask(&c.groups, &dom);
+    let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
+    let counters = &r.limit.counters;
+    let outcome = c.limiter.acquire_range(key, mask, min, copies).await;
+    let (guard, forced, rejection) = match outcome.result {
+        Ok(guard) => {
+            counters.allowed.inc();
+            (Some(guard), 0, None)
+        }
+        Err(rejection) if lenient(rt, r, variant) => {
+            counters.shadow_rejected.inc();
+            log_shadow(r, now);
+            (None, copies, Some(rejection))
+        }
+        Err(rejection) => {
+            counters.rejected.inc();
+            (None, 0, Some(rejection))
+        }
+    };
+    let taken = guard.as_ref().map_or(0, |g| g.copies());
+    let granted = taken + forced;
+    let resource: Arc<str> = Arc::from(r.name());
+    let held = (granted > 0).then(|| {
+        Held::new(
+            NewHold {
+                resource: &resource,
+                domain,
+                // Forced copies took nothing from any group.
+                groups: if guard.is_some() { mask } else { 0 },
+                counted: guard.map(|g| Counted {
+                    counter: Counter::Shared(g),
+                    names: Arc::clone(&names),
+                }),
+                key,
+                taken,
+                forced,
+                gauge: &r.holds,
+            },
+            slot,
+        )
+    });
+    let groups: Vec<String> = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| forced == 0 && mask >> i & 1 == 1)
+        .map(|(_, n)| n.clone())
+        .collect();
+    let mut f = Fields::default();
+    f.int("granted", granted)
+        .list("groups", if granted > 0 { groups } else { Vec::new() })
+        .int("held", 0)
+        .int("in_use", c.limiter.held(key))
+        .int("limit", c.max)
+        .opt("global", c.params.global)
+        .signed(
+            "retry_after_ms",
+            match (&rejection, forced) {
+                (Some(rej), 0) => millis(rej.verdict().retry_after),
+                _ => 0,
+            },
+        )
+        .text("kind", Kind::Concurrency.name())
+        .text(
+            "source",
+            match outcome.source {
+                Source::Store => "store",
+                Source::Fallback => "fallback",
+                Source::DenyCache => "deny_cache",
+            },
+        );
+    if let Some(rej) = &rejection {
+        f.text("limited_by", limited_by(rej, &names));
+    }
+    f.int("shadow_rejected", u64::from(forced > 0));
+    let outcome = if granted > 0 {
+        Outcome::Ok
+    } else {
+        Outcome::Rejected
+    };
+    Ok((f, held, outcome))
 }
 
 /// Which limit turned a reservation down: `domain`, `global` or `group:NAME`.

@@ -44,6 +44,7 @@ use prometheus::IntGauge;
 
 use super::bounds::{MAX_HOLDS, MAX_HOLDS_PER_CONNECTION, MAX_TRANSFERS};
 use crate::limits::ConcurrencyLimiter;
+use crate::store::SharedConcurrencyGuard;
 
 /// The process-wide count of hold entries, bounded by [`MAX_HOLDS`].
 #[derive(Debug)]
@@ -120,12 +121,33 @@ impl Drop for Slots {
 
 /// Where a resource's copies are counted: the limiter state and its group names (bit `i`
 /// of a mask is `names[i]`), or nothing for an unconfigured resource.
-#[derive(Clone)]
 pub struct Counted {
-    /// The concurrency state the copies were taken from.
-    pub limiter: Arc<ConcurrencyLimiter>,
+    /// The state the copies were taken from.
+    pub counter: Counter,
     /// Its groups' names, in bit order.
     pub names: Arc<[String]>,
+}
+
+/// The state a hold's taken copies go back to.
+pub enum Counter {
+    /// An in-process concurrency state: copies go back by key and groups.
+    Local(Arc<ConcurrencyLimiter>),
+    /// A concurrency limit kept in a shared store: the guard holding the copies across
+    /// the fleet (under this instance's lease), which gives them back to the store.
+    Shared(SharedConcurrencyGuard),
+}
+
+impl Counted {
+    /// The same place for `n` copies split off a hold (see [`Held::split`]).
+    fn split(&mut self, n: u64) -> Self {
+        Self {
+            counter: match &mut self.counter {
+                Counter::Local(l) => Counter::Local(Arc::clone(l)),
+                Counter::Shared(g) => Counter::Shared(g.split(n)),
+            },
+            names: Arc::clone(&self.names),
+        }
+    }
 }
 
 /// Copies of one resource held for one domain in one set of groups of one state.
@@ -210,7 +232,11 @@ impl Held {
     /// Whether `other` counts in the same place: same resource, domain, groups and state.
     fn same_place(&self, other: &Held) -> bool {
         let same_state = match (&self.counted, &other.counted) {
-            (Some(a), Some(b)) => Arc::ptr_eq(&a.limiter, &b.limiter),
+            (Some(a), Some(b)) => match (&a.counter, &b.counter) {
+                (Counter::Local(a), Counter::Local(b)) => Arc::ptr_eq(a, b),
+                (Counter::Shared(a), Counter::Shared(b)) => a.same_place(b),
+                _ => false,
+            },
             (None, None) => true,
             _ => false,
         };
@@ -242,15 +268,22 @@ impl Held {
         self.forced -= forced;
         self.taken -= taken;
         if taken > 0 {
-            if let Some(c) = &self.counted {
-                if let Err(e) = c.limiter.release(self.key, self.groups, taken) {
-                    // The ledger only releases what this entry took, so this is a count
-                    // already lowered by hand (an untracked admission's shortfall).
-                    log::warn!(
-                        "limiter API: releasing {taken} copies of `{}`: {e}",
-                        self.resource
-                    );
+            match self.counted.as_mut().map(|c| &mut c.counter) {
+                Some(Counter::Local(l)) => {
+                    if let Err(e) = l.release(self.key, self.groups, taken) {
+                        // The ledger only releases what this entry took, so this is a
+                        // count already lowered by hand (an untracked admission's
+                        // shortfall).
+                        log::warn!(
+                            "limiter API: releasing {taken} copies of `{}`: {e}",
+                            self.resource
+                        );
+                    }
                 }
+                Some(Counter::Shared(g)) => {
+                    g.release(taken);
+                }
+                None => {}
             }
         }
         self.gauge.sub(gauge_count(n));
@@ -268,7 +301,7 @@ impl Held {
             resource: Arc::clone(&self.resource),
             domain: self.domain.clone(),
             groups: self.groups,
-            counted: self.counted.clone(),
+            counted: self.counted.as_mut().map(|c| c.split(taken)),
             key: self.key,
             taken,
             forced,
@@ -281,6 +314,13 @@ impl Held {
     fn absorb(&mut self, mut other: Held) {
         self.taken = self.taken.saturating_add(other.taken);
         self.forced = self.forced.saturating_add(other.forced);
+        if let (Some(mine), Some(theirs)) = (&mut self.counted, &mut other.counted) {
+            if let (Counter::Shared(mine), Counter::Shared(theirs)) =
+                (&mut mine.counter, &mut theirs.counter)
+            {
+                mine.absorb(theirs);
+            }
+        }
         // Emptied, `other` releases nothing when dropped.
         other.taken = 0;
         other.forced = 0;
@@ -641,9 +681,24 @@ mod tests {
     use super::*;
     use crate::limits::ConcurrencyParams;
 
-    fn limiter(max: u64, groups: Vec<u64>) -> Counted {
+    /// A local concurrency state and its group names.
+    struct Pool {
+        limiter: Arc<ConcurrencyLimiter>,
+        names: Arc<[String]>,
+    }
+
+    impl Pool {
+        fn counted(&self) -> Counted {
+            Counted {
+                counter: Counter::Local(Arc::clone(&self.limiter)),
+                names: Arc::clone(&self.names),
+            }
+        }
+    }
+
+    fn limiter(max: u64, groups: Vec<u64>) -> Pool {
         let names: Vec<String> = (0..groups.len()).map(|i| format!("g{i}")).collect();
-        Counted {
+        Pool {
             limiter: Arc::new(
                 ConcurrencyLimiter::new(
                     ConcurrencyParams {
@@ -662,7 +717,7 @@ mod tests {
     fn hold(
         budget: &Arc<HoldBudget>,
         ledger: &Ledger,
-        c: &Counted,
+        c: &Pool,
         gauge: &IntGauge,
         domain: &[u8],
         groups: u64,
@@ -675,7 +730,7 @@ mod tests {
                 resource: &Arc::from("uploads"),
                 domain,
                 groups,
-                counted: Some(c.clone()),
+                counted: Some(c.counted()),
                 key,
                 taken,
                 forced: 0,
@@ -766,7 +821,7 @@ mod tests {
                 resource: &Arc::from("uploads"),
                 domain: b"acme",
                 groups: 0,
-                counted: Some(c.clone()),
+                counted: Some(c.counted()),
                 key: 4 * 7919,
                 taken: 0,
                 forced: 3,

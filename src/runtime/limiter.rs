@@ -1064,7 +1064,7 @@ impl Limiter {
 }
 
 /// The groups `facts` belong to, as a bitset (bit `i`: group `i`).
-fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u64 {
+pub(crate) fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u64 {
     groups
         .iter()
         .enumerate()

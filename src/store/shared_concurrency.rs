@@ -558,6 +558,43 @@ impl SharedConcurrencyGuard {
     }
 }
 
+impl SharedConcurrencyGuard {
+    /// Moves `n` of its copies (all if it holds fewer) into a new guard of the same
+    /// limiter, key, groups and source, which then gives them back: for holders that hand
+    /// part of a hold to someone else (the limiter API's `CH.TRANSFER`). The counts do not
+    /// change: the copies stay held, by another guard.
+    pub fn split(&mut self, n: u64) -> Self {
+        let n = n.min(self.copies);
+        self.copies -= n;
+        Self {
+            shared: Arc::clone(&self.shared),
+            key: self.key,
+            groups: self.groups,
+            copies: n,
+            remaining: self.remaining,
+            source: self.source,
+        }
+    }
+
+    /// Whether `other` holds copies of the same limiter, key and groups, admitted by the
+    /// same source: then the two give back alike and can be one guard.
+    pub fn same_place(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+            && self.key == other.key
+            && self.groups == other.groups
+            && self.source == other.source
+    }
+
+    /// Takes `other`'s copies into this guard (see [`Self::same_place`]; a guard of
+    /// another place keeps its copies), leaving `other` empty.
+    pub fn absorb(&mut self, other: &mut Self) {
+        if self.same_place(other) {
+            self.copies = self.copies.saturating_add(other.copies);
+            other.copies = 0;
+        }
+    }
+}
+
 impl Drop for SharedConcurrencyGuard {
     fn drop(&mut self) {
         self.shared
