@@ -217,3 +217,146 @@ fn known_bad_configs_are_refused_by_the_schema_and_the_reader() {
         assert!(!schema_errors(&v, text).is_empty(), "the schema takes `{what}`");
     }
 }
+
+/// A minimal valid limit of `kind`, as YAML flow-mapping entries (one key, so that a large
+/// bound stays within the memory budget).
+fn minimal_limit(kind: &str) -> &'static str {
+    match kind {
+        "inflight" => "max: 1",
+        "concurrency" => "max: 1, max_keys: 1",
+        "rate" => "max: 1, per: 1s, max_keys: 1",
+        "token_bucket" => "capacity: 10, refill: {amount: 1, every: 1s}, max_keys: 1",
+        "tiered" => "tiers: [{limit: 1, window: 1s, active: 1s}], max_keys: 1",
+        "sliding_log" => "windows: [{max: 1, per: 1s}], max_keys: 1",
+        other => panic!("no minimal limit for kind {other}"),
+    }
+}
+
+/// Every integer bound the schema states at a place where one value can be written alone
+/// (server, api, a Redis store and its breaker, a default limit's fields and sketch) is
+/// the reader's: the bound itself is accepted by both, one beyond it refused by both.
+#[test]
+fn numeric_bounds_agree_with_the_reader() {
+    let v = validator();
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/conf/tollgate.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let kinds: Vec<String> = schema["$defs"]["default_limit"]["allOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| {
+            rule["if"]["properties"]["kind"]["const"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    // A kind taking `field`, from the schema's own per-kind rules.
+    let kind_for = |field: &str| -> String {
+        let rules = schema["$defs"]["default_limit"]["allOf"]
+            .as_array()
+            .unwrap();
+        kinds
+            .iter()
+            .zip(rules)
+            .find(|(_, rule)| {
+                rule["then"]["propertyNames"]["enum"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f == field)
+            })
+            .map(|(k, _)| k.clone())
+            .unwrap()
+    };
+    type Wrap<'a> = Box<dyn Fn(&str, &str) -> String + 'a>;
+    let places: Vec<(&str, Wrap)> = vec![
+        (
+            "/properties/server/properties",
+            Box::new(|k, n| format!("server:\n  {k}: {n}\n")),
+        ),
+        (
+            "/properties/api/properties",
+            Box::new(|k, n| format!("api:\n  {k}: {n}\n")),
+        ),
+        (
+            "/properties/stores/additionalProperties/properties",
+            Box::new(|k, n| format!("stores:\n  s: {{url: \"redis://127.0.0.1:1\", {k}: {n}}}\n")),
+        ),
+        (
+            "/properties/stores/additionalProperties/properties/breaker/properties",
+            Box::new(|k, n| {
+                format!("stores:\n  s: {{url: \"redis://127.0.0.1:1\", breaker: {{{k}: {n}}}}}\n")
+            }),
+        ),
+        (
+            "/$defs/default_limit/properties",
+            Box::new(|k, n| {
+                let kind = kind_for(k);
+                let base = minimal_limit(&kind);
+                // The field replaces the minimal limit's own value of it.
+                let kind_field = format!("kind: {kind}");
+                let field = format!("{k}: {n}");
+                let fields: Vec<&str> = std::iter::once(kind_field.as_str())
+                    .chain(
+                        base.split(", ")
+                            .filter(|f| !f.starts_with(&format!("{k}:"))),
+                    )
+                    .chain(std::iter::once(field.as_str()))
+                    .collect();
+                format!("defaults:\n  limits:\n    l: {{{}}}\n", fields.join(", "))
+            }),
+        ),
+        (
+            "/$defs/default_limit/properties/sketch/properties",
+            // The other dimension at its least: the reader also bounds hashes × slots,
+            // which the schema cannot state.
+            Box::new(|k, n| {
+                let other = if k == "slots" {
+                    "hashes: 1"
+                } else {
+                    "slots: 16"
+                };
+                format!("defaults:\n  limits:\n    l: {{kind: inflight, max: 1, sketch: {{{other}, {k}: {n}}}}}\n")
+            }),
+        ),
+    ];
+    let path = Path::new("t.yaml");
+    let mut checked = 0;
+    for (pointer, wrap) in &places {
+        let props = schema.pointer(pointer).unwrap().as_object().unwrap();
+        for (key, prop) in props {
+            if prop["type"] != "integer" {
+                continue;
+            }
+            let mut cases = Vec::new();
+            if let Some(lo) = prop["minimum"].as_u64() {
+                cases.push((lo.to_string(), true));
+                cases.push((format!("{}", i128::from(lo) - 1), false));
+            }
+            if let Some(hi) = prop["maximum"].as_u64() {
+                cases.push((hi.to_string(), true));
+                cases.push(((u128::from(hi) + 1).to_string(), false));
+            }
+            for (value, ok) in cases {
+                let text = format!("{}{ORIGIN}", wrap(key, &value));
+                let reader = reader_accepts(&text, path);
+                let errors = schema_errors(&v, &text);
+                assert_eq!(
+                    reader.is_ok(),
+                    ok,
+                    "reader on {key}: {value}: {reader:?}\n{text}"
+                );
+                assert_eq!(
+                    errors.is_empty(),
+                    ok,
+                    "schema on {key}: {value}: {errors:?}\n{text}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 40, "only {checked} bounds checked");
+}
