@@ -7,6 +7,7 @@
 #                the Redis store's tests start their own servers and a local Redis Cluster;
 #                the limiter API's tests and bench talk to tollgate with redis-cli and
 #                redis-benchmark
+#   systemd-analyze - (Debian package `systemd`) verifies conf/systemd/tollgate.service in tests
 #   python3-redis - redis-py for /usr/bin/python3: the limiter API's Python client example,
 #                run by a test
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
@@ -22,10 +23,11 @@ declare -A pkg_of=(
   [nginx]=nginx-light
   [valgrind]=valgrind
   [redis-benchmark]=redis-tools
+  [systemd-analyze]=systemd
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

@@ -1,4 +1,5 @@
-//! The `tollgate` command line: `run` the proxy or `check` a config.
+//! The `tollgate` command line: `run` the proxy, `check` a config, print its `schema`,
+//! build a `segment`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,6 +58,9 @@ enum Command {
         #[arg(long)]
         print_effective: bool,
     },
+    /// Print the config file's JSON Schema (draft 2020-12), for editors and other tools;
+    /// conf/tollgate.schema.json is its output.
+    Schema,
     /// Build or inspect a segment: a set of integer IDs in a portable roaring-bitmap file.
     Segment {
         #[command(subcommand)]
@@ -91,6 +95,7 @@ fn main() -> ExitCode {
             strict,
             print_effective,
         } => cli::check::check(&config, strict, print_effective),
+        Command::Schema => cli::schema::schema(),
         Command::Segment { command } => match command {
             SegmentCommand::Build { from, out } => cli::segment::build(&from, &out),
             SegmentCommand::Info { file } => cli::segment::info(&file),

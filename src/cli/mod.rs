@@ -2,4 +2,5 @@
 //! each returns the process exit code.
 
 pub mod check;
+pub mod schema;
 pub mod segment;

@@ -9,7 +9,7 @@ use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `api:` takes.
-const API_KEYS: [&str; 3] = ["max_keys", "allow_unconfigured", "store"];
+pub(crate) const API_KEYS: [&str; 3] = ["max_keys", "allow_unconfigured", "store"];
 
 /// Reads the `api:` section, or its defaults when absent. `stores` are the configured
 /// shared stores `api.store` may name (besides `local`).

@@ -16,6 +16,9 @@ use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 use crate::limits::KeyPart;
 
+/// The keys one concurrency group takes.
+pub(crate) const GROUP_KEYS: [&str; 3] = ["name", "members", "max"];
+
 /// Reads every entry of a `limits:` mapping at `path`.
 pub(crate) fn parse_limits(r: &mut Report, node: &Node, path: &str) -> Vec<LimitSpec> {
     let Some(entries) = scalar::map(r, node, path) else {
@@ -168,11 +171,7 @@ fn groups(r: &mut Report, node: &Node, path: &str) -> Option<Vec<GroupSpec>> {
                 }
                 "max" => max = scalar::int(r, &e.value, &sub, 1, u64::MAX),
                 "members" => members = group_members(r, &e.value, &sub),
-                other => r.error(
-                    e.key_pos,
-                    &sub,
-                    suggest::unknown("key", other, &["name", "members", "max"]),
-                ),
+                other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &GROUP_KEYS)),
             }
         }
         for (field, present) in [

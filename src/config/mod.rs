@@ -7,6 +7,7 @@
 pub mod effective;
 pub mod model;
 pub mod parse;
+pub mod schema;
 
 mod api;
 mod bounds;

@@ -19,7 +19,7 @@ use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 
 /// The keys an origin takes.
-const ORIGIN_KEYS: [&str; 9] = [
+pub(crate) const ORIGIN_KEYS: [&str; 9] = [
     "hosts",
     "upstreams",
     "tls",

@@ -31,6 +31,14 @@ pub(crate) const TIER_RANGE: (Duration, Duration) =
     (Duration::ZERO, Duration::from_secs(366 * 86_400));
 /// Windows a sliding log may check at once.
 pub(crate) const MAX_WINDOWS: usize = 8;
+/// The keys `refill:` takes.
+pub(crate) const REFILL_KEYS: [&str; 2] = ["amount", "every"];
+/// The keys one sliding-log window takes.
+pub(crate) const WINDOW_KEYS: [&str; 2] = ["max", "per"];
+/// The keys one tier takes.
+pub(crate) const TIER_KEYS: [&str; 5] = ["limit", "window", "active", "cooldown", "skippable"];
+/// The keys `sketch:` takes.
+pub(crate) const SKETCH_KEYS: [&str; 2] = ["hashes", "slots"];
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -125,7 +133,7 @@ fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {
             }
             other => {
                 // A misspelt `amount` is reported as such, not also as missing.
-                match suggest::closest(other, &["amount", "every"]) {
+                match suggest::closest(other, &REFILL_KEYS) {
                     Some("amount") => spec.written.push("refill.amount"),
                     Some(_) => spec.written.push("refill.every"),
                     None => {}
@@ -133,7 +141,7 @@ fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {
                 r.error(
                     e.key_pos,
                     &sub,
-                    suggest::unknown("key", other, &["amount", "every"]),
+                    suggest::unknown("key", other, &REFILL_KEYS),
                 );
             }
         }
@@ -172,7 +180,7 @@ fn windows(r: &mut Report, node: &Node, path: &str, least: u64) -> Option<Vec<Lo
                 other => r.error(
                     e.key_pos,
                     &sub,
-                    suggest::unknown("key", other, &["max", "per"]),
+                    suggest::unknown("key", other, &WINDOW_KEYS),
                 ),
             }
         }
@@ -201,7 +209,6 @@ fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
         r.error(node.pos, path, message);
         return None;
     }
-    const FIELDS: [&str; 5] = ["limit", "window", "active", "cooldown", "skippable"];
     let mut out = Vec::with_capacity(items.len());
     let mut ok = true;
     for (i, n) in items.iter().enumerate() {
@@ -243,7 +250,7 @@ fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
                 }
                 "cooldown" => tier.cooldown = span(r).unwrap_or(0),
                 "skippable" => tier.skippable = scalar::boolean(r, v, &sub).unwrap_or(false),
-                other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &FIELDS)),
+                other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &TIER_KEYS)),
             }
         }
         for (name, present) in ["limit", "window", "active"].iter().zip(seen) {
@@ -312,7 +319,7 @@ pub(crate) fn sketch(
             other => r.error(
                 e.key_pos,
                 &sub,
-                suggest::unknown("key", other, &["hashes", "slots"]),
+                suggest::unknown("key", other, &SKETCH_KEYS),
             ),
         }
     }

@@ -28,7 +28,7 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-const TOP_KEYS: [&str; 7] = [
+pub(crate) const TOP_KEYS: [&str; 7] = [
     "server",
     "api",
     "stores",
@@ -37,6 +37,9 @@ const TOP_KEYS: [&str; 7] = [
     "origins",
     "resources",
 ];
+
+/// The keys `defaults:` takes.
+pub(crate) const DEFAULTS_KEYS: [&str; 2] = ["limits", "unmatched"];
 
 /// A valid config and the warnings its normalizations produced.
 #[derive(Debug, Clone)]
@@ -284,8 +287,11 @@ fn defaults(r: &mut Report, node: &Node) -> (Vec<LimitSpec>, Option<OriginDraft>
             "unmatched" => unmatched = Some(origin::parse_unmatched(r, e)),
             other => {
                 let path = format!("defaults.{other}");
-                let known = ["limits", "unmatched"];
-                r.error(e.key_pos, &path, suggest::unknown("key", other, &known));
+                r.error(
+                    e.key_pos,
+                    &path,
+                    suggest::unknown("key", other, &DEFAULTS_KEYS),
+                );
             }
         }
     }

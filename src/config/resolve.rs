@@ -12,7 +12,9 @@ use crate::config::model::{
     Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec, StoreSpec,
 };
 use crate::config::report::{At, Pos, Report};
-use crate::config::spec::{field_list, takes, LimitSpec, OverrideSpec, ParamSpec, Setting};
+use crate::config::spec::{
+    field_list, required_fields, takes, LimitSpec, OverrideSpec, ParamSpec, Setting,
+};
 use crate::config::suggest;
 use crate::limits::tiered::{self, TieredParams};
 use crate::limits::{
@@ -196,19 +198,17 @@ fn base_params(
 ) -> Option<LimitParams> {
     let p = &spec.params;
     let missing = |name: &str, present: bool| !inherited && !present && !p.wrote(name);
-    let required: &[(&str, bool)] = match kind {
-        Kind::Inflight => &[("max", p.max.is_some())],
-        Kind::Rate => &[("max", p.max.is_some()), ("per", p.per.is_some())],
-        Kind::TokenBucket => &[
-            ("capacity", p.capacity.is_some()),
-            ("refill", p.refill.is_some()),
-        ],
-        Kind::Tiered => &[("tiers", p.tiers.is_some())],
-        Kind::Concurrency => &[("max", p.max.is_some())],
-        Kind::SlidingLog => &[("windows", p.windows.is_some())],
+    let present = |name: &str| match name {
+        "max" => p.max.is_some(),
+        "per" => p.per.is_some(),
+        "capacity" => p.capacity.is_some(),
+        "refill" => p.refill.is_some(),
+        "tiers" => p.tiers.is_some(),
+        "windows" => p.windows.is_some(),
+        _ => false,
     };
-    for &(name, present) in required {
-        if missing(name, present) {
+    for &name in required_fields(kind) {
+        if missing(name, present(name)) {
             let message = format!("missing required field `{name}` for kind `{}`", kind.name());
             r.error(spec.pos, &spec.path, message);
         }

@@ -38,6 +38,10 @@ pub const API_ORIGIN: &str = "_api";
 /// Resources one config may name: each has its own state and metrics series.
 pub(crate) const MAX_RESOURCES: usize = 1_000;
 
+/// Limit fields a resource does not take (see [`check`]): a command's cost is its
+/// `copies`, and replies carry the limits.
+pub(crate) const NOT_RESOURCE_FIELDS: [&str; 2] = ["cost", "headers"];
+
 /// What a resource says instead of a key part an API caller cannot have.
 fn no_such_part(part: &KeyPart) -> String {
     format!(

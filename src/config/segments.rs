@@ -18,6 +18,9 @@ use crate::config::yaml::Node;
 /// Segments a config may name.
 pub(crate) const MAX_SEGMENTS: usize = 256;
 
+/// The keys one segment takes.
+pub(crate) const SEGMENT_KEYS: [&str; 2] = ["file", "of"];
+
 /// Reads `segments:`; `file` is the config file, whose directory relative paths start in.
 pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> Vec<SegmentSpec> {
     let Some(entries) = node.and_then(|n| scalar::map(r, n, "segments")) else {
@@ -61,7 +64,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> Vec<Segm
                 other => r.error(
                     f.key_pos,
                     &sub,
-                    suggest::unknown("key", other, &["file", "of"]),
+                    suggest::unknown("key", other, &SEGMENT_KEYS),
                 ),
             }
         }

@@ -15,7 +15,7 @@ use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-const SERVER_KEYS: [&str; 14] = [
+pub(crate) const SERVER_KEYS: [&str; 14] = [
     "listen",
     "metrics",
     "limiter_api",
@@ -34,7 +34,7 @@ const SERVER_KEYS: [&str; 14] = [
 
 /// The largest connection cap accepted: far above what any fd limit allows, low enough to
 /// catch a typo.
-const MAX_CONNECTIONS: u64 = 1_000_000;
+pub(crate) const MAX_CONNECTIONS: u64 = 1_000_000;
 
 /// The listener used when `listen` is not given.
 const DEFAULT_LISTEN: SocketAddr =

@@ -15,7 +15,7 @@ use crate::config::report::{At, Pos};
 use crate::limits::{KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
-const COMMON: [&str; 6] = ["kind", "key", "mode", "headers", "overrides", "store"];
+pub(crate) const COMMON: [&str; 6] = ["kind", "key", "mode", "headers", "overrides", "store"];
 
 /// The parameter fields only `kind` (and maybe other kinds) takes: the one table of which
 /// field belongs to which kind.
@@ -27,6 +27,18 @@ pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
         Kind::SlidingLog => &["windows", "cost", "max_keys"],
         Kind::Rate => &["max", "per", "strict", "max_keys"],
         Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
+    }
+}
+
+/// The fields a limit of `kind` must have, once merged with a default of its name (checked
+/// in `resolve::base_params`); `refill` needs both `amount` and `every`.
+pub(crate) fn required_fields(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Inflight | Kind::Concurrency => &["max"],
+        Kind::Rate => &["max", "per"],
+        Kind::TokenBucket => &["capacity", "refill"],
+        Kind::Tiered => &["tiers"],
+        Kind::SlidingLog => &["windows"],
     }
 }
 

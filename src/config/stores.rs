@@ -17,7 +17,7 @@ use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys a Redis store takes.
-const REDIS_KEYS: [&str; 11] = [
+pub(crate) const REDIS_KEYS: [&str; 11] = [
     "kind",
     "url",
     "urls",
@@ -32,10 +32,13 @@ const REDIS_KEYS: [&str; 11] = [
 ];
 
 /// The keys the local store takes.
-const LOCAL_KEYS: [&str; 3] = ["kind", "snapshot", "every"];
+pub(crate) const LOCAL_KEYS: [&str; 3] = ["kind", "snapshot", "every"];
+
+/// The keys a Redis store's `breaker:` takes.
+pub(crate) const BREAKER_KEYS: [&str; 2] = ["failures", "probe_every"];
 
 /// Stores a config may name.
-const MAX_STORES: usize = 16;
+pub(crate) const MAX_STORES: usize = 16;
 
 /// Reads `stores:`; `file` is the config file, whose directory a relative `snapshot` path
 /// starts in.
@@ -295,7 +298,7 @@ fn breaker(r: &mut Report, node: &Node, path: &str, spec: &mut RedisStoreSpec) {
             other => r.error(
                 e.key_pos,
                 &sub,
-                suggest::unknown("key", other, &["failures", "probe_every"]),
+                suggest::unknown("key", other, &BREAKER_KEYS),
             ),
         }
     }
