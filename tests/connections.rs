@@ -281,5 +281,8 @@ async fn idle_connections_give_their_slots_up_at_the_cap() {
     for s in &mut idle {
         assert!(closed_within(s, Duration::from_secs(5)).await);
     }
-    assert!(t.log_text().contains("connection limit reached"));
+    eventually("the cap is logged", 250, || async {
+        t.log_text().contains("connection limit reached")
+    })
+    .await;
 }
