@@ -59,7 +59,7 @@ PY
 
 wait_port() {
   local tries
-  for ((tries = 0; tries < 900; tries++)); do
+  for ((tries = 0; tries < 3000; tries++)); do  # valgrind starts slowly on a busy machine
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
     sleep 0.1
   done
