@@ -41,6 +41,9 @@ pub(crate) const MAX_KEY_PARTS: usize = 16;
 pub(crate) const MAX_KEY_PART_BYTES: usize = 256;
 /// `max_keys` of one token bucket: 16 777 216 keys, 400 MiB.
 pub(crate) const MAX_KEYS: usize = TokenBucket::MAX_KEYS;
+/// `top_keys` of one limit: the heavy-hitter list the admin API's `/top` reads (each
+/// entry keeps its key's text).
+pub(crate) const MAX_TOP_KEYS: usize = 1_000;
 /// `sketch.hashes`.
 pub(crate) const MAX_HASHES: usize = SketchSize::MAX_HASHES;
 /// `sketch.hashes × sketch.slots`: 16 777 216 counters, 128 MiB a sketch.
