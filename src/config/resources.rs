@@ -92,6 +92,7 @@ fn check(r: &mut Report, spec: &mut LimitSpec, known: &Known<'_>) -> bool {
         let why = match f.v {
             "cost" => "a command's cost is its `copies`; `cost` is not a field of a resource",
             "headers" => "`headers` has no meaning for a resource: API replies carry the limits",
+            "top_keys" => "`top_keys` keeps the heaviest keys of a proxy limit for the admin API; a resource keeps none",
             _ => continue,
         };
         r.error(f.pos, &f.path, why);
