@@ -82,6 +82,8 @@ impl QueryFacts {
                         text()
                     )
                 })?),
+                // The proxy lower-cases the host before any limit sees it.
+                KeyPart::Host => Given::Bytes(value.to_ascii_lowercase()),
                 _ => Given::Bytes(value),
             };
             facts.parts.push((part, typed));

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 use crate::config::model::{Limit, LimitParams};
 use crate::config::report::{At, Pos, Report};
 use crate::limits::{
-    ConcurrencyLimiter, RateLimiter, SketchSize, SlidingLog, TieredLimiter, TokenBucket,
+    ConcurrencyLimiter, HeavyHitters, RateLimiter, SketchSize, SlidingLog, TieredLimiter,
+    TokenBucket,
 };
 
 /// Origins in one config. Each has its own metrics series.
@@ -81,7 +82,8 @@ pub(crate) fn variant_bytes(params: &LimitParams) -> u128 {
 /// The memory `limit` holds in one origin: one state per variant.
 pub(crate) fn limit_bytes(limit: &Limit) -> u128 {
     let variants = 1 + limit.overrides.len() as u128;
-    variant_bytes(&limit.params) * variants
+    let top = limit.top_keys.map_or(0, HeavyHitters::bytes_for) as u128;
+    variant_bytes(&limit.params) * variants + top
 }
 
 /// `bytes` for people: `2.4 MiB`.

@@ -249,6 +249,14 @@ impl HeavyHitters {
         self.cells.len() * 8 + self.lists.iter().map(|l| l.slots.len() * 8).sum::<usize>()
     }
 
+    /// Bytes [`HeavyHitters::new`] allocates for lists of `k` keys, key texts aside (at most
+    /// `2k` texts of a few hundred bytes each come on top).
+    pub fn bytes_for(k: usize) -> usize {
+        let k = k.max(1);
+        let width = (8 * k).max(MIN_WIDTH).next_power_of_two();
+        2 * DEPTH * width * 8 + 2 * (4 * k).next_power_of_two().max(8) * 8
+    }
+
     fn width(&self) -> usize {
         1 << self.width_bits
     }
@@ -579,6 +587,12 @@ mod tests {
             2 * 4 * 1024 * 8 + 2 * 128 * 8
         );
         assert_eq!(HeavyHitters::new(1000, SEC).width(), 8192);
+        for k in [1, 20, 128, 129, 1000] {
+            assert_eq!(
+                HeavyHitters::new(k, SEC).bytes(),
+                HeavyHitters::bytes_for(k)
+            );
+        }
     }
 
     proptest! {
