@@ -291,6 +291,12 @@ async fn malformed_requests_are_problems() {
         assert_eq!(r.status().as_u16(), 405, "{method} {path}");
         assert_eq!(r.headers()["allow"], allow);
     }
+    // Too many header fields.
+    let mut req = client().get(a.url("/config"));
+    for i in 0..70 {
+        req = req.header(format!("x-h{i}"), "1");
+    }
+    assert_eq!(req.send().await.unwrap().status().as_u16(), 431);
     // Bad and oversized kill-switch bodies.
     let (status, body) = a.put_kill("maybe").await;
     assert_eq!((status, body["status"].as_u64()), (400, Some(400)));
