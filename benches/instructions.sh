@@ -13,6 +13,7 @@
 #
 # Run:   benches/instructions.sh            (N=2000 requests; a few minutes)
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
+#        INSTR_ONLY_TOP=1 measures (a), (b) and (b') only: the cost of top_keys
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
 #        instructions go, function by function)
 set -euo pipefail
@@ -136,6 +137,18 @@ h=$(measure top_keys "    limits:
       conc: { kind: inflight, max: 100000, top_keys: 20 }
       per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s, top_keys: 20 }
       tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s }, top_keys: 20 }")
+
+if [[ -n ${INSTR_ONLY_TOP:-} ]]; then
+  awk -v a="$a" -v b="$b" -v h="$h" -v n="$requests" 'BEGIN {
+    if (a <= 0 || b <= 0 || h <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+    printf "| tollgate | instructions/request | / no limits |\n|---|---:|---:|\n"
+    printf "| no limits | %.0f | 1 |\n", a / n
+    printf "| inflight + rate + token bucket | %.0f | %.4f |\n", b / n, b / a
+    printf "| the same three with top_keys: 20 | %.0f | %.4f |\n\n", h / n, h / a
+    printf "- top_keys on the three limits / off: %.4f (%.0f instructions a request)\n", h / b, (h - b) / n
+  }'
+  exit 0
+fi
 
 # One limit of each newer kind alone, each against no limits: the budget per added limit.
 t=$(measure tiered "    limits:
