@@ -5,13 +5,15 @@
 # repeatable for the same binary and inputs, whatever else the machine is doing.
 #
 # For tollgate (a) without limits, (b) with an inflight, a rate and a token-bucket limit
-# (out of reach), and (c) with one tiered, one concurrency or one sliding-log limit alone,
+# (out of reach), (b') with the same three keeping their heavy hitters (`top_keys: 20`),
+# and (c) with one tiered, one concurrency or one sliding-log limit alone,
 # on loopback in front of an nginx upstream: start tollgate under callgrind, send a
 # warm-up, zero the counters, send N keep-alive requests from one client, dump, and divide
 # the instructions by N. Prints each and its ratio to (a).
 #
 # Run:   benches/instructions.sh            (N=2000 requests; a few minutes)
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
+#        INSTR_ONLY_TOP=1 measures (a), (b) and (b') only: the cost of top_keys
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
 #        instructions go, function by function)
 set -euo pipefail
@@ -130,6 +132,24 @@ b=$(measure limits "    limits:
       per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }
       tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s } }")
 
+# The same three limits, each keeping its 20 heaviest keys for the admin API (top_keys).
+h=$(measure top_keys "    limits:
+      conc: { kind: inflight, max: 100000, top_keys: 20 }
+      per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s, top_keys: 20 }
+      tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s }, top_keys: 20 }")
+
+if [[ -n ${INSTR_ONLY_TOP:-} ]]; then
+  awk -v a="$a" -v b="$b" -v h="$h" -v n="$requests" 'BEGIN {
+    if (a <= 0 || b <= 0 || h <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+    printf "| tollgate | instructions/request | / no limits |\n|---|---:|---:|\n"
+    printf "| no limits | %.0f | 1 |\n", a / n
+    printf "| inflight + rate + token bucket | %.0f | %.4f |\n", b / n, b / a
+    printf "| the same three with top_keys: 20 | %.0f | %.4f |\n\n", h / n, h / a
+    printf "- top_keys on the three limits / off: %.4f (%.0f instructions a request)\n", h / b, (h - b) / n
+  }'
+  exit 0
+fi
+
 # One limit of each newer kind alone, each against no limits: the budget per added limit.
 # Within the config bounds (a tier's limit and a window's max at most 1 048 576, all state
 # at most 4 GiB); a loopback client under callgrind never comes near 10 000 a second.
@@ -140,15 +160,17 @@ c=$(measure concurrency "    limits:
 l=$(measure sliding_log "    limits:
       caps: { kind: sliding_log, key: [client_ip], windows: [{ max: 10000, per: 1s }], max_keys: 1000 }")
 
-awk -v a="$a" -v b="$b" -v t="$t" -v c="$c" -v l="$l" -v n="$requests" 'BEGIN {
-  if (a <= 0 || b <= 0 || t <= 0 || c <= 0 || l <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+awk -v a="$a" -v b="$b" -v h="$h" -v t="$t" -v c="$c" -v l="$l" -v n="$requests" 'BEGIN {
+  if (a <= 0 || b <= 0 || h <= 0 || t <= 0 || c <= 0 || l <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
   printf "## Instructions per request (callgrind, %d keep-alive requests, 1 proxy thread)\n\n", n
   printf "| tollgate | instructions/request | / no limits |\n|---|---:|---:|\n"
   printf "| no limits | %.0f | 1 |\n", a / n
   printf "| inflight + rate + token bucket | %.0f | %.4f |\n", b / n, b / a
+  printf "| the same three with top_keys: 20 | %.0f | %.4f |\n", h / n, h / a
   printf "| one tiered limit (2 tiers) | %.0f | %.4f |\n", t / n, t / a
   printf "| one concurrency limit (global + 1 group) | %.0f | %.4f |\n", c / n, c / a
   printf "| one sliding_log limit | %.0f | %.4f |\n\n", l / n, l / a
   r = b / a
   printf "- with three limits / without: %.4f (%s: budget <= 1.02)\n", r, r <= 1.02 ? "PASS" : "MISS"
+  printf "- top_keys on the three limits / off: %.4f (%.0f instructions a request)\n", h / b, (h - b) / n
 }'

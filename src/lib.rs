@@ -7,17 +7,21 @@
 //!   assembles the process from every part below.
 //! - [`proxy`] (the HTTP front end), [`api`] (the second front end: the same limits over
 //!   the Redis protocol, for non-HTTP callers) and [`reload`] (watching and swapping the
-//!   config): they read and build [`runtime`] state, none knows another; [`snapshot`]
+//!   config), and [`admin`] (the operators' HTTP API on its own listener): they read and
+//!   build [`runtime`] state, none knows another; [`problem`] holds the RFC 9457 answers
+//!   the HTTP front ends share; [`snapshot`]
 //!   (local limit state written to a file and loaded at start) reads and fills it too.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
 //!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
 
+pub mod admin;
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod limits;
 pub mod metrics;
+pub mod problem;
 pub mod proxy;
 pub mod ratelog;
 pub mod reload;

@@ -181,6 +181,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.limiter_api != new.limiter_api {
         changed.push("server.limiter_api");
     }
+    if old.admin != new.admin {
+        changed.push("server.admin");
+    }
     if old.instance != new.instance {
         changed.push("server.instance");
     }

@@ -1,5 +1,5 @@
 //! The composition root: assembles the Pingora server from a config, with the proxy
-//! service on every listener, the metrics, limiter API and demo services, and the
+//! service on every listener, the metrics, limiter API, admin API and demo services, and the
 //! reloader, all sharing one live runtime.
 //!
 //! The proxy service is Pingora's `HttpProxy` behind tollgate's connection handler
@@ -28,6 +28,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 use tokio::sync::broadcast;
 
+use crate::admin::{Admin, AdminApp};
 use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
 use crate::limits::MonotonicClock;
@@ -197,6 +198,15 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         let api = Arc::new(ApiService::with_runtime(api, runtime.clone(), &metrics));
         let mut svc = api.pingora_service(&[addr.to_string()]);
         svc.threads = Some(1);
+        server.add_service(svc);
+    }
+    if let Some(addr) = server_cfg.admin {
+        // The admin API follows the live runtime too (its /config, limits, token and kill
+        // switch change with a reload); only its address is fixed until a restart.
+        let admin = Admin::new(runtime.clone(), clock);
+        let mut svc = Service::new("admin api".to_string(), AdminApp(Arc::new(admin)));
+        svc.threads = Some(1);
+        svc.add_tcp(&addr.to_string());
         server.add_service(svc);
     }
     if let Some(addr) = server_cfg.demo_upstream {

@@ -38,7 +38,8 @@ fn example() -> String {
 }
 
 /// The example config on free loopback ports (its listen and metrics as the harness's
-/// placeholders); returns it with the demo upstream's and the limiter API's addresses.
+/// placeholders, the admin API on a free port); returns it with the demo upstream's and the
+/// limiter API's addresses.
 fn example_on_free_ports() -> (String, String, u16) {
     let demo = format!("127.0.0.1:{}", free_port());
     let api = free_port();
@@ -46,7 +47,8 @@ fn example_on_free_ports() -> (String, String, u16) {
         .replace("127.0.0.1:8080", "{listen}")
         .replace("127.0.0.1:9100", "{metrics}")
         .replace("127.0.0.1:8081", &demo)
-        .replace("127.0.0.1:9049", &format!("127.0.0.1:{api}"));
+        .replace("127.0.0.1:9049", &format!("127.0.0.1:{api}"))
+        .replace("127.0.0.1:9180", &format!("127.0.0.1:{}", free_port()));
     (text, demo, api)
 }
 

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 use crate::config::model::{Limit, LimitParams};
 use crate::config::report::{At, Pos, Report};
 use crate::limits::{
-    ConcurrencyLimiter, RateLimiter, SketchSize, SlidingLog, TieredLimiter, TokenBucket,
+    ConcurrencyLimiter, HeavyHitters, RateLimiter, SketchSize, SlidingLog, TieredLimiter,
+    TokenBucket,
 };
 
 /// Origins in one config. Each has its own metrics series.
@@ -41,6 +42,9 @@ pub(crate) const MAX_KEY_PARTS: usize = 16;
 pub(crate) const MAX_KEY_PART_BYTES: usize = 256;
 /// `max_keys` of one token bucket: 16 777 216 keys, 400 MiB.
 pub(crate) const MAX_KEYS: usize = TokenBucket::MAX_KEYS;
+/// `top_keys` of one limit: the heavy-hitter list the admin API's `/top` reads (each
+/// entry keeps its key's text).
+pub(crate) const MAX_TOP_KEYS: usize = 1_000;
 /// `sketch.hashes`.
 pub(crate) const MAX_HASHES: usize = SketchSize::MAX_HASHES;
 /// `sketch.hashes × sketch.slots`: 16 777 216 counters, 128 MiB a sketch.
@@ -78,7 +82,8 @@ pub(crate) fn variant_bytes(params: &LimitParams) -> u128 {
 /// The memory `limit` holds in one origin: one state per variant.
 pub(crate) fn limit_bytes(limit: &Limit) -> u128 {
     let variants = 1 + limit.overrides.len() as u128;
-    variant_bytes(&limit.params) * variants
+    let top = limit.top_keys.map_or(0, HeavyHitters::bytes_for) as u128;
+    variant_bytes(&limit.params) * variants + top
 }
 
 /// `bytes` for people: `2.4 MiB`.

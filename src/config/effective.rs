@@ -222,6 +222,11 @@ struct EffServer {
     #[serde(skip_serializing_if = "Option::is_none")]
     limiter_api: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    admin: Option<String>,
+    /// The file only: the token itself is never printed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_token_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     instance: Option<String>,
     kill_switch: bool,
     header_timeout: String,
@@ -244,6 +249,8 @@ impl EffServer {
             customer_header: s.customer_header.clone(),
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
             limiter_api: s.limiter_api.map(|a| a.to_string()),
+            admin: s.admin.map(|a| a.to_string()),
+            admin_token_file: s.admin_token.as_ref().map(|t| t.file.display().to_string()),
             instance: s.instance.clone(),
             kill_switch: s.kill_switch,
             header_timeout: span(s.connections.header_timeout),
@@ -302,6 +309,8 @@ struct EffLimit {
     headers: Option<&'static str>,
     #[serde(flatten)]
     params: EffParams,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_keys: Option<usize>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     overrides: Vec<EffOverride>,
 }
@@ -335,6 +344,7 @@ impl EffLimit {
                 })
                 .collect(),
             params: base,
+            top_keys: l.top_keys,
         }
     }
 }

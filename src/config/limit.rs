@@ -98,6 +98,11 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
                 .and_then(|n| usize::try_from(n).ok())
                 .map(located(v.pos, path));
         }
+        "top_keys" => {
+            spec.top_keys = scalar::int(r, v, path, 1, bounds::MAX_TOP_KEYS as u64)
+                .and_then(|n| usize::try_from(n).ok())
+                .map(located(v.pos, path));
+        }
         "overrides" => spec.overrides = overrides::parse_list(r, v, path),
         "groups" => spec.groups = groups(r, v, path).map(located(v.pos, path)),
         "store" => {

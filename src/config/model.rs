@@ -186,6 +186,12 @@ pub struct Server {
     pub demo_upstream: Option<SocketAddr>,
     /// Where the limiter API (Redis protocol) listens (`server.limiter_api`), if at all.
     pub limiter_api: Option<SocketAddr>,
+    /// Where the admin API (HTTP) listens (`server.admin`), if at all: never on a proxy
+    /// port, loopback in the example config.
+    pub admin: Option<SocketAddr>,
+    /// The bearer token every admin request must carry (`server.admin_token_file`, read at
+    /// load and trimmed); `None`: no token asked.
+    pub admin_token: Option<AdminToken>,
     /// This process's name in shared state (`server.instance`); default
     /// `<hostname>:<pid>`, filled in at start.
     pub instance: Option<String>,
@@ -195,6 +201,22 @@ pub struct Server {
     pub kill_switch: bool,
     /// How long a downstream connection may take and how many may be open.
     pub connections: Connections,
+}
+
+/// The admin API's bearer token, read from `server.admin_token_file`. Its `Debug` form
+/// names only the file, so the token never reaches a log line or `check` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    /// The file it was read from, as resolved (relative to the config file's directory).
+    pub file: std::path::PathBuf,
+    /// The token, trimmed of surrounding whitespace; never empty.
+    pub token: String,
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AdminToken({}, redacted)", self.file.display())
+    }
 }
 
 /// The bounds on downstream connections (`server.header_timeout`, `keepalive_timeout`,
@@ -516,6 +538,9 @@ pub struct Limit {
     pub store: Option<String>,
     /// Special cases, first match wins; each has its own state.
     pub overrides: Vec<Override>,
+    /// `top_keys: N`: keep a heavy-hitter sketch of this limit's keys for the admin API's
+    /// `/top` (its `N` heaviest keys); `None` (the default) keeps none and costs nothing.
+    pub top_keys: Option<usize>,
 }
 
 /// `overrides: [{match: {...}, FIELD: VALUE}]`, resolved against its limit.

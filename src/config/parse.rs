@@ -183,7 +183,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             suggest::unknown("key", &e.key, &TOP_KEYS),
         );
     }
-    let server = server::parse(r, section("server"));
+    let server = server::parse(r, section("server"), file);
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
     let api = api::parse(r, section("api"), &stores);

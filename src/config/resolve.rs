@@ -163,6 +163,7 @@ pub(crate) fn resolve(
         params: params?,
         store,
         overrides,
+        top_keys: spec.top_keys.as_ref().map(|t| t.v),
     }))
 }
 

@@ -39,8 +39,8 @@ pub const API_ORIGIN: &str = "_api";
 pub(crate) const MAX_RESOURCES: usize = 1_000;
 
 /// Limit fields a resource does not take (see [`check`]): a command's cost is its
-/// `copies`, and replies carry the limits.
-pub(crate) const NOT_RESOURCE_FIELDS: [&str; 2] = ["cost", "headers"];
+/// `copies`, replies carry the limits, and no admin `/top` list is kept for the API.
+pub(crate) const NOT_RESOURCE_FIELDS: [&str; 3] = ["cost", "headers", "top_keys"];
 
 /// What a resource says instead of a key part an API caller cannot have.
 fn no_such_part(part: &KeyPart) -> String {
@@ -96,6 +96,7 @@ fn check(r: &mut Report, spec: &mut LimitSpec, known: &Known<'_>) -> bool {
         let why = match f.v {
             "cost" => "a command's cost is its `copies`; `cost` is not a field of a resource",
             "headers" => "`headers` has no meaning for a resource: API replies carry the limits",
+            "top_keys" => "`top_keys` keeps the heaviest keys of a proxy limit for the admin API; a resource keeps none",
             _ => continue,
         };
         r.error(f.pos, &f.path, why);

@@ -245,7 +245,8 @@ fn server(keys: &mut Keys<'_>) -> Value {
     keys.object("server", &SERVER_KEYS, |key| {
         Some(match key {
             "listen" => list(socket_addr(), 1, None),
-            "metrics" | "limiter_api" | "demo_upstream" => socket_addr(),
+            "metrics" | "limiter_api" | "demo_upstream" | "admin" => socket_addr(),
+            "admin_token_file" => json!({"type": "string", "minLength": 1}),
             "instance" => json!({
                 "type": ["string", "number", "boolean"],
                 "pattern": "^[!-~]{1,128}$",
@@ -518,6 +519,7 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
             "overrides" => list(over.clone(), 0, Some(bounds::MAX_OVERRIDES)),
             "store" => text(),
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
+            "top_keys" => int(1, bounds::MAX_TOP_KEYS as u64),
             "sketch" => {
                 let mut sketch = json!({
                     "type": ["object", "null"],

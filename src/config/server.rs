@@ -1,24 +1,29 @@
-//! The `server:` section: listeners (proxy, metrics, limiter API, demo upstream), threads,
+//! The `server:` section: listeners (proxy, metrics, limiter API, admin API, demo
+//! upstream) and the admin token, threads,
 //! shutdown window, trusted proxies, the customer header, the instance name, the kill
 //! switch and the bounds on downstream connections, with their defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
 
+use std::io::Read;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
-use crate::config::model::{Connections, Server};
+use crate::config::model::{AdminToken, Connections, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 14] = [
+pub(crate) const SERVER_KEYS: [&str; 16] = [
     "listen",
     "metrics",
     "limiter_api",
+    "admin",
+    "admin_token_file",
     "instance",
     "kill_switch",
     "threads",
@@ -49,8 +54,13 @@ pub(crate) struct ServerDraft {
     pub binds: Vec<At<SocketAddr>>,
 }
 
-/// Reads the `server:` section, or the defaults when it is absent.
-pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
+/// The longest admin token accepted: a bearer token is a short secret, and the file is
+/// read whole at load.
+const MAX_TOKEN_BYTES: u64 = 4096;
+
+/// Reads the `server:` section, or the defaults when it is absent. `file` is the config
+/// file, whose directory a relative `admin_token_file` starts in.
+pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDraft {
     let mut server = Server {
         listen: vec![DEFAULT_LISTEN],
         metrics: None,
@@ -60,6 +70,8 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
         customer_header: None,
         demo_upstream: None,
         limiter_api: None,
+        admin: None,
+        admin_token: None,
         instance: None,
         kill_switch: false,
         connections: Connections::default(),
@@ -91,7 +103,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
                     }
                 }
             }
-            "metrics" | "demo_upstream" | "limiter_api" => {
+            "metrics" | "demo_upstream" | "limiter_api" | "admin" => {
                 let addr = scalar::socket_addr(r, v, &path);
                 if let Some(addr) = addr {
                     binds.push(At::new(addr, v.pos, &path));
@@ -99,6 +111,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
                 match e.key.as_str() {
                     "metrics" => server.metrics = addr,
                     "demo_upstream" => server.demo_upstream = addr,
+                    "admin" => server.admin = addr,
                     _ => server.limiter_api = addr,
                 }
             }
@@ -116,6 +129,11 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
                             "`instance` must be 1 to 128 printable characters without spaces",
                         );
                     }
+                }
+            }
+            "admin_token_file" => {
+                if let Some(name) = scalar::text(r, v, &path) {
+                    server.admin_token = admin_token(r, v, &path, file, name);
                 }
             }
             "kill_switch" => {
@@ -188,6 +206,40 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>) -> ServerDraft {
     ServerDraft { server, binds }
 }
 
+/// Reads the admin token from `name` (relative to the config file's directory): the
+/// whole file, trimmed. An unreadable, empty, oversized or non-UTF-8 file is an error at
+/// the field; the message names the file, never its contents.
+fn admin_token(r: &mut Report, v: &Node, path: &str, file: &str, name: &str) -> Option<AdminToken> {
+    let base = Path::new(file).parent().unwrap_or_else(|| Path::new(""));
+    let at = base.join(name);
+    let shown = at.display();
+    let read = std::fs::File::open(&at).and_then(|f| {
+        let mut text = String::new();
+        f.take(MAX_TOKEN_BYTES + 1).read_to_string(&mut text)?;
+        Ok(text)
+    });
+    let message = match read {
+        Err(e) => format!("cannot read the admin token file `{shown}`: {e}"),
+        Ok(text) if text.len() as u64 > MAX_TOKEN_BYTES => {
+            format!("the admin token file `{shown}` is longer than {MAX_TOKEN_BYTES} bytes")
+        }
+        Ok(text) if text.trim().is_empty() => {
+            format!("the admin token file `{shown}` is empty: write a token into it (e.g. `openssl rand -hex 32`)")
+        }
+        Ok(text) if !text.trim().bytes().all(|b| b.is_ascii_graphic()) => format!(
+            "the admin token in `{shown}` must be printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)"
+        ),
+        Ok(text) => {
+            return Some(AdminToken {
+                file: at.clone(),
+                token: text.trim().to_string(),
+            })
+        }
+    };
+    r.error(v.pos, path, message);
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -235,5 +287,83 @@ mod tests {
         );
         let e = connections("  max_conections: 5\n").unwrap_err();
         assert!(e[0].contains("did you mean `max_connections`"), "{e:?}");
+    }
+
+    fn server_in(
+        dir: &std::path::Path,
+        server: &str,
+    ) -> Result<crate::config::Server, Vec<String>> {
+        let file = dir.join("t.yaml");
+        let file = file.to_string_lossy();
+        match parse_str(&format!("server:\n{server}{ORIGIN}"), &file) {
+            Ok(l) => Ok(l.config.server),
+            Err(ConfigError::Invalid(d)) => Err(d.iter().map(ToString::to_string).collect()),
+            Err(e) => Err(vec![e.to_string()]),
+        }
+    }
+
+    #[test]
+    fn the_admin_token_is_read_trimmed_relative_to_the_config_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "  s3cret-token\n").unwrap();
+        let s = server_in(
+            dir.path(),
+            "  admin: \"127.0.0.1:9180\"\n  admin_token_file: token\n",
+        )
+        .unwrap();
+        assert_eq!(s.admin, Some("127.0.0.1:9180".parse().unwrap()));
+        let token = s.admin_token.unwrap();
+        assert_eq!(token.token, "s3cret-token");
+        assert_eq!(token.file, dir.path().join("token"));
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn an_empty_or_missing_token_file_is_an_error_at_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("empty"), " \n").unwrap();
+        let e = server_in(dir.path(), "  admin_token_file: empty\n").unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("t.yaml:2:21: server.admin_token_file: the admin token file"),
+            "{e:?}"
+        );
+        assert!(e[0].contains("is empty"), "{e:?}");
+        let e = server_in(dir.path(), "  admin_token_file: nowhere\n").unwrap_err();
+        assert!(
+            e[0].contains("server.admin_token_file: cannot read the admin token file"),
+            "{e:?}"
+        );
+        std::fs::write(dir.path().join("spaced"), "two words").unwrap();
+        let e = server_in(dir.path(), "  admin_token_file: spaced\n").unwrap_err();
+        assert!(e[0].contains("printable ASCII"), "{e:?}");
+        assert!(
+            !e[0].contains("two words"),
+            "the token is never shown: {e:?}"
+        );
+    }
+
+    #[test]
+    fn top_keys_is_bounded_and_allowed_in_defaults() {
+        let text = "defaults:\n  limits:\n    d: {kind: rate, max: 1, per: 1s, top_keys: 5}\norigins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n    limits:\n      own: {kind: rate, max: 1, per: 1s, top_keys: 1000}\n";
+        let c = parse_str(text, "t.yaml").unwrap().config;
+        let tops: Vec<_> = c.origins[0].limits.iter().map(|l| l.top_keys).collect();
+        assert_eq!(tops, [Some(5), Some(1000)]);
+        let bad = text.replace("top_keys: 1000", "top_keys: 1001");
+        let Err(ConfigError::Invalid(d)) = parse_str(&bad, "t.yaml") else {
+            panic!("1001 accepted");
+        };
+        assert_eq!(
+            d[0].to_string(),
+            "t.yaml:9:52: origins.a.limits.own.top_keys: too large: must be at most 1000, found 1001"
+        );
+        let over = text.replace(
+            "top_keys: 1000",
+            "overrides: [{match: {method: GET}, top_keys: 3}]",
+        );
+        assert!(
+            parse_str(&over, "t.yaml").is_err(),
+            "an override cannot change top_keys"
+        );
     }
 }

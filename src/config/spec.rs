@@ -15,7 +15,15 @@ use crate::config::report::{At, Pos};
 use crate::limits::{KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
-pub(crate) const COMMON: [&str; 6] = ["kind", "key", "mode", "headers", "overrides", "store"];
+pub(crate) const COMMON: [&str; 7] = [
+    "kind",
+    "key",
+    "mode",
+    "headers",
+    "overrides",
+    "store",
+    "top_keys",
+];
 
 /// The parameter fields only `kind` (and maybe other kinds) takes: the one table of which
 /// field belongs to which kind.
@@ -101,8 +109,9 @@ pub(crate) const OVERRIDE_KEYS: [&str; 11] = [
 
 /// Limit keys that an override may not change: they shape state shared by every variant
 /// (a global count, the groups) or identify the limit.
-pub(crate) const NOT_OVERRIDABLE: [&str; 10] = [
+pub(crate) const NOT_OVERRIDABLE: [&str; 11] = [
     "store",
+    "top_keys",
     "kind",
     "key",
     "headers",
@@ -249,6 +258,8 @@ pub(crate) struct LimitSpec {
     pub groups: Option<At<Vec<GroupSpec>>>,
     /// `store`: the shared store's name.
     pub store: Option<At<String>>,
+    /// `top_keys`: the heavy-hitter list's size.
+    pub top_keys: Option<At<usize>>,
     /// `overrides`, replaced as a whole when an origin sets it.
     pub overrides: Option<At<Vec<OverrideSpec>>>,
     /// Every known field written, at its key, for the kind check.
@@ -272,6 +283,7 @@ impl LimitSpec {
             max_keys: None,
             groups: None,
             store: None,
+            top_keys: None,
             overrides: None,
             fields: Vec::new(),
         }
@@ -297,6 +309,7 @@ impl LimitSpec {
         lay(&mut out.max_keys, &origin.max_keys);
         lay(&mut out.groups, &origin.groups);
         lay(&mut out.store, &origin.store);
+        lay(&mut out.top_keys, &origin.top_keys);
         lay(&mut out.overrides, &origin.overrides);
         out.fields.extend(origin.fields.iter().cloned());
         out

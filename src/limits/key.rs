@@ -203,6 +203,49 @@ impl KeySpec {
     }
 }
 
+/// Bytes a key's text keeps of one part's value: a header value may be long, and the text
+/// is only for reading.
+const MAX_TEXT_VALUE: usize = 256;
+
+impl KeySpec {
+    /// The request's key as readable text, `part=value&part=value` with each value
+    /// percent-encoded (so it can be pasted into the admin API's `/state` query as is), or
+    /// `None` when a part is missing. Each value is cut at 256 bytes. Allocates: for the
+    /// heavy-hitter lists, which build it only when a key enters one.
+    pub fn text<F: Facts + ?Sized>(&self, facts: &F) -> Option<String> {
+        let mut out = String::new();
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            let value = match facts.fact(part)? {
+                Fact::Bytes(b) => {
+                    String::from_utf8_lossy(&b[..b.len().min(MAX_TEXT_VALUE)]).into_owned()
+                }
+                Fact::Ip(ip) => ip.to_canonical().to_string(),
+                Fact::Addr(a) => a.to_string(),
+            };
+            percent_encode(&mut out, &part.to_string());
+            out.push('=');
+            percent_encode(&mut out, &value);
+        }
+        Some(out)
+    }
+}
+
+/// Appends `text` with every byte but RFC 3986's unreserved ones (and `:`, common in key
+/// part names and addresses) percent-encoded.
+fn percent_encode(out: &mut String, text: &str) {
+    use std::fmt::Write;
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
 fn write_fact<H: Hasher>(hasher: &mut H, fact: Fact<'_>) {
     match fact {
         Fact::Bytes(bytes) => {

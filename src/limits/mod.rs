@@ -21,6 +21,9 @@
 //!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
 //!   in the same kind of fixed table with preallocated log arenas.
 //!
+//! - [`heavy`]: not a limiter: a windowed count-min sketch with two top-k lists, the
+//!   heaviest keys of a limit for the admin API (`top_keys`).
+//!
 //! The kinds whose state outlives a request (token bucket, rate, sliding log, tiered) can
 //! export their live keys and import saved ones ([`restore`]), for snapshots that survive
 //! a restart.
@@ -33,6 +36,7 @@
 pub mod adhoc_bucket;
 pub mod clock;
 pub mod concurrency;
+pub mod heavy;
 pub mod inflight;
 pub mod key;
 pub mod rate;
@@ -46,6 +50,7 @@ pub mod verdict;
 pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
 pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
+pub use heavy::{HeavyHitters, Ranking, TopKey};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 pub use rate::{RateLimiter, RateParams, RateWindowEntry};

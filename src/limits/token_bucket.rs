@@ -222,6 +222,18 @@ impl TokenBucket {
         })
     }
 
+    /// Tokens `key` holds at `now` and the instant of the last refill applied, taking
+    /// nothing and changing nothing (the admin API's `/state`); `None` for the instant
+    /// when the key holds no state (its bucket is full).
+    pub fn peek(&self, key: u64, now: Nanos) -> (u64, Option<Nanos>) {
+        let key = key.max(1);
+        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
+        held.map_or((self.params.capacity, None), |s| {
+            let b = s.bucket.refilled(&self.params, now);
+            (b.tokens, Some(b.last))
+        })
+    }
+
     /// The parameters (`amount` and `every` at least 1).
     pub fn params(&self) -> TokenBucketParams {
         self.params

@@ -18,8 +18,10 @@ pub mod front;
 pub mod identity;
 pub mod metrics_app;
 pub mod pingora_log;
-pub mod problem;
 pub mod route;
 pub mod service;
 
 pub use service::Tollgate;
+
+/// The problem+json responses, shared with the admin API (see [`crate::problem`]).
+pub use crate::problem;

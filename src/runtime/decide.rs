@@ -21,6 +21,10 @@
 //! `refunded`, never as `allowed`: `allowed + refunded + rejected + shadow_rejected +
 //! skipped` is the requests that reached the limit.
 //!
+//! **Heavy hitters.** A limit with `top_keys` counts each decision in its
+//! [`HeavyHitters`](crate::limits::HeavyHitters) (admitted or rejected, by the verdict
+//! before shadow and kill switch), for the admin API's `/top`.
+//!
 //! Nothing here allocates on the admit path: holds and header notes live in inline
 //! `SmallVec`s in the request context.
 
@@ -115,6 +119,12 @@ pub async fn run<F: Facts + Sync + ?Sized>(
             }
         };
         let verdict = decision.verdict;
+        if let Some(top) = &limit.top {
+            // Off (`None`) by default; the key's text is built only when it enters a list.
+            top.record(key, !verdict.allowed, now, || {
+                limit.key.text(facts).unwrap_or_default()
+            });
+        }
         let decided = Decided {
             phase,
             limit: index as u16,

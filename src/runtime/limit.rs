@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{HeadersMode, Kind, Limit, Mode};
+use crate::limits::heavy::{self, HeavyHitters};
 use crate::limits::{Fact, Facts, KeySpec, MatchValue, Matcher};
 use crate::metrics::DecisionCounters;
 use crate::ratelog::LogBudget;
@@ -118,6 +119,9 @@ pub struct LimitRt {
     pub log: LogBudget,
     /// Whether its state lives in a shared store (its key is then the portable hash).
     pub shared: bool,
+    /// Its heaviest keys (`top_keys`), for the admin API; `None` (the default) keeps the
+    /// decision path free of it. Carried over a reload while `top_keys` is unchanged.
+    pub top: Option<Arc<HeavyHitters>>,
 }
 
 /// What building a limit needs from the runtime being built.
@@ -130,6 +134,8 @@ pub struct Building<'a, 'p> {
     pub segments: &'a HashMap<String, Arc<Segment>>,
     /// The runtime's shared stores.
     pub stores: &'a Stores,
+    /// The previous runtime's heavy-hitter lists, by origin and limit name.
+    pub tops: &'a HashMap<(String, String), Arc<HeavyHitters>>,
 }
 
 impl LimitRt {
@@ -208,6 +214,13 @@ impl LimitRt {
             counters,
             log: LogBudget::new(),
             shared: store.is_some(),
+            top: limit.top_keys.map(|k| {
+                let id = (at.origin.to_string(), limit.name.clone());
+                match at.tops.get(&id) {
+                    Some(top) if top.k() == k => top.clone(),
+                    _ => Arc::new(HeavyHitters::new(k, heavy::DEFAULT_EPOCH)),
+                }
+            }),
         })
     }
 

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::limits::KeySpec;
+use crate::limits::{HeavyHitters, KeySpec};
 use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
@@ -195,6 +195,19 @@ impl Runtime {
                     .collect()
             })
             .unwrap_or_default();
+        let tops: HashMap<(String, String), Arc<HeavyHitters>> = previous
+            .map(|p| {
+                p.origins
+                    .iter()
+                    .flat_map(|o| {
+                        o.all_limits().filter_map(|l| {
+                            let top = l.top.clone()?;
+                            Some(((o.name.clone(), l.name.clone()), top))
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut carried = Carried::default();
         let kill = previous.map_or_else(Arc::default, |p| p.kill.clone());
         kill.set_config(config.server.kill_switch);
@@ -222,6 +235,7 @@ impl Runtime {
                 previous: &before,
                 segments: &segments,
                 stores: &stores,
+                tops: &tops,
             };
             for limit in &origin.limits {
                 let kind = limit.params.kind();

@@ -116,11 +116,14 @@ impl Resources {
         metrics: &Metrics,
         carried: &mut Carried,
     ) -> Result<Self, (String, LimiterError)> {
+        // Resources are decided by the limiter API, which keeps no heavy hitters.
+        let tops = HashMap::new();
         let at = Building {
             origin: API_ORIGIN,
             previous,
             segments,
             stores,
+            tops: &tops,
         };
         let mut out = Resources::default();
         for resource in &config.resources {

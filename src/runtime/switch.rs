@@ -33,6 +33,11 @@ impl KillSwitch {
         self.admin.store(on, Ordering::Relaxed);
     }
 
+    /// Whether the admin API turned it on.
+    pub fn admin_on(&self) -> bool {
+        self.admin.load(Ordering::Relaxed)
+    }
+
     /// Whether the config turned it on (an admin `off` cannot turn that off).
     pub fn config_on(&self) -> bool {
         self.config.load(Ordering::Relaxed)

@@ -272,3 +272,35 @@ fn resources_grant_the_largest_count_per_domain_and_carry_over_a_reload() {
         1
     );
 }
+
+#[test]
+fn heavy_hitters_count_decisions_only_when_on_and_survive_a_reload() {
+    let metrics = Metrics::new().unwrap();
+    let limits = "      tb: {kind: token_bucket, key: [customer, host], capacity: 2, refill: {amount: 1, every: 1h}, top_keys: 3}\n      off: {kind: rate, key: [customer], max: 100, per: 1s}\n";
+    let rt = runtime(limits, &metrics);
+    let origin = &rt.origins[0];
+    assert!(origin.request_limits[1].top.is_none(), "off by default");
+    let mut holds = Holds::new();
+    for _ in 0..3 {
+        pass(&rt, &req("big"), 0, &mut holds);
+    }
+    pass(&rt, &req("small"), 0, &mut holds);
+    let top = origin.request_limits[0].top.clone().unwrap();
+    let admitted = top.top(crate::limits::Ranking::Admitted, 3, 0);
+    assert_eq!(admitted[0].key, "customer=big&host=app.test");
+    assert_eq!((admitted[0].admitted, admitted[0].rejected), (2, 1));
+    let rejected = top.top(crate::limits::Ranking::Rejected, 3, 0);
+    assert_eq!(rejected.len(), 1);
+    // A reload with the same top_keys keeps the lists; another size starts afresh.
+    let (again, _) = Runtime::build(rt.config.clone(), Some(&rt), &metrics).unwrap();
+    assert!(Arc::ptr_eq(
+        again.origins[0].request_limits[0].top.as_ref().unwrap(),
+        &top
+    ));
+    let mut config = (*rt.config).clone();
+    config.origins[0].limits[0].top_keys = Some(4);
+    let (resized, _) = Runtime::build(Arc::new(config), Some(&rt), &metrics).unwrap();
+    let fresh = resized.origins[0].request_limits[0].top.as_ref().unwrap();
+    assert!(!Arc::ptr_eq(fresh, &top));
+    assert_eq!(fresh.k(), 4);
+}

@@ -53,6 +53,7 @@ use crate::store::deny_cache::DenyCache;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::redis::{Fallback, Micros, RedisStore};
+use crate::store::StoreError;
 
 /// Where a shared decision came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -183,6 +184,15 @@ impl SharedTokenBucket {
             ),
             deny: (deny_cache_keys > 0 && !params.strict).then(|| DenyCache::new(deny_cache_keys)),
         }
+    }
+
+    /// The bucket of the key hashed to `key` as the store holds it now: its tokens and the
+    /// time until it is full. One read-only script call within the store's budget; it
+    /// writes nothing (the admin API's `/state`).
+    pub async fn peek(&self, key: u64) -> Result<(u64, Nanos), StoreError> {
+        self.store
+            .token_bucket_get(&self.names, key, &self.params, None)
+            .await
     }
 
     /// Decides a request of `cost` tokens for the key hashed to `key` (the stable hash), at
@@ -507,6 +517,16 @@ impl SharedInflight {
     /// runtime keeps this very store (same connection), not just one of the same name.
     pub fn store(&self) -> &RedisStore {
         &self.shared.store
+    }
+
+    /// The fleet's units in flight for the key hashed to `key`, counting instances with a
+    /// live lease only: one read-only script call, bounded by the store's budget (the
+    /// admin API's `/state`).
+    pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
+        self.shared
+            .store
+            .inflight_total(&self.shared.names, key)
+            .await
     }
 
     /// An inflight limit of `max` units per key across the fleet, in `store`, under

@@ -90,6 +90,8 @@ fn parses_the_design_example() {
             customer_header: Some("x-customer-id".into()),
             demo_upstream: None,
             limiter_api: None,
+            admin: None,
+            admin_token: None,
             instance: None,
             kill_switch: false,
             connections: Default::default(),
@@ -125,6 +127,7 @@ fn parses_the_design_example() {
             },
             store: None,
             overrides: vec![],
+            top_keys: None,
         }
     );
     assert_eq!(

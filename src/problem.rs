@@ -1,5 +1,6 @@
 //! Every response tollgate writes itself: rejections (429/503), unknown hosts (404) and
-//! bad requests (400), as RFC 9457 `application/problem+json`.
+//! bad requests (400) of the proxy, and the admin API's errors, as RFC 9457
+//! `application/problem+json`.
 //!
 //! Rejections carry `Retry-After` (whole seconds, rounded up, at least 1) and the
 //! draft-ietf-httpapi-ratelimit-headers-11 fields (see [`crate::runtime::policy`]). A
@@ -119,7 +120,9 @@ pub fn bad_request(detail: String) -> Problem {
     plain(400, "Bad Request", detail)
 }
 
-fn plain(status: u16, title: &str, detail: String) -> Problem {
+/// A problem of `status` with a `title` and a `detail`, `type` `about:blank` (RFC 9457
+/// §4.2.1): the admin API's errors too.
+pub fn plain(status: u16, title: &str, detail: String) -> Problem {
     Problem {
         status,
         headers: vec![("cache-control", "no-store".to_string())],

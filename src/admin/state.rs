@@ -1,0 +1,231 @@
+//! `GET /limits/{origin}/{limit}/state?PART=VALUE...`: one key's live state, read without
+//! changing it.
+//!
+//! The key is built from the query as the proxy builds it from a request: each part of the
+//! limit's `key:` named by its config spelling (`customer`, `client_ip`,
+//! `header:x-api-key`), `origin` and `const:` parts filled in from the config. The variant
+//! (base or override) is the one a request with these parts would get. In-process state is
+//! read under its set's lock with every refill or window computed for now, and written
+//! back never; state in a Redis store is read with one read-only script call within the
+//! store's budget (token bucket, inflight). The shared rate, tiered, concurrency and
+//! sliding-log kinds have no read-only script yet: they answer 501.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde_json::{json, Value};
+
+use crate::limits::{Fact, Facts, KeyPart, Nanos};
+use crate::runtime::limit::LimitRt;
+use crate::runtime::limiter::Limiter;
+use crate::runtime::OriginRt;
+use crate::store::stable_key_hash;
+
+use super::Answer;
+
+/// A value given in the query, typed as the proxy's facts are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Given {
+    Bytes(Vec<u8>),
+    Ip(IpAddr),
+    Addr(SocketAddr),
+}
+
+/// A request made of query parameters, for the key and override conditions.
+#[derive(Debug, Default)]
+pub struct QueryFacts {
+    origin: String,
+    parts: Vec<(KeyPart, Given)>,
+}
+
+impl Facts for QueryFacts {
+    fn fact<'a>(&'a self, part: &'a KeyPart) -> Option<Fact<'a>> {
+        match part {
+            KeyPart::Origin => return Some(Fact::Bytes(self.origin.as_bytes())),
+            KeyPart::Const(text) => return Some(Fact::Bytes(text.as_bytes())),
+            _ => {}
+        }
+        self.parts
+            .iter()
+            .find(|(p, _)| p == part)
+            .map(|(_, v)| match v {
+                Given::Bytes(b) => Fact::Bytes(b),
+                Given::Ip(ip) => Fact::Ip(*ip),
+                Given::Addr(a) => Fact::Addr(*a),
+            })
+    }
+}
+
+impl QueryFacts {
+    /// The facts the query gives for `origin`'s `limit`; a message for 400 when a name is
+    /// not a key part, a value does not parse, or a part of the limit's key is missing.
+    pub fn of(
+        origin: &OriginRt,
+        limit: &LimitRt,
+        params: Vec<(String, Vec<u8>)>,
+    ) -> Result<QueryFacts, String> {
+        let mut facts = QueryFacts {
+            origin: origin.name.clone(),
+            parts: Vec::with_capacity(params.len()),
+        };
+        for (name, value) in params {
+            let part = KeyPart::parse(&name).map_err(|e| format!("query parameter: {e}"))?;
+            let text = || String::from_utf8_lossy(&value).into_owned();
+            let typed = match part {
+                KeyPart::ClientIp | KeyPart::ServerIp => {
+                    Given::Ip(text().parse().map_err(|_| {
+                        format!("`{name}` must be an IP address, found `{}`", text())
+                    })?)
+                }
+                KeyPart::ServerAddr => Given::Addr(text().parse().map_err(|_| {
+                    format!(
+                        "`{name}` must be an IP address and port, found `{}`",
+                        text()
+                    )
+                })?),
+                // The proxy lower-cases the host before any limit sees it.
+                KeyPart::Host => Given::Bytes(value.to_ascii_lowercase()),
+                _ => Given::Bytes(value),
+            };
+            facts.parts.push((part, typed));
+        }
+        let missing: Vec<String> = limit
+            .key
+            .parts()
+            .iter()
+            .filter(|p| facts.fact(p).is_none())
+            .map(ToString::to_string)
+            .collect();
+        if !missing.is_empty() {
+            let all: Vec<String> = limit.key.parts().iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "missing key part{} {} (limit `{}` is keyed on [{}]): add `?{}=VALUE`",
+                if missing.len() > 1 { "s" } else { "" },
+                missing
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                limit.name,
+                all.join(", "),
+                missing[0],
+            ));
+        }
+        Ok(facts)
+    }
+}
+
+fn ms(nanos: Nanos) -> f64 {
+    nanos as f64 / 1e6
+}
+
+/// The state of the key `facts` names in `limit`, at `now` on the proxy's clock.
+pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: Nanos) -> Answer {
+    let hash = if limit.shared {
+        stable_key_hash(&limit.key, facts)
+    } else {
+        limit.key.hash(facts)
+    };
+    let Some(key) = hash else {
+        return Answer::problem(400, "Bad Request", "the key cannot be built from the query");
+    };
+    let v = limit.select(facts);
+    let Some(variant) = limit.variants.get(v) else {
+        return Answer::problem(500, "Internal Server Error", "no such variant");
+    };
+    let state = match kind_state(&variant.limiter, key, now).await {
+        Ok(state) => state,
+        Err(answer) => return answer,
+    };
+    Answer::json(&json!({
+        "origin": origin.name,
+        "limit": limit.name,
+        "kind": limit.kind.name(),
+        "store": if limit.shared { "shared" } else { "local" },
+        "variant": if v == 0 { "base".to_string() } else { format!("override {}", v - 1) },
+        "key": limit.key.text(facts).unwrap_or_default(),
+        "state": state,
+    }))
+}
+
+/// 501 for a shared kind without a read-only script.
+fn not_implemented(kind: &str) -> Answer {
+    Answer::problem(
+        501,
+        "Not Implemented",
+        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket and inflight limits in a Redis store, and every kind in process, answer"),
+    )
+}
+
+fn store_failed(e: impl std::fmt::Display) -> Answer {
+    Answer::problem(
+        503,
+        "Service Unavailable",
+        format!("the Redis store did not answer the read: {e}"),
+    )
+}
+
+/// The kind's state of `key` at `now`, as JSON.
+async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, Answer> {
+    Ok(match limiter {
+        Limiter::TokenBucket(rt) => {
+            let (tokens, last) = rt.state.peek(key, now);
+            let p = rt.state.params();
+            json!({
+                "tokens": tokens,
+                "capacity": p.capacity,
+                // null: the key holds no state (a full bucket).
+                "last_refill_ms_ago": last.map(|l| ms(now.saturating_sub(l))),
+            })
+        }
+        Limiter::Rate(rt) => json!({
+            "estimate": rt.state.estimate(key, now),
+            "max": rt.rate.max,
+            "per_ms": ms(rt.rate.per),
+        }),
+        Limiter::Tiered(rt) => json!({
+            "current_tier": rt.state.current_tier(key, now),
+            "available": rt.state.available(key, now),
+        }),
+        Limiter::Concurrency(rt) => json!({
+            "held": rt.state.held(key),
+            "max": rt.max,
+        }),
+        Limiter::SlidingLog(rt) => {
+            let windows: Vec<Value> = rt
+                .windows
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    json!({
+                        "per_ms": ms(w.per),
+                        "max": w.max,
+                        "count": rt.state.count(key, i, now),
+                    })
+                })
+                .collect();
+            json!({ "windows": windows })
+        }
+        Limiter::Inflight(rt) => json!({
+            // A count-min estimate: never below the key's true count.
+            "estimate": rt.state.get(key),
+            "max": rt.max,
+        }),
+        Limiter::SharedTokenBucket(rt) => {
+            let (tokens, full_in) = rt.limiter.peek(key).await.map_err(store_failed)?;
+            json!({
+                "tokens": tokens,
+                "capacity": rt.params.capacity,
+                "full_in_ms": ms(full_in),
+                "store": rt.store,
+            })
+        }
+        Limiter::SharedInflight(rt) => {
+            let total = rt.limiter.peek(key).await.map_err(store_failed)?;
+            json!({ "in_flight": total, "max": rt.max, "store": rt.store })
+        }
+        Limiter::SharedRate(_) => return Err(not_implemented("rate")),
+        Limiter::SharedTiered(_) => return Err(not_implemented("tiered")),
+        Limiter::SharedConcurrency(_) => return Err(not_implemented("concurrency")),
+        Limiter::SharedSlidingLog(_) => return Err(not_implemented("sliding_log")),
+    })
+}

@@ -1,0 +1,409 @@
+//! The admin API (issue 14) through the real binary: its own listener, the bearer token on
+//! every endpoint, `/config`, a token bucket's `/state` after requests through the proxy
+//! (in process and in a real `redis-server`), `/top` after a skewed load, the kill switch
+//! and its gauge, and malformed paths, queries, methods and bodies.
+
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/redis.rs"]
+mod harness;
+
+use std::net::{SocketAddr, TcpStream};
+
+use common::{client, eventually, free_port, Tollgate, Upstream, SERVER};
+use harness::RedisServer;
+use serde_json::Value;
+
+const TOKEN: &str = "t0ps3cret";
+
+/// A tollgate with the admin API on its own port, its token in a file beside the config.
+struct Admin {
+    t: Tollgate,
+    admin: SocketAddr,
+}
+
+/// `limits` (indented for an origin's `limits:`) on origin `app` (host `app.test`), and
+/// `extra` top-level sections.
+async fn start(up: &Upstream, token: bool, limits: &str, extra: &str) -> Admin {
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("  {TOKEN}\n")).unwrap();
+    let token_line = if token {
+        format!("  admin_token_file: \"{}\"\n", token_file.display())
+    } else {
+        String::new()
+    };
+    let config = format!(
+        "{SERVER}  admin: \"{admin}\"\n{token_line}  customer_header: x-customer\n  trusted_proxies: [\"127.0.0.1/32\"]\n{extra}origins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"{}\"]\n    limits:\n{limits}",
+        up.addr
+    );
+    let t = Tollgate::start(&config).await;
+    // The token file must outlive the start only (it is read at load); keep the dir anyway.
+    std::mem::forget(dir);
+    eventually("the admin API answers", 250, || async {
+        TcpStream::connect(admin).is_ok()
+    })
+    .await;
+    Admin { t, admin }
+}
+
+impl Admin {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        client()
+            .get(self.url(path))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn json(&self, path: &str) -> (u16, Value) {
+        let r = self.get(path).await;
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    async fn put_kill(&self, body: &str) -> (u16, Value) {
+        let r = client()
+            .put(self.url("/kill-switch"))
+            .bearer_auth(TOKEN)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    async fn send(&self, customer: &str) -> u16 {
+        client()
+            .get(self.t.url("/"))
+            .header("host", "app.test")
+            .header("x-customer", customer)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+}
+
+const BUCKET: &str = "      tokens:\n        kind: token_bucket\n        key: [customer, host]\n        capacity: 10\n        refill: { amount: 1, every: 1h }\n        top_keys: 5\n      plain:\n        kind: rate\n        key: [customer]\n        max: 1000\n        per: 1s\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_asks_for_the_token() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let a = start(&up, true, BUCKET, "").await;
+    let paths = [
+        ("GET", "/config"),
+        ("GET", "/kill-switch"),
+        ("PUT", "/kill-switch"),
+        ("GET", "/limits/app/tokens/state?customer=a&host=app.test"),
+        ("GET", "/limits/app/tokens/top"),
+        ("GET", "/nowhere"),
+    ];
+    for (method, path) in paths {
+        let method: reqwest::Method = method.parse().unwrap();
+        for auth in [
+            None,
+            Some("Bearer wrong"),
+            Some("t0ps3cret"),
+            Some("Bearer t0ps3cre"),
+        ] {
+            let mut req = client().request(method.clone(), a.url(path)).body("on");
+            if let Some(auth) = auth {
+                req = req.header("authorization", auth);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 401, "{method} {path} with {auth:?}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            assert!(r.headers().contains_key("www-authenticate"));
+        }
+        let r = client()
+            .request(method.clone(), a.url(path))
+            .bearer_auth(TOKEN)
+            .body("off")
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status().as_u16(), 401, "{method} {path} with the token");
+    }
+    // Nothing was switched by the refused PUTs.
+    let (_, k) = a.json("/kill-switch").await;
+    assert_eq!(k["kill_switch"], false);
+    // The token never reaches the log, nor /config.
+    let config = a.get("/config").await.text().await.unwrap();
+    assert!(!config.contains(TOKEN));
+    assert!(config.contains("admin_token_file"));
+    assert!(!a.t.log_text().contains(TOKEN));
+    // The proxy port does not serve the admin API.
+    let r = client()
+        .get(a.t.url("/config"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        r.headers().get("content-type").map(|v| v.to_str().unwrap()),
+        Some("application/yaml; charset=utf-8")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_is_the_effective_config_and_follows_a_reload() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let a = start(&up, false, BUCKET, "").await;
+    let r = a.get("/config").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/yaml; charset=utf-8"
+    );
+    let text = r.text().await.unwrap();
+    // The same text as `tollgate check --print-effective` of the file.
+    let out = std::process::Command::new(common::binary())
+        .args(["check", "--print-effective", "--config"])
+        .arg(&a.t.config_path)
+        .output()
+        .unwrap();
+    assert_eq!(text, String::from_utf8(out.stdout).unwrap());
+    assert!(text.contains("top_keys: 5"), "{text}");
+    assert!(text.contains(&format!("admin: {}", a.admin)), "{text}");
+
+    let before = std::fs::read_to_string(&a.t.config_path).unwrap();
+    std::fs::write(&a.t.config_path, before.replace("max: 1000", "max: 777")).unwrap();
+    eventually("/config shows the reloaded config", 500, || async {
+        a.get("/config")
+            .await
+            .text()
+            .await
+            .unwrap()
+            .contains("max: 777")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_token_bucket_counts_the_requests_through_the_proxy() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let a = start(&up, true, BUCKET, "").await;
+    let path = "/limits/app/tokens/state?customer=acme&host=app.test";
+    let (status, s) = a.json(path).await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"]["tokens"], 10);
+    assert_eq!(s["state"]["last_refill_ms_ago"], Value::Null);
+    for _ in 0..4 {
+        assert_eq!(a.send("acme").await, 200);
+    }
+    assert_eq!(a.send("other").await, 200);
+    let (status, s) = a.json(path).await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "token_bucket");
+    assert_eq!(s["variant"], "base");
+    assert_eq!(s["key"], "customer=acme&host=app.test");
+    assert_eq!(s["state"]["tokens"], 6, "{s}");
+    assert_eq!(s["state"]["capacity"], 10);
+    assert!(s["state"]["last_refill_ms_ago"].as_f64().unwrap() >= 0.0);
+    // Reading changes nothing.
+    let (_, again) = a.json(path).await;
+    assert_eq!(again["state"]["tokens"], 6);
+    // The rate limit's window.
+    let (status, s) = a.json("/limits/app/plain/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"]["max"], 1000);
+    assert!(s["state"]["estimate"].as_f64().unwrap() >= 4.0, "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_problems() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let a = start(&up, false, BUCKET, "").await;
+    let cases = [
+        ("/limits/app/tokens/state?customer=acme", 400, "`host`"),
+        ("/limits/app/tokens/state", 400, "missing key parts"),
+        (
+            "/limits/app/tokens/state?customer=a&host=b&bogus=1",
+            400,
+            "unknown key part",
+        ),
+        (
+            "/limits/app/tokens/state?customer=a&customer=b&host=c",
+            400,
+            "twice",
+        ),
+        (
+            "/limits/app/tokens/state?customer=%zz&host=c",
+            400,
+            "percent",
+        ),
+        (
+            "/limits/app/tokens/state?client_ip=nope&customer=a&host=b",
+            400,
+            "IP address",
+        ),
+        ("/limits/app/tokens/top?n=0", 400, "from 1 to 5"),
+        ("/limits/app/tokens/top?n=6", 400, "from 1 to 5"),
+        ("/limits/app/tokens/top?n=x", 400, "from 1 to 5"),
+        ("/limits/app/tokens/top?m=1", 400, "only `n`"),
+        ("/limits/app/plain/top", 404, "top_keys: 20"),
+        (
+            "/limits/nope/tokens/state?customer=a&host=b",
+            404,
+            "no origin `nope`",
+        ),
+        ("/limits/app/nope/state?customer=a", 404, "no limit `nope`"),
+        ("/limits/app/tokens/other", 404, "no admin resource"),
+        ("/limits/app/tokens", 404, "no admin resource"),
+        ("/", 404, "no admin resource"),
+        ("/config/extra", 404, "no admin resource"),
+    ];
+    for (path, status, detail) in cases {
+        let r = a.get(path).await;
+        assert_eq!(r.status().as_u16(), status, "{path}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["status"], status, "{path}");
+        let text = body["detail"].as_str().unwrap();
+        assert!(text.contains(detail), "{path}: {text}");
+    }
+    // Wrong methods: 405 with Allow.
+    for (method, path, allow) in [
+        ("POST", "/config", "GET"),
+        ("DELETE", "/kill-switch", "GET, PUT"),
+        ("PUT", "/limits/app/tokens/top", "GET"),
+    ] {
+        let r = client()
+            .request(method.parse().unwrap(), a.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 405, "{method} {path}");
+        assert_eq!(r.headers()["allow"], allow);
+    }
+    // Too many header fields.
+    let mut req = client().get(a.url("/config"));
+    for i in 0..70 {
+        req = req.header(format!("x-h{i}"), "1");
+    }
+    assert_eq!(req.send().await.unwrap().status().as_u16(), 431);
+    // Bad and oversized kill-switch bodies.
+    let (status, body) = a.put_kill("maybe").await;
+    assert_eq!((status, body["status"].as_u64()), (400, Some(400)));
+    let (status, _) = a.put_kill(&"o".repeat(4096)).await;
+    assert_eq!(status, 413);
+    let (_, k) = a.json("/kill-switch").await;
+    assert_eq!(k["kill_switch"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_names_the_heaviest_key_first() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let a = start(&up, false, BUCKET, "").await;
+    // Skewed: "heavy" 14 times (10 admitted, 4 rejected), "mid" 3, five others once each.
+    for _ in 0..14 {
+        a.send("heavy").await;
+    }
+    for _ in 0..3 {
+        assert_eq!(a.send("mid").await, 200);
+    }
+    for i in 0..5 {
+        assert_eq!(a.send(&format!("light{i}")).await, 200);
+    }
+    let (status, top) = a.json("/limits/app/tokens/top?n=3").await;
+    assert_eq!(status, 200, "{top}");
+    assert_eq!(top["top_keys"], 5);
+    let admitted = top["by_admitted"].as_array().unwrap();
+    assert_eq!(admitted.len(), 3, "{top}");
+    assert_eq!(admitted[0]["key"], "customer=heavy&host=app.test", "{top}");
+    assert_eq!(admitted[0]["admitted"], 10);
+    assert_eq!(admitted[1]["key"], "customer=mid&host=app.test", "{top}");
+    let rejected = top["by_rejected"].as_array().unwrap();
+    assert_eq!(rejected.len(), 1, "{top}");
+    assert_eq!(rejected[0]["key"], "customer=heavy&host=app.test");
+    assert_eq!(rejected[0]["rejected"], 4);
+    // The key text can be pasted into /state.
+    let key = admitted[0]["key"].as_str().unwrap();
+    let (status, s) = a.json(&format!("/limits/app/tokens/state?{key}")).await;
+    assert_eq!((status, &s["state"]["tokens"]), (200, &Value::from(0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kill_switch_lets_over_limit_requests_through_and_shows_on_the_gauge() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      tight:\n        kind: token_bucket\n        key: [customer]\n        capacity: 1\n        refill: { amount: 1, every: 1h }\n";
+    let a = start(&up, true, limits, "").await;
+    assert_eq!(a.send("c").await, 200);
+    assert_eq!(a.send("c").await, 429);
+    assert_eq!(a.t.metric("tollgate_kill_switch").await, 0.0);
+    let (status, k) = a.put_kill("on\n").await;
+    assert_eq!(status, 200, "{k}");
+    assert_eq!(
+        (k["kill_switch"].clone(), k["admin"].clone()),
+        (Value::from(true), Value::from(true))
+    );
+    assert_eq!(a.send("c").await, 200);
+    assert_eq!(a.send("c").await, 200);
+    assert_eq!(a.t.metric("tollgate_kill_switch").await, 1.0);
+    // A reload keeps the admin's setting.
+    let before = std::fs::read_to_string(&a.t.config_path).unwrap();
+    std::fs::write(&a.t.config_path, format!("{before}\n# touched\n")).unwrap();
+    a.t.wait_metric("tollgate_config_reloads_total{result=\"success\"}", 1.0)
+        .await;
+    assert_eq!(a.send("c").await, 200);
+    let (status, k) = a.put_kill("off").await;
+    assert_eq!(
+        (status, k["kill_switch"].clone()),
+        (200, Value::from(false))
+    );
+    assert_eq!(a.send("c").await, 429);
+    assert_eq!(a.t.metric("tollgate_kill_switch").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_token_bucket_in_redis() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let stores = format!(
+        "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms }}\n",
+        redis.url()
+    );
+    let limits = "      tokens:\n        kind: token_bucket\n        store: shared\n        key: [customer]\n        capacity: 10\n        refill: { amount: 1, every: 1h }\n      window:\n        kind: rate\n        store: shared\n        key: [customer]\n        max: 100\n        per: 1m\n";
+    let a = start(&up, false, limits, &stores).await;
+    a.t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0)
+        .await;
+    for _ in 0..3 {
+        assert_eq!(a.send("acme").await, 200);
+    }
+    let keys_before = redis.cmd(&["DBSIZE"]);
+    let (status, s) = a.json("/limits/app/tokens/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["store"], "shared");
+    assert_eq!(s["state"]["tokens"], 7, "{s}");
+    assert_eq!(s["state"]["store"], "shared");
+    let (_, s) = a.json("/limits/app/tokens/state?customer=nobody").await;
+    assert_eq!(s["state"]["tokens"], 10, "{s}");
+    // Read-only: no key was created by the reads.
+    assert_eq!(redis.cmd(&["DBSIZE"]), keys_before);
+    // A shared kind without a read-only script says so.
+    let r = a.get("/limits/app/window/state?customer=acme").await;
+    assert_eq!(r.status(), 501);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rate limit in a Redis store"),
+        "{body}"
+    );
+}
