@@ -3,3 +3,4 @@
 
 pub mod check;
 pub mod segment;
+pub mod simulate;
