@@ -1,4 +1,5 @@
-//! The `tollgate` command line: `run` the proxy or `check` a config.
+//! The `tollgate` command line: `run` the proxy, `check` a config, build a `segment`,
+//! `simulate` a config on an access log.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -8,7 +8,7 @@
 //! agent (as the `referer` and `user-agent` headers). It has no host unless it is the vhost
 //! variant. Parsing borrows from the line: no allocation.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use memchr::memchr;
 
@@ -18,8 +18,35 @@ use crate::simulate::time::parse_clf;
 /// Why a line is not a combined line (reported with its line number).
 pub type Refusal = &'static str;
 
-fn ip(text: &[u8]) -> Option<IpAddr> {
+/// An IP address: dotted IPv4 read straight from the bytes (the common case, about a
+/// tenth of the standard parser's time), anything else through the standard parser.
+pub fn ip(text: &[u8]) -> Option<IpAddr> {
+    if let Some(v4) = ipv4(text) {
+        return Some(IpAddr::V4(v4));
+    }
     std::str::from_utf8(text).ok()?.parse().ok()
+}
+
+/// `a.b.c.d`, each 0-255 in at most three digits without a leading zero (as the standard
+/// parser requires); `None` for anything else.
+fn ipv4(text: &[u8]) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = text.split(|&b| b == b'.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || (part.len() > 1 && part[0] == b'0') {
+            return None;
+        }
+        let mut n = 0u16;
+        for &b in part {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            n = n * 10 + u16::from(b - b'0');
+        }
+        *octet = u8::try_from(n).ok()?;
+    }
+    parts.next().is_none().then_some(Ipv4Addr::from(octets))
 }
 
 /// The end of a quoted field starting after its opening quote: the next `"` not escaped
@@ -142,6 +169,30 @@ mod tests {
             vhost.header(b"user-agent"),
             Some(&br#"a \"quoted\" agent"#[..])
         );
+    }
+
+    #[test]
+    fn ipv4_fast_path_agrees_with_the_standard_parser() {
+        for text in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.0.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "256.1.1.1",
+            "01.1.1.1",
+            "1..1.1",
+            "1.1.1.",
+            "a.b.c.d",
+            "::1",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+            "",
+            "1.2.3.4 ",
+        ] {
+            let std = text.parse::<IpAddr>().ok();
+            assert_eq!(ip(text.as_bytes()), std, "{text}");
+        }
     }
 
     #[test]

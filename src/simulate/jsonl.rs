@@ -174,7 +174,7 @@ impl<'de> Deserialize<'de> for Raw<'de> {
                         "path" | "uri" | "request_uri" => raw.path = Some(map.next_value()?),
                         "request" => raw.request = Some(map.next_value()?),
                         "customer" => raw.customer = Some(map.next_value()?),
-                        "headers" => raw.headers = map.next_value::<HeaderList<'de>>()?.0,
+                        "headers" => raw.headers.extend(map.next_value::<HeaderList<'de>>()?.0),
                         "upstream" | "upstream_addr" => {
                             raw.upstream = last_addr(&map.next_value::<Text<'de>>()?.0);
                         }

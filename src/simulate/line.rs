@@ -8,9 +8,9 @@ use smallvec::SmallVec;
 
 use crate::limits::{Fact, Facts, KeyPart, Nanos};
 
-/// The request headers a line carries, names as written. Eight inline before spilling to
-/// the heap.
-pub type Headers<'a> = SmallVec<[(&'a [u8], &'a [u8]); 8]>;
+/// The request headers a line carries, names as written. Four inline before spilling to
+/// the heap (a combined line has two; a line is moved once per parse, so it stays small).
+pub type Headers<'a> = SmallVec<[(&'a [u8], &'a [u8]); 4]>;
 
 /// What one log line says about one request. Every field but `time` may be absent; a key
 /// part the line lacks makes the limits keyed on it skip the request, as in the proxy.

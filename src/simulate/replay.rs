@@ -167,6 +167,9 @@ pub struct Engine {
     pub notes: Vec<String>,
     /// Requests still holding units, earliest end on top.
     pending: BinaryHeap<Pending>,
+    /// The previous line's raw host and where it routed (`None`: nowhere).
+    last_raw: Vec<u8>,
+    last_route: Option<(usize, HostBuf)>,
     /// For a decision that does not complete at once (none does on local state).
     tokio: tokio::runtime::Runtime,
 }
@@ -223,6 +226,8 @@ impl Engine {
             hostless: 0,
             notes,
             pending: BinaryHeap::new(),
+            last_raw: Vec::new(),
+            last_route: None,
             tokio,
         })
     }
@@ -235,16 +240,18 @@ impl Engine {
             // Dropping the holds releases the units, as a finished request does.
             self.pending.pop();
         }
-        let parsed;
         let (index, host) = match host {
             Some(raw) => {
-                let Ok(h) = HostBuf::parse(raw) else {
-                    self.unrouted += 1;
-                    return;
-                };
-                parsed = h;
-                match self.rt.route(parsed.as_str()) {
-                    Some(i) => (i, parsed.as_bytes()),
+                // Logs repeat a few hosts: parse and route a host only when it changes.
+                if raw != self.last_raw.as_slice() {
+                    self.last_raw.clear();
+                    self.last_raw.extend_from_slice(raw);
+                    self.last_route = HostBuf::parse(raw)
+                        .ok()
+                        .and_then(|h| self.rt.route(h.as_str()).map(|i| (i, h)));
+                }
+                match &self.last_route {
+                    Some((i, h)) => (*i, h.as_bytes()),
                     None => {
                         self.unrouted += 1;
                         return;
