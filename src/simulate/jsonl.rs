@@ -27,6 +27,7 @@ use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor}
 use smallvec::SmallVec;
 
 use crate::limits::Nanos;
+use crate::simulate::combined;
 use crate::simulate::line::{path_of, Line};
 use crate::simulate::time;
 
@@ -86,8 +87,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Num<'a> {
     }
 }
 
-/// The `headers` object: name → value pairs, eight inline.
-struct HeaderList<'a>(SmallVec<[(Text<'a>, Text<'a>); 8]>);
+/// The `headers` object: name → value pairs, four inline (the struct is moved per line).
+struct HeaderList<'a>(SmallVec<[(Text<'a>, Text<'a>); 4]>);
 
 impl<'de> Deserialize<'de> for HeaderList<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -120,7 +121,7 @@ struct Raw<'a> {
     path: Option<Text<'a>>,
     request: Option<Text<'a>>,
     customer: Option<Text<'a>>,
-    headers: SmallVec<[(Text<'a>, Text<'a>); 8]>,
+    headers: SmallVec<[(Text<'a>, Text<'a>); 4]>,
     upstream: Option<SocketAddr>,
     duration: Option<Nanos>,
 }
@@ -158,7 +159,10 @@ impl<'de> Deserialize<'de> for Raw<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut raw = Raw::default();
-                let ip = |t: Text<'_>| t.0.parse::<IpAddr>().map_err(de::Error::custom);
+                let ip = |t: Text<'_>| {
+                    combined::ip(t.0.as_bytes())
+                        .ok_or_else(|| de::Error::custom(format!("`{}` is not an IP", t.0)))
+                };
                 while let Some(key) = map.next_key::<Text<'de>>()? {
                     match &*key.0 {
                         "time" | "timestamp" | "ts" | "msec" | "time_iso8601" | "time_local" => {
