@@ -38,8 +38,10 @@ def clf_time(t):
 
 
 def iso_time(t):
-    g = time.gmtime(int(t))
-    ms = int(round((t - int(t)) * 1000)) % 1000
+    # Whole milliseconds, truncated: never rounded up into the next second.
+    ms_total = int(t * 1000)
+    g = time.gmtime(ms_total // 1000)
+    ms = ms_total % 1000
     return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (
         g.tm_year, g.tm_mon, g.tm_mday, g.tm_hour, g.tm_min, g.tm_sec, ms)
 

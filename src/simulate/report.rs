@@ -398,13 +398,14 @@ pub fn human_compare(old: &Report, new: &Report) -> String {
         );
         let _ = writeln!(
             out,
-            "  {:<20} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "limit", "allowed", "", "rejected", "", "shadow", ""
-        );
-        let _ = writeln!(
-            out,
-            "  {:<20} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "", "old", "new", "old", "new", "old", "new"
+            "  {:<20} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "limit",
+            "allowed old",
+            "allowed new",
+            "rejected old",
+            "rejected new",
+            "shadow old",
+            "shadow new"
         );
         let mut limits: Vec<&str> = a
             .map(|o| o.limits.iter().map(|l| l.name.as_str()).collect())
@@ -421,7 +422,7 @@ pub fn human_compare(old: &Report, new: &Report) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<20} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "  {:<20} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
                 limit,
                 cell(x, |l| l.allowed),
                 cell(y, |l| l.allowed),
