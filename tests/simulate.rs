@@ -536,6 +536,26 @@ fn missing_files_are_clear_errors() {
     assert!(err.contains(&no_cfg.display().to_string()), "{err}");
 }
 
+#[test]
+fn progress_goes_to_stderr_only_when_asked() {
+    let dir = Dir::new();
+    let cfg = dir.file("c.yaml", &config(5));
+    let log = dir.file("access.log", &combined_log(&pattern()));
+    let lines = pattern().len();
+    // stderr is a pipe here, not a terminal: quiet unless --progress.
+    let (code, _, err) = simulate(&[&"--config", &cfg, &"--log", &log]);
+    assert_eq!(code, 0);
+    assert!(err.is_empty(), "{err}");
+    let (code, out, err) = simulate(&[&"--config", &cfg, &"--log", &log, &"--progress", &"--json"]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains(&format!("simulate: {lines} lines, done")),
+        "{err}"
+    );
+    // stdout stays the report alone.
+    let _: Value = serde_json::from_str(&out).unwrap();
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/simulate")

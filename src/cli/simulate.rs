@@ -32,12 +32,16 @@ pub struct Args {
     pub top: usize,
 }
 
-/// Progress on stderr: a bar on a terminal, a plain line every few seconds with
-/// `--progress` elsewhere, nothing otherwise.
+/// Progress on stderr: a bar on a terminal, a plain line every two seconds and one at the
+/// end with `--progress` elsewhere, nothing otherwise.
 enum Progress {
     Off,
     Bar(ProgressBar),
-    Plain { total: u64, last: Instant },
+    Plain {
+        total: u64,
+        last: Instant,
+        lines: u64,
+    },
 }
 
 impl Progress {
@@ -54,6 +58,7 @@ impl Progress {
             Progress::Plain {
                 total,
                 last: Instant::now(),
+                lines: 0,
             }
         } else {
             Progress::Off
@@ -67,7 +72,12 @@ impl Progress {
                 bar.set_position(bytes);
                 bar.set_message(format!("{lines} lines"));
             }
-            Progress::Plain { total, last } => {
+            Progress::Plain {
+                total,
+                last,
+                lines: seen,
+            } => {
+                *seen = lines;
                 if last.elapsed() >= Duration::from_secs(2) {
                     *last = Instant::now();
                     let pct = (bytes * 100).checked_div(*total).unwrap_or(100);
@@ -78,8 +88,10 @@ impl Progress {
     }
 
     fn finish(self) {
-        if let Progress::Bar(bar) = self {
-            bar.finish_and_clear();
+        match self {
+            Progress::Bar(bar) => bar.finish_and_clear(),
+            Progress::Plain { lines, .. } => eprintln!("simulate: {lines} lines, done"),
+            Progress::Off => {}
         }
     }
 }
