@@ -171,6 +171,25 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Arbitrary bytes, and a valid line with bytes overwritten, never panic.
+        #[test]
+        fn never_panics(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            edits in proptest::collection::vec((0usize..200, proptest::prelude::any::<u8>()), 0..6),
+        ) {
+            let _ = parse(&bytes);
+            let mut line = COMBINED.to_vec();
+            for (at, b) in edits {
+                let at = at % line.len();
+                line[at] = b;
+            }
+            let _ = parse(&line);
+            let _ = crate::simulate::jsonl::with_line(&bytes, |_| ());
+            let _ = crate::simulate::time::parse_any(&bytes);
+        }
+    }
+
     #[test]
     fn ipv4_fast_path_agrees_with_the_standard_parser() {
         for text in [

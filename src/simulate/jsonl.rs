@@ -290,6 +290,21 @@ mod tests {
         .unwrap();
     }
 
+    proptest::proptest! {
+        /// A valid line with bytes overwritten never panics.
+        #[test]
+        fn never_panics(
+            edits in proptest::collection::vec((0usize..300, proptest::prelude::any::<u8>()), 1..6),
+        ) {
+            let mut line = br#"{"time":"2026-10-10T20:55:36.5Z","remote_addr":"10.0.0.1","host":"a","request":"GET /a?b HTTP/1.1","headers":{"x":"y"},"http_z":"w","upstream_addr":"10.1.0.1:80","request_time":"0.25"}"#.to_vec();
+            for (at, b) in edits {
+                let at = at % line.len();
+                line[at] = b;
+            }
+            let _ = with_line(&line, |l| l.time);
+        }
+    }
+
     #[test]
     fn bad_lines_are_refused() {
         for bad in [
