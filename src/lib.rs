@@ -28,5 +28,6 @@ pub mod reload;
 pub mod runtime;
 pub mod segments;
 pub mod server;
+pub mod simulate;
 pub mod snapshot;
 pub mod store;

@@ -1,5 +1,5 @@
 //! The `tollgate` command line: `run` the proxy, `check` a config, print its `schema`,
-//! build a `segment`.
+//! `simulate` a config on an access log, build a `segment`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +61,42 @@ enum Command {
     /// Print the config file's JSON Schema (draft 2020-12), for editors and other tools;
     /// conf/tollgate.schema.json is its output.
     Schema,
+    /// Replay an access log through a config's limits in virtual time (no network) and
+    /// report what they would have done: per origin and limit, allowed / rejected /
+    /// shadow counts, peak rates, top rejected keys, `Retry-After` distribution.
+    Simulate {
+        /// The config file.
+        #[arg(short, long, conflicts_with = "compare")]
+        config: Option<PathBuf>,
+        /// The access log.
+        #[arg(long)]
+        log: PathBuf,
+        /// The log's format: combined (nginx/Apache, also common and vhost_combined) or
+        /// jsonl (one JSON object per line; fields in the README).
+        #[arg(long, value_enum, default_value = "combined")]
+        format: tollgate::simulate::Format,
+        /// Where a line's host comes from: the log's host field, or its Host header.
+        #[arg(long, value_enum, default_value = "log")]
+        host_from: tollgate::simulate::HostFrom,
+        /// The origin of lines without a host (default: the only origin, if one).
+        #[arg(long)]
+        origin: Option<String>,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Replay the log through two configs and print both side by side.
+        #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+        compare: Option<Vec<PathBuf>>,
+        /// Print progress on stderr even when it is not a terminal.
+        #[arg(long)]
+        progress: bool,
+        /// How many top rejected keys to list per limit.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Lines longer than this (bytes) are skipped as unparseable.
+        #[arg(long, default_value_t = 16384)]
+        max_line: usize,
+    },
     /// Build or inspect a segment: a set of integer IDs in a portable roaring-bitmap file.
     Segment {
         #[command(subcommand)]
@@ -96,6 +132,30 @@ fn main() -> ExitCode {
             print_effective,
         } => cli::check::check(&config, strict, print_effective),
         Command::Schema => cli::schema::schema(),
+        Command::Simulate {
+            config,
+            log,
+            format,
+            host_from,
+            origin,
+            json,
+            compare,
+            progress,
+            top,
+            max_line,
+        } => {
+            let configs = compare.unwrap_or_else(|| {
+                vec![config.unwrap_or_else(|| PathBuf::from("conf/tollgate.yaml"))]
+            });
+            cli::simulate::simulate(&cli::simulate::Args {
+                configs,
+                options: cli::simulate::options(log, format, host_from, max_line),
+                origin,
+                json,
+                progress,
+                top,
+            })
+        }
         Command::Segment { command } => match command {
             SegmentCommand::Build { from, out } => cli::segment::build(&from, &out),
             SegmentCommand::Info { file } => cli::segment::info(&file),

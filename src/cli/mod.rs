@@ -4,3 +4,4 @@
 pub mod check;
 pub mod schema;
 pub mod segment;
+pub mod simulate;
