@@ -1,7 +1,9 @@
 //! The admin API (issue 14) through the real binary: its own listener, the bearer token on
 //! every endpoint, `/config`, a token bucket's `/state` after requests through the proxy
-//! (in process and in a real `redis-server`), `/top` after a skewed load, the kill switch
-//! and its gauge, and malformed paths, queries, methods and bodies.
+//! (in process, and in a real `redis-server` with each shared kind read by its read-only
+//! script: the counts, every key unchanged after the read, 503 from a frozen Redis),
+//! `/top` after a skewed load, the kill switch and its gauge, and malformed paths, queries,
+//! methods and bodies.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -406,4 +408,95 @@ async fn state_of_a_token_bucket_in_redis() {
             .contains("rate limit in a Redis store"),
         "{body}"
     );
+}
+
+/// Every key in `redis` with its `DUMP` (type, value and members), in key order: a read
+/// that created, changed or deleted any key changes this.
+fn redis_snapshot(redis: &RedisServer) -> Vec<(Vec<u8>, redis::Value)> {
+    let redis::Value::Array(keys) = redis.cmd(&["KEYS", "*"]) else {
+        panic!("KEYS *");
+    };
+    let mut out: Vec<(Vec<u8>, redis::Value)> = keys
+        .into_iter()
+        .map(|k| {
+            let redis::Value::BulkString(k) = k else {
+                panic!("a key: {k:?}");
+            };
+            let name = String::from_utf8(k.clone()).unwrap();
+            (k, redis.cmd(&["DUMP", &name]))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// A tollgate with `limits` in a Redis store named `shared` (a 250 ms budget).
+async fn start_shared(redis: &RedisServer, up: &Upstream, limits: &str) -> Admin {
+    let stores = format!(
+        "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms }}\n",
+        redis.url()
+    );
+    let a = start(up, false, limits, &stores).await;
+    a.t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0)
+        .await;
+    a
+}
+
+/// A frozen Redis (SIGSTOP) makes `/state` of `limit` a 503 problem within the store's
+/// budget, not a hang (the client gives up after its own timeout, far longer).
+async fn state_is_503_when_redis_is_frozen(a: &Admin, redis: &mut RedisServer, limit: &str) {
+    redis.freeze();
+    let r = a
+        .get(&format!("/limits/app/{limit}/state?customer=acme"))
+        .await;
+    redis.thaw();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains("Redis store"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_sliding_log_in_redis_counts_each_window() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      caps:\n        kind: sliding_log\n        store: shared\n        key: [customer]\n        windows: [{ max: 4, per: 1h }, { max: 100, per: 1d }]\n";
+    let a = start_shared(&redis, &up, limits).await;
+    // 4 admitted, 2 rejected (a rejection records nothing).
+    let statuses: Vec<u16> = sends(&a, "acme", 6).await;
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    let before = redis_snapshot(&redis);
+    assert!(!before.is_empty(), "the log is in Redis");
+    let (status, s) = a.json("/limits/app/caps/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "sliding_log");
+    assert_eq!(s["store"], "shared");
+    assert_eq!(s["state"]["store"], "shared");
+    let w = &s["state"]["windows"];
+    assert_eq!(w[0]["count"], 4, "{s}");
+    assert_eq!(w[0]["max"], 4, "{s}");
+    assert_eq!(w[0]["per_ms"], 3_600_000.0, "{s}");
+    assert_eq!(w[1]["count"], 4, "{s}");
+    assert_eq!(w[1]["max"], 100, "{s}");
+    let (_, s) = a.json("/limits/app/caps/state?customer=nobody").await;
+    assert_eq!(s["state"]["windows"][0]["count"], 0, "{s}");
+    assert_eq!(s["state"]["windows"][1]["count"], 0, "{s}");
+    // Read-only: every key and its content are as before the reads.
+    assert_eq!(redis_snapshot(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "caps").await;
+}
+
+/// `n` requests for `customer` through the proxy, one after another; their statuses.
+async fn sends(a: &Admin, customer: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(a.send(customer).await);
+    }
+    out
 }

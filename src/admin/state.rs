@@ -7,8 +7,9 @@
 //! (base or override) is the one a request with these parts would get. In-process state is
 //! read under its set's lock with every refill or window computed for now, and written
 //! back never; state in a Redis store is read with one read-only script call within the
-//! store's budget (token bucket, inflight). The shared rate, tiered, concurrency and
-//! sliding-log kinds have no read-only script yet: they answer 501.
+//! store's budget (token bucket, inflight, sliding log: each script reads Redis `TIME`
+//! and writes nothing), and a store that does not answer within it is a 503. The shared
+//! rate, tiered and concurrency kinds have no read-only script yet: they answer 501.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -152,7 +153,7 @@ fn not_implemented(kind: &str) -> Answer {
     Answer::problem(
         501,
         "Not Implemented",
-        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket and inflight limits in a Redis store, and every kind in process, answer"),
+        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket, inflight and sliding_log limits in a Redis store, and every kind in process, answer"),
     )
 }
 
@@ -226,6 +227,15 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
         Limiter::SharedRate(_) => return Err(not_implemented("rate")),
         Limiter::SharedTiered(_) => return Err(not_implemented("tiered")),
         Limiter::SharedConcurrency(_) => return Err(not_implemented("concurrency")),
-        Limiter::SharedSlidingLog(_) => return Err(not_implemented("sliding_log")),
+        Limiter::SharedSlidingLog(rt) => {
+            let counts = rt.limiter.peek(key).await.map_err(store_failed)?;
+            let windows: Vec<Value> = rt
+                .windows
+                .iter()
+                .zip(counts)
+                .map(|(w, count)| json!({ "per_ms": ms(w.per), "max": w.max, "count": count }))
+                .collect();
+            json!({ "windows": windows, "store": rt.store })
+        }
     })
 }

@@ -54,6 +54,8 @@ pub struct Scripts {
     pub sliding_log: LuaScript,
     /// Sliding log refund (exactly one admission's entries).
     pub sliding_log_refund: LuaScript,
+    /// Sliding log per-window counts (read only).
+    pub sliding_log_get: LuaScript,
     /// Tiered acquire (burst tiers, hard and global limits).
     pub tiered: LuaScript,
     /// Tiered refund (exactly one admission's hits).
@@ -107,6 +109,10 @@ impl Scripts {
                 "sliding_log_refund.lua",
                 include_str!("scripts/sliding_log_refund.lua"),
             ),
+            sliding_log_get: LuaScript::new(
+                "sliding_log_get.lua",
+                include_str!("scripts/sliding_log_get.lua"),
+            ),
             tiered: LuaScript::new("tiered.lua", include_str!("scripts/tiered.lua")),
             tiered_refund: LuaScript::new(
                 "tiered_refund.lua",
@@ -129,7 +135,7 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 17] {
+    pub fn all(&self) -> [&LuaScript; 18] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -142,6 +148,7 @@ impl Scripts {
             &self.inflight_total,
             &self.sliding_log,
             &self.sliding_log_refund,
+            &self.sliding_log_get,
             &self.tiered,
             &self.tiered_refund,
             &self.counters_acquire,
@@ -187,6 +194,22 @@ pub fn ints<const N: usize>(value: &Value) -> Result<[i64; N], StoreError> {
     Ok(out)
 }
 
+/// An array reply of integers, at most `limit` of them.
+pub fn int_list(value: &Value, limit: usize) -> Result<Vec<i64>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(StoreError::Reply(format!(
+            "expected an array, got {value:?}"
+        )));
+    };
+    if items.len() > limit {
+        return Err(StoreError::Reply(format!(
+            "expected at most {limit} integers, got {}",
+            items.len()
+        )));
+    }
+    items.iter().map(int).collect()
+}
+
 /// A non-negative integer reply as `u64` (negative values, which the scripts never
 /// return, read as 0).
 pub fn count(n: i64) -> u64 {
@@ -201,7 +224,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 17, "distinct scripts");
+        assert_eq!(shas.len(), 18, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),
@@ -210,6 +233,9 @@ mod tests {
         let v = Value::Array(vec![Value::Int(1), Value::Int(-2)]);
         assert_eq!(ints::<2>(&v).unwrap(), [1, -2]);
         assert!(ints::<3>(&v).is_err());
+        assert_eq!(int_list(&v, 2).unwrap(), vec![1, -2]);
+        assert!(int_list(&v, 1).is_err());
+        assert!(int_list(&Value::Int(1), 4).is_err());
         assert!(int(&Value::Nil).is_err());
         assert_eq!((count(-2), count(7)), (0, 7));
     }
