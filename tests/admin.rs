@@ -373,8 +373,8 @@ async fn the_kill_switch_lets_over_limit_requests_through_and_shows_on_the_gauge
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_of_a_token_bucket_in_redis() {
-    let redis = RedisServer::start();
+async fn state_of_a_token_bucket_and_a_rate_in_redis() {
+    let mut redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let stores = format!(
         "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms }}\n",
@@ -388,6 +388,7 @@ async fn state_of_a_token_bucket_in_redis() {
         assert_eq!(a.send("acme").await, 200);
     }
     let keys_before = redis.cmd(&["DBSIZE"]);
+    let snapshot = redis_snapshot(&redis);
     let (status, s) = a.json("/limits/app/tokens/state?customer=acme").await;
     assert_eq!(status, 200, "{s}");
     assert_eq!(s["store"], "shared");
@@ -397,17 +398,27 @@ async fn state_of_a_token_bucket_in_redis() {
     assert_eq!(s["state"]["tokens"], 10, "{s}");
     // Read-only: no key was created by the reads.
     assert_eq!(redis.cmd(&["DBSIZE"]), keys_before);
-    // A shared kind without a read-only script says so.
-    let r = a.get("/limits/app/window/state?customer=acme").await;
-    assert_eq!(r.status(), 501);
-    let body: Value = r.json().await.unwrap();
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("rate limit in a Redis store"),
-        "{body}"
-    );
+    // The shared rate counted the same 3 requests in its current window (a minute).
+    let (status, s) = a.json("/limits/app/window/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "rate");
+    assert_eq!(s["state"]["store"], "shared");
+    let (prev, curr) = (&s["state"]["previous"], &s["state"]["current"]);
+    // The minute may turn between the requests and the read: 3 in all, either side.
+    assert_eq!(prev.as_u64().unwrap() + curr.as_u64().unwrap(), 3, "{s}");
+    let estimate = s["state"]["estimate"].as_f64().unwrap();
+    assert!(estimate > 0.0 && estimate <= 3.0, "{s}");
+    if prev == 0 {
+        assert_eq!(estimate, 3.0, "{s}");
+    }
+    assert_eq!(s["state"]["max"], 100);
+    assert_eq!(s["state"]["per_ms"], 60_000.0);
+    let (_, s) = a.json("/limits/app/window/state?customer=nobody").await;
+    assert_eq!(s["state"]["estimate"], 0.0, "{s}");
+    assert_eq!(s["state"]["current"], 0, "{s}");
+    assert_eq!(redis.cmd(&["DBSIZE"]), keys_before);
+    assert_eq!(redis_snapshot(&redis), snapshot);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "window").await;
 }
 
 /// Every key in `redis` with its `DUMP` (type, value and members), in key order: a read

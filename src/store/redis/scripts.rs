@@ -42,6 +42,8 @@ pub struct Scripts {
     pub rate: LuaScript,
     /// Sliding-window rate refund.
     pub rate_refund: LuaScript,
+    /// Sliding-window rate counts (read only).
+    pub rate_get: LuaScript,
     /// Inflight acquire.
     pub inflight_acquire: LuaScript,
     /// Inflight release.
@@ -88,6 +90,7 @@ impl Scripts {
             ),
             rate: LuaScript::new("rate.lua", include_str!("scripts/rate.lua")),
             rate_refund: LuaScript::new("rate_refund.lua", include_str!("scripts/rate_refund.lua")),
+            rate_get: LuaScript::new("rate_get.lua", include_str!("scripts/rate_get.lua")),
             inflight_acquire: LuaScript::new(
                 "inflight_acquire.lua",
                 include_str!("scripts/inflight_acquire.lua"),
@@ -135,13 +138,14 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 18] {
+    pub fn all(&self) -> [&LuaScript; 19] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
             &self.token_bucket_refund,
             &self.rate,
             &self.rate_refund,
+            &self.rate_get,
             &self.inflight_acquire,
             &self.inflight_release,
             &self.inflight_renew,
@@ -224,7 +228,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 18, "distinct scripts");
+        assert_eq!(shas.len(), 19, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),
