@@ -441,10 +441,11 @@ fn redis_snapshot(redis: &RedisServer) -> Vec<(Vec<u8>, redis::Value)> {
     out
 }
 
-/// A tollgate with `limits` in a Redis store named `shared` (a 250 ms budget).
-async fn start_shared(redis: &RedisServer, up: &Upstream, limits: &str) -> Admin {
+/// A tollgate with `limits` in a Redis store named `shared` (a 250 ms budget, `options`
+/// more of the store's settings).
+async fn start_shared(redis: &RedisServer, up: &Upstream, limits: &str, options: &str) -> Admin {
     let stores = format!(
-        "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms }}\n",
+        "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms{options} }}\n",
         redis.url()
     );
     let a = start(up, false, limits, &stores).await;
@@ -478,7 +479,7 @@ async fn state_of_a_sliding_log_in_redis_counts_each_window() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let limits = "      caps:\n        kind: sliding_log\n        store: shared\n        key: [customer]\n        windows: [{ max: 4, per: 1h }, { max: 100, per: 1d }]\n";
-    let a = start_shared(&redis, &up, limits).await;
+    let a = start_shared(&redis, &up, limits, "").await;
     // 4 admitted, 2 rejected (a rejection records nothing).
     let statuses: Vec<u16> = sends(&a, "acme", 6).await;
     assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
@@ -510,4 +511,73 @@ async fn sends(a: &Admin, customer: &str, n: usize) -> Vec<u16> {
         out.push(a.send(customer).await);
     }
     out
+}
+
+/// The one key of `redis` whose name ends with `suffix`.
+fn redis_key_ending(redis: &RedisServer, suffix: &str) -> String {
+    let redis::Value::Array(keys) = redis.cmd(&["KEYS", &format!("*{suffix}")]) else {
+        panic!("KEYS");
+    };
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let redis::Value::BulkString(k) = &keys[0] else {
+        panic!("a key: {keys:?}");
+    };
+    String::from_utf8(k.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_concurrency_in_redis_counts_live_holders_only() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      seats:\n        kind: concurrency\n        store: shared\n        key: [customer]\n        max: 10\n";
+    // A lease of an hour: no renewal rewrites the leases between the snapshots.
+    let a = start_shared(&redis, &up, limits, ", lease: 1h").await;
+    // Three requests held open by the upstream hold three copies.
+    let url = a.t.url("/hold");
+    let holds: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                client()
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-customer", "acme")
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    eventually("three requests held", 250, || async { up.held() == 3 }).await;
+    // Another holder of the fleet: one live copy, and five of a holder whose lease ended
+    // (dead: the acquire script would drop them, so the read must not count them).
+    let counts = redis_key_ending(&redis, ":cc");
+    let leases = redis_key_ending(&redis, ":cl");
+    redis.cmd(&["HSET", &counts, "other#1", "1", "dead#1", "5"]);
+    redis.cmd(&[
+        "ZADD",
+        &leases,
+        "99999999999999999",
+        "other#1",
+        "1",
+        "dead#1",
+    ]);
+    let before = redis_snapshot(&redis);
+    let (status, s) = a.json("/limits/app/seats/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "concurrency");
+    assert_eq!(s["state"]["store"], "shared");
+    assert_eq!(s["state"]["held"], 4, "3 here and 1 live elsewhere: {s}");
+    assert_eq!(s["state"]["held_here"], 3, "{s}");
+    assert_eq!(s["state"]["max"], 10);
+    let (_, s) = a.json("/limits/app/seats/state?customer=nobody").await;
+    assert_eq!(s["state"]["held"], 0, "{s}");
+    assert_eq!(s["state"]["held_here"], 0, "{s}");
+    // Read-only: the dead holder is still there, every key as it was.
+    assert_eq!(redis_snapshot(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "seats").await;
+    up.release();
+    for h in holds {
+        assert_eq!(h.await.unwrap().unwrap(), 200);
+    }
 }

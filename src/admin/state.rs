@@ -7,9 +7,9 @@
 //! (base or override) is the one a request with these parts would get. In-process state is
 //! read under its set's lock with every refill or window computed for now, and written
 //! back never; state in a Redis store is read with one read-only script call within the
-//! store's budget (token bucket, inflight, sliding log, rate: each script reads Redis
-//! `TIME` and writes nothing), and a store that does not answer within it is a 503. The
-//! shared tiered and concurrency kinds have no read-only script yet: they answer 501.
+//! store's budget (token bucket, inflight, sliding log, rate, concurrency: each script
+//! reads Redis `TIME` and writes nothing), and a store that does not answer within it is a
+//! 503. The shared tiered kind has no read-only script yet: it answers 501.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -153,7 +153,7 @@ fn not_implemented(kind: &str) -> Answer {
     Answer::problem(
         501,
         "Not Implemented",
-        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket, inflight, sliding_log and rate limits in a Redis store, and every kind in process, answer"),
+        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket, inflight, sliding_log, rate and concurrency limits in a Redis store, and every kind in process, answer"),
     )
 }
 
@@ -237,7 +237,17 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             })
         }
         Limiter::SharedTiered(_) => return Err(not_implemented("tiered")),
-        Limiter::SharedConcurrency(_) => return Err(not_implemented("concurrency")),
+        Limiter::SharedConcurrency(rt) => {
+            let held = rt.limiter.peek(key).await.map_err(store_failed)?;
+            json!({
+                // The fleet's copies in the key's counter (live leases only).
+                "held": held,
+                // This instance's copies, whoever admitted them (store or fallback).
+                "held_here": rt.limiter.held(key),
+                "max": rt.max,
+                "store": rt.store,
+            })
+        }
         Limiter::SharedSlidingLog(rt) => {
             let counts = rt.limiter.peek(key).await.map_err(store_failed)?;
             let windows: Vec<Value> = rt

@@ -68,6 +68,8 @@ pub struct Scripts {
     pub counters_release: LuaScript,
     /// Concurrency: lease renewal and repair.
     pub counters_renew: LuaScript,
+    /// Concurrency: the fleet's copies per counter (read only).
+    pub counters_total: LuaScript,
     /// The breaker's probe: a write and TIME.
     pub probe: LuaScript,
 }
@@ -133,12 +135,16 @@ impl Scripts {
                 "counters_renew.lua",
                 include_str!("scripts/counters_renew.lua"),
             ),
+            counters_total: LuaScript::new(
+                "counters_total.lua",
+                include_str!("scripts/counters_total.lua"),
+            ),
             probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
         }
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 19] {
+    pub fn all(&self) -> [&LuaScript; 20] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -158,6 +164,7 @@ impl Scripts {
             &self.counters_acquire,
             &self.counters_release,
             &self.counters_renew,
+            &self.counters_total,
             &self.probe,
         ]
     }
@@ -228,7 +235,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 19, "distinct scripts");
+        assert_eq!(shas.len(), 20, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),
