@@ -581,3 +581,54 @@ async fn state_of_a_concurrency_in_redis_counts_live_holders_only() {
         assert_eq!(h.await.unwrap().unwrap(), 200);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_tiered_limit_in_redis_shows_the_tiers_a_burst_entered() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      search:\n        kind: tiered\n        store: shared\n        key: [customer]\n        hard_limit: 100\n        global_limit: 1000\n        tiers:\n          - { limit: 2, window: 1h, active: 1h, cooldown: 0s }\n          - { limit: 3, window: 1h, active: 1h, cooldown: 0s }\n";
+    let a = start_shared(&redis, &up, limits, "").await;
+    let (_, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(s["state"]["current_tier"], 0, "a new key: {s}");
+    assert_eq!(s["state"]["available"], 5, "both tiers reachable: {s}");
+    // Two fill tier 1, the third bursts into tier 2, the fourth stays there.
+    assert_eq!(sends(&a, "acme", 4).await, [200, 200, 200, 200]);
+    // The global count's key lives 2 s: left out, lest it expire between the snapshots
+    // on a slow machine.
+    let lasting = |redis: &RedisServer| {
+        let mut keys = redis_snapshot(redis);
+        keys.retain(|(k, _)| !k.ends_with(b":tg"));
+        keys
+    };
+    let before = lasting(&redis);
+    assert!(
+        before.len() >= 4,
+        "state, 2 tier logs, hard log: {before:?}"
+    );
+    let (status, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "tiered");
+    let st = &s["state"];
+    assert_eq!(st["store"], "shared");
+    assert_eq!(st["current_tier"], 2, "{s}");
+    assert_eq!(st["available"], 1, "tier 2 holds 2 of 3: {s}");
+    assert_eq!(st["tiers"][0]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][0]["limit"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["window_ms"], 3_600_000.0, "{s}");
+    assert_eq!(st["tiers"][1]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][1]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][1]["limit"], 3, "{s}");
+    assert_eq!(st["hard"]["count"], 4, "{s}");
+    assert_eq!(st["hard"]["limit"], 100, "{s}");
+    // The global second may have turned since: at most the 4 admissions are counted.
+    let room = st["global_room"].as_u64().unwrap();
+    assert!((996..=1000).contains(&room), "{s}");
+    let (_, s) = a.json("/limits/app/search/state?customer=nobody").await;
+    assert_eq!(s["state"]["current_tier"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["count"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["phase"], "inactive", "{s}");
+    // Read-only: no tier entered, no hit logged, every key as it was.
+    assert_eq!(lasting(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "search").await;
+}

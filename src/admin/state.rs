@@ -7,9 +7,9 @@
 //! (base or override) is the one a request with these parts would get. In-process state is
 //! read under its set's lock with every refill or window computed for now, and written
 //! back never; state in a Redis store is read with one read-only script call within the
-//! store's budget (token bucket, inflight, sliding log, rate, concurrency: each script
-//! reads Redis `TIME` and writes nothing), and a store that does not answer within it is a
-//! 503. The shared tiered kind has no read-only script yet: it answers 501.
+//! store's budget, for every kind (token bucket, inflight, sliding log, rate, concurrency,
+//! tiered: each script reads Redis `TIME` and writes nothing), and a store that does not
+//! answer within it is a 503.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -148,15 +148,6 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
     }))
 }
 
-/// 501 for a shared kind without a read-only script.
-fn not_implemented(kind: &str) -> Answer {
-    Answer::problem(
-        501,
-        "Not Implemented",
-        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket, inflight, sliding_log, rate and concurrency limits in a Redis store, and every kind in process, answer"),
-    )
-}
-
 fn store_failed(e: impl std::fmt::Display) -> Answer {
     Answer::problem(
         503,
@@ -236,7 +227,34 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
                 "store": rt.store,
             })
         }
-        Limiter::SharedTiered(_) => return Err(not_implemented("tiered")),
+        Limiter::SharedTiered(rt) => {
+            let st = rt.limiter.peek(key).await.map_err(store_failed)?;
+            let tiers: Vec<Value> = rt
+                .params
+                .tiers
+                .iter()
+                .zip(&st.tiers)
+                .enumerate()
+                .map(|(i, (t, (count, phase)))| {
+                    json!({
+                        "tier": i + 1,
+                        "phase": phase.name(),
+                        "count": count,
+                        "limit": t.limit,
+                        "window_ms": ms(t.window),
+                    })
+                })
+                .collect();
+            json!({
+                "current_tier": st.current_tier,
+                "available": st.available,
+                "tiers": tiers,
+                "hard": st.hard_count.map(|c| json!({ "count": c, "limit": rt.params.hard_limit })),
+                // null: no global limit, or one counted per instance (a Cluster).
+                "global_room": st.global_room,
+                "store": rt.store,
+            })
+        }
         Limiter::SharedConcurrency(rt) => {
             let held = rt.limiter.peek(key).await.map_err(store_failed)?;
             json!({

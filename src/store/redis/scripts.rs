@@ -62,6 +62,8 @@ pub struct Scripts {
     pub tiered: LuaScript,
     /// Tiered refund (exactly one admission's hits).
     pub tiered_refund: LuaScript,
+    /// Tiered current tier, phases and window counts (read only).
+    pub tiered_get: LuaScript,
     /// Concurrency: take copies from several leased counters, all or nothing.
     pub counters_acquire: LuaScript,
     /// Concurrency: give copies back.
@@ -123,6 +125,7 @@ impl Scripts {
                 "tiered_refund.lua",
                 include_str!("scripts/tiered_refund.lua"),
             ),
+            tiered_get: LuaScript::new("tiered_get.lua", include_str!("scripts/tiered_get.lua")),
             counters_acquire: LuaScript::new(
                 "counters_acquire.lua",
                 include_str!("scripts/counters_acquire.lua"),
@@ -144,7 +147,7 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 20] {
+    pub fn all(&self) -> [&LuaScript; 21] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -161,6 +164,7 @@ impl Scripts {
             &self.sliding_log_get,
             &self.tiered,
             &self.tiered_refund,
+            &self.tiered_get,
             &self.counters_acquire,
             &self.counters_release,
             &self.counters_renew,
@@ -235,7 +239,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 20, "distinct scripts");
+        assert_eq!(shas.len(), 21, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),
