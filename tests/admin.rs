@@ -1,7 +1,9 @@
 //! The admin API (issue 14) through the real binary: its own listener, the bearer token on
 //! every endpoint, `/config`, a token bucket's `/state` after requests through the proxy
-//! (in process and in a real `redis-server`), `/top` after a skewed load, the kill switch
-//! and its gauge, and malformed paths, queries, methods and bodies.
+//! (in process, and in a real `redis-server` with each shared kind read by its read-only
+//! script: the counts, every key unchanged after the read, 503 from a frozen Redis),
+//! `/top` after a skewed load, the kill switch and its gauge, and malformed paths, queries,
+//! methods and bodies.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -371,8 +373,8 @@ async fn the_kill_switch_lets_over_limit_requests_through_and_shows_on_the_gauge
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_of_a_token_bucket_in_redis() {
-    let redis = RedisServer::start();
+async fn state_of_a_token_bucket_and_a_rate_in_redis() {
+    let mut redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let stores = format!(
         "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms }}\n",
@@ -386,6 +388,7 @@ async fn state_of_a_token_bucket_in_redis() {
         assert_eq!(a.send("acme").await, 200);
     }
     let keys_before = redis.cmd(&["DBSIZE"]);
+    let snapshot = redis_snapshot(&redis);
     let (status, s) = a.json("/limits/app/tokens/state?customer=acme").await;
     assert_eq!(status, 200, "{s}");
     assert_eq!(s["store"], "shared");
@@ -395,15 +398,237 @@ async fn state_of_a_token_bucket_in_redis() {
     assert_eq!(s["state"]["tokens"], 10, "{s}");
     // Read-only: no key was created by the reads.
     assert_eq!(redis.cmd(&["DBSIZE"]), keys_before);
-    // A shared kind without a read-only script says so.
-    let r = a.get("/limits/app/window/state?customer=acme").await;
-    assert_eq!(r.status(), 501);
+    // The shared rate counted the same 3 requests in its current window (a minute).
+    let (status, s) = a.json("/limits/app/window/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "rate");
+    assert_eq!(s["state"]["store"], "shared");
+    let (prev, curr) = (&s["state"]["previous"], &s["state"]["current"]);
+    // The minute may turn between the requests and the read: 3 in all, either side.
+    assert_eq!(prev.as_u64().unwrap() + curr.as_u64().unwrap(), 3, "{s}");
+    let estimate = s["state"]["estimate"].as_f64().unwrap();
+    assert!(estimate > 0.0 && estimate <= 3.0, "{s}");
+    if prev == 0 {
+        assert_eq!(estimate, 3.0, "{s}");
+    }
+    assert_eq!(s["state"]["max"], 100);
+    assert_eq!(s["state"]["per_ms"], 60_000.0);
+    let (_, s) = a.json("/limits/app/window/state?customer=nobody").await;
+    assert_eq!(s["state"]["estimate"], 0.0, "{s}");
+    assert_eq!(s["state"]["current"], 0, "{s}");
+    assert_eq!(redis.cmd(&["DBSIZE"]), keys_before);
+    assert_eq!(redis_snapshot(&redis), snapshot);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "window").await;
+}
+
+/// Every key in `redis` with its `DUMP` (type, value and members), in key order: a read
+/// that created, changed or deleted any key changes this.
+fn redis_snapshot(redis: &RedisServer) -> Vec<(Vec<u8>, redis::Value)> {
+    let redis::Value::Array(keys) = redis.cmd(&["KEYS", "*"]) else {
+        panic!("KEYS *");
+    };
+    let mut out: Vec<(Vec<u8>, redis::Value)> = keys
+        .into_iter()
+        .map(|k| {
+            let redis::Value::BulkString(k) = k else {
+                panic!("a key: {k:?}");
+            };
+            let name = String::from_utf8(k.clone()).unwrap();
+            (k, redis.cmd(&["DUMP", &name]))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// A tollgate with `limits` in a Redis store named `shared` (a 250 ms budget, `options`
+/// more of the store's settings).
+async fn start_shared(redis: &RedisServer, up: &Upstream, limits: &str, options: &str) -> Admin {
+    let stores = format!(
+        "stores:\n  shared: {{ kind: redis, url: \"{}\", timeout: 250ms{options} }}\n",
+        redis.url()
+    );
+    let a = start(up, false, limits, &stores).await;
+    a.t.wait_metric("tollgate_store_up{store=\"shared\"}", 1.0)
+        .await;
+    a
+}
+
+/// A frozen Redis (SIGSTOP) makes `/state` of `limit` a 503 problem within the store's
+/// budget, not a hang (the client gives up after its own timeout, far longer).
+async fn state_is_503_when_redis_is_frozen(a: &Admin, redis: &mut RedisServer, limit: &str) {
+    redis.freeze();
+    let r = a
+        .get(&format!("/limits/app/{limit}/state?customer=acme"))
+        .await;
+    redis.thaw();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
     let body: Value = r.json().await.unwrap();
     assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("rate limit in a Redis store"),
+        body["detail"].as_str().unwrap().contains("Redis store"),
         "{body}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_sliding_log_in_redis_counts_each_window() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      caps:\n        kind: sliding_log\n        store: shared\n        key: [customer]\n        windows: [{ max: 4, per: 1h }, { max: 100, per: 1d }]\n";
+    let a = start_shared(&redis, &up, limits, "").await;
+    // 4 admitted, 2 rejected (a rejection records nothing).
+    let statuses: Vec<u16> = sends(&a, "acme", 6).await;
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    let before = redis_snapshot(&redis);
+    assert!(!before.is_empty(), "the log is in Redis");
+    let (status, s) = a.json("/limits/app/caps/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "sliding_log");
+    assert_eq!(s["store"], "shared");
+    assert_eq!(s["state"]["store"], "shared");
+    let w = &s["state"]["windows"];
+    assert_eq!(w[0]["count"], 4, "{s}");
+    assert_eq!(w[0]["max"], 4, "{s}");
+    assert_eq!(w[0]["per_ms"], 3_600_000.0, "{s}");
+    assert_eq!(w[1]["count"], 4, "{s}");
+    assert_eq!(w[1]["max"], 100, "{s}");
+    let (_, s) = a.json("/limits/app/caps/state?customer=nobody").await;
+    assert_eq!(s["state"]["windows"][0]["count"], 0, "{s}");
+    assert_eq!(s["state"]["windows"][1]["count"], 0, "{s}");
+    // Read-only: every key and its content are as before the reads.
+    assert_eq!(redis_snapshot(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "caps").await;
+}
+
+/// `n` requests for `customer` through the proxy, one after another; their statuses.
+async fn sends(a: &Admin, customer: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(a.send(customer).await);
+    }
+    out
+}
+
+/// The one key of `redis` whose name ends with `suffix`.
+fn redis_key_ending(redis: &RedisServer, suffix: &str) -> String {
+    let redis::Value::Array(keys) = redis.cmd(&["KEYS", &format!("*{suffix}")]) else {
+        panic!("KEYS");
+    };
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let redis::Value::BulkString(k) = &keys[0] else {
+        panic!("a key: {keys:?}");
+    };
+    String::from_utf8(k.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_concurrency_in_redis_counts_live_holders_only() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      seats:\n        kind: concurrency\n        store: shared\n        key: [customer]\n        max: 10\n";
+    // A lease of an hour: no renewal rewrites the leases between the snapshots.
+    let a = start_shared(&redis, &up, limits, ", lease: 1h").await;
+    // Three requests held open by the upstream hold three copies.
+    let url = a.t.url("/hold");
+    let holds: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                client()
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-customer", "acme")
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    eventually("three requests held", 250, || async { up.held() == 3 }).await;
+    // Another holder of the fleet: one live copy, and five of a holder whose lease ended
+    // (dead: the acquire script would drop them, so the read must not count them).
+    let counts = redis_key_ending(&redis, ":cc");
+    let leases = redis_key_ending(&redis, ":cl");
+    redis.cmd(&["HSET", &counts, "other#1", "1", "dead#1", "5"]);
+    redis.cmd(&[
+        "ZADD",
+        &leases,
+        "99999999999999999",
+        "other#1",
+        "1",
+        "dead#1",
+    ]);
+    let before = redis_snapshot(&redis);
+    let (status, s) = a.json("/limits/app/seats/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "concurrency");
+    assert_eq!(s["state"]["store"], "shared");
+    assert_eq!(s["state"]["held"], 4, "3 here and 1 live elsewhere: {s}");
+    assert_eq!(s["state"]["held_here"], 3, "{s}");
+    assert_eq!(s["state"]["max"], 10);
+    let (_, s) = a.json("/limits/app/seats/state?customer=nobody").await;
+    assert_eq!(s["state"]["held"], 0, "{s}");
+    assert_eq!(s["state"]["held_here"], 0, "{s}");
+    // Read-only: the dead holder is still there, every key as it was.
+    assert_eq!(redis_snapshot(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "seats").await;
+    up.release();
+    for h in holds {
+        assert_eq!(h.await.unwrap().unwrap(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_tiered_limit_in_redis_shows_the_tiers_a_burst_entered() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      search:\n        kind: tiered\n        store: shared\n        key: [customer]\n        hard_limit: 100\n        global_limit: 1000\n        tiers:\n          - { limit: 2, window: 1h, active: 1h, cooldown: 0s }\n          - { limit: 3, window: 1h, active: 1h, cooldown: 0s }\n";
+    let a = start_shared(&redis, &up, limits, "").await;
+    let (_, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(s["state"]["current_tier"], 0, "a new key: {s}");
+    assert_eq!(s["state"]["available"], 5, "both tiers reachable: {s}");
+    // Two fill tier 1, the third bursts into tier 2, the fourth stays there.
+    assert_eq!(sends(&a, "acme", 4).await, [200, 200, 200, 200]);
+    // The global count's key lives 2 s: left out, lest it expire between the snapshots
+    // on a slow machine.
+    let lasting = |redis: &RedisServer| {
+        let mut keys = redis_snapshot(redis);
+        keys.retain(|(k, _)| !k.ends_with(b":tg"));
+        keys
+    };
+    let before = lasting(&redis);
+    assert!(
+        before.len() >= 4,
+        "state, 2 tier logs, hard log: {before:?}"
+    );
+    let (status, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "tiered");
+    let st = &s["state"];
+    assert_eq!(st["store"], "shared");
+    assert_eq!(st["current_tier"], 2, "{s}");
+    assert_eq!(st["available"], 1, "tier 2 holds 2 of 3: {s}");
+    assert_eq!(st["tiers"][0]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][0]["limit"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["window_ms"], 3_600_000.0, "{s}");
+    assert_eq!(st["tiers"][1]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][1]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][1]["limit"], 3, "{s}");
+    assert_eq!(st["hard"]["count"], 4, "{s}");
+    assert_eq!(st["hard"]["limit"], 100, "{s}");
+    // The global second may have turned since: at most the 4 admissions are counted.
+    let room = st["global_room"].as_u64().unwrap();
+    assert!((996..=1000).contains(&room), "{s}");
+    let (_, s) = a.json("/limits/app/search/state?customer=nobody").await;
+    assert_eq!(s["state"]["current_tier"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["count"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["phase"], "inactive", "{s}");
+    // Read-only: no tier entered, no hit logged, every key as it was.
+    assert_eq!(lasting(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "search").await;
 }

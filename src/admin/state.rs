@@ -7,8 +7,9 @@
 //! (base or override) is the one a request with these parts would get. In-process state is
 //! read under its set's lock with every refill or window computed for now, and written
 //! back never; state in a Redis store is read with one read-only script call within the
-//! store's budget (token bucket, inflight). The shared rate, tiered, concurrency and
-//! sliding-log kinds have no read-only script yet: they answer 501.
+//! store's budget, for every kind (token bucket, inflight, sliding log, rate, concurrency,
+//! tiered: each script reads Redis `TIME` and writes nothing), and a store that does not
+//! answer within it is a 503.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -147,15 +148,6 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
     }))
 }
 
-/// 501 for a shared kind without a read-only script.
-fn not_implemented(kind: &str) -> Answer {
-    Answer::problem(
-        501,
-        "Not Implemented",
-        format!("`/state` of a {kind} limit in a Redis store is not implemented (there is no read-only script for it yet); token_bucket and inflight limits in a Redis store, and every kind in process, answer"),
-    )
-}
-
 fn store_failed(e: impl std::fmt::Display) -> Answer {
     Answer::problem(
         503,
@@ -223,9 +215,66 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             let total = rt.limiter.peek(key).await.map_err(store_failed)?;
             json!({ "in_flight": total, "max": rt.max, "store": rt.store })
         }
-        Limiter::SharedRate(_) => return Err(not_implemented("rate")),
-        Limiter::SharedTiered(_) => return Err(not_implemented("tiered")),
-        Limiter::SharedConcurrency(_) => return Err(not_implemented("concurrency")),
-        Limiter::SharedSlidingLog(_) => return Err(not_implemented("sliding_log")),
+        Limiter::SharedRate(rt) => {
+            let w = rt.limiter.peek(key).await.map_err(store_failed)?;
+            json!({
+                // previous · (per − elapsed) / per + current, against max.
+                "estimate": w.estimate(),
+                "previous": w.previous,
+                "current": w.current,
+                "max": rt.rate.max,
+                "per_ms": ms(rt.rate.per),
+                "store": rt.store,
+            })
+        }
+        Limiter::SharedTiered(rt) => {
+            let st = rt.limiter.peek(key).await.map_err(store_failed)?;
+            let tiers: Vec<Value> = rt
+                .params
+                .tiers
+                .iter()
+                .zip(&st.tiers)
+                .enumerate()
+                .map(|(i, (t, (count, phase)))| {
+                    json!({
+                        "tier": i + 1,
+                        "phase": phase.name(),
+                        "count": count,
+                        "limit": t.limit,
+                        "window_ms": ms(t.window),
+                    })
+                })
+                .collect();
+            json!({
+                "current_tier": st.current_tier,
+                "available": st.available,
+                "tiers": tiers,
+                "hard": st.hard_count.map(|c| json!({ "count": c, "limit": rt.params.hard_limit })),
+                // null: no global limit, or one counted per instance (a Cluster).
+                "global_room": st.global_room,
+                "store": rt.store,
+            })
+        }
+        Limiter::SharedConcurrency(rt) => {
+            let held = rt.limiter.peek(key).await.map_err(store_failed)?;
+            json!({
+                // The fleet's copies in the key's counter (live leases only).
+                "held": held,
+                // This instance's copies, whoever admitted them (store or fallback).
+                "held_here": rt.limiter.held(key),
+                "max": rt.max,
+                "store": rt.store,
+            })
+        }
+        Limiter::SharedSlidingLog(rt) => {
+            let counts = rt.limiter.peek(key).await.map_err(store_failed)?;
+            let windows: Vec<Value> = rt
+                .windows
+                .iter()
+                .zip(counts)
+                .map(|(w, count)| json!({ "per_ms": ms(w.per), "max": w.max, "count": count }))
+                .collect();
+            json!({ "windows": windows, "store": rt.store })
+        }
     })
 }

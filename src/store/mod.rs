@@ -30,7 +30,8 @@ pub mod shared_tiered;
 
 pub use self::redis::{
     default_instance, CounterKeys, CountersOutcome, Endpoint, EntryId, Fallback, GlobalArg,
-    LogGrant, Micros, RedisStore, RedisStoreConfig, TieredGrant,
+    LogGrant, Micros, RateCounts, RedisStore, RedisStoreConfig, TierPhase, TieredGrant,
+    TieredState,
 };
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};

@@ -52,7 +52,7 @@ use crate::limits::verdict::{Grant, Verdict};
 use crate::store::deny_cache::DenyCache;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
-use crate::store::redis::{Fallback, Micros, RedisStore};
+use crate::store::redis::{Fallback, Micros, RateCounts, RedisStore};
 use crate::store::StoreError;
 
 /// Where a shared decision came from.
@@ -338,6 +338,12 @@ impl SharedRate {
     /// runtime keeps this very store (same connection), not just one of the same name.
     pub fn store(&self) -> &RedisStore {
         &self.store
+    }
+
+    /// The fleet's window for the key in the store now, counting nothing: the admin API's
+    /// `/state`.
+    pub async fn peek(&self, key: u64) -> Result<RateCounts, StoreError> {
+        self.store.rate_get(&self.names, key, &self.params).await
     }
 
     /// A rate of `params` in `store`, under `names`; the local fallback's table holds

@@ -229,6 +229,15 @@ impl SharedConcurrency {
         self.shared.held.get(key)
     }
 
+    /// Copies of the key held across the fleet now (holders with a live lease), read from
+    /// the key's counter without renewing or dropping anything: the admin API's `/state`.
+    pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
+        let s = &self.shared;
+        let counter = CounterKeys::of_key(&s.names, key);
+        let totals = s.store.counters_total(&[&counter]).await?;
+        Ok(totals.first().copied().unwrap_or(0))
+    }
+
     /// Copies this instance holds across every key of the limit.
     pub fn in_use_here(&self) -> u64 {
         self.shared.held.total()

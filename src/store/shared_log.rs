@@ -31,6 +31,7 @@ use crate::store::deny_cache::DenyCache;
 use crate::store::key::KeyNames;
 use crate::store::redis::{EntryId, Fallback, Micros, RedisStore, SLIDING_LOG_MAX};
 use crate::store::shared::{denied, share, Source};
+use crate::store::StoreError;
 
 /// A sliding log shared through a store.
 pub struct SharedSlidingLog {
@@ -111,6 +112,14 @@ impl SharedSlidingLog {
     /// The windows (the fleet's, not the local share).
     pub fn windows(&self) -> &[LogWindow] {
         &self.windows
+    }
+
+    /// Each window's count of the key's log in the store now (the fleet's, in window
+    /// order), recording nothing: the admin API's `/state`.
+    pub async fn peek(&self, key: u64) -> Result<Vec<u64>, StoreError> {
+        self.store
+            .sliding_log_get(&self.names, key, &self.windows)
+            .await
     }
 
     /// Decides a request of `cost` entries for the key hashed to `key`, at Redis's time.

@@ -33,8 +33,11 @@ use crate::limits::tiered::{
 };
 use crate::limits::verdict::Verdict;
 use crate::store::key::KeyNames;
-use crate::store::redis::{EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant};
+use crate::store::redis::{
+    EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant, TieredState,
+};
 use crate::store::shared::{denied, share, Source};
+use crate::store::StoreError;
 
 /// A tiered limit shared through a store.
 pub struct SharedTiered {
@@ -123,6 +126,15 @@ impl SharedTiered {
     /// The normalized parameters (the fleet's).
     pub fn params(&self) -> &TieredParams {
         &self.params
+    }
+
+    /// The key's tiered state in the store now, deciding and entering nothing: the admin
+    /// API's `/state`. On a Cluster the global limit is this instance's share, counted
+    /// locally, so `available` leaves it out (its `global_room` is `None`).
+    pub async fn peek(&self, key: u64) -> Result<TieredState, StoreError> {
+        self.store
+            .tiered_get(&self.names, key, &self.params, self.global.is_none())
+            .await
     }
 
     /// Decides one request for the key hashed to `key`, at Redis's time; `now` is the local

@@ -145,6 +145,25 @@ impl RedisStore {
             ))),
         }
     }
+
+    /// The copies every counter holds across the fleet now (holders with a live lease, as
+    /// counters_acquire.lua counts them), at Redis's time, taking and dropping nothing (see
+    /// counters_total.lua): one read-only call within the decision budget. The counters
+    /// must share a slot on Redis Cluster.
+    pub async fn counters_total(&self, counters: &[&CounterKeys]) -> Result<Vec<u64>, StoreError> {
+        let keys = pairs(counters);
+        let s = &self.inner.scripts.counters_total;
+        let v = self.eval(s, &keys, &[], None, self.budget()).await?;
+        let totals = scripts::int_list(&v, counters.len())?;
+        if totals.len() != counters.len() {
+            return Err(StoreError::Reply(format!(
+                "expected {} totals, got {}",
+                counters.len(),
+                totals.len()
+            )));
+        }
+        Ok(totals.into_iter().map(scripts::count).collect())
+    }
 }
 
 fn pairs<'a>(counters: &[&'a CounterKeys]) -> Vec<&'a str> {

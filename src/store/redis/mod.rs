@@ -60,7 +60,7 @@ use crate::store::StoreError;
 pub use counters::{CounterKeys, CountersOutcome};
 pub use scripts::{LuaScript, Scripts};
 pub use sliding_log::LogGrant;
-pub use tiered::{GlobalArg, TieredGrant};
+pub use tiered::{GlobalArg, TierPhase, TieredGrant, TieredState};
 
 /// Microseconds in Redis's clock (`TIME`: since the Unix epoch).
 pub type Micros = u64;
@@ -526,6 +526,28 @@ impl RedisStore {
         })
     }
 
+    /// The window's counts now, at Redis's time, counting nothing (see rate_get.lua): one
+    /// read-only call within the decision budget.
+    pub async fn rate_get(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &RateParams,
+    ) -> Result<RateCounts, StoreError> {
+        let (per, tick) = rate_window(params.per);
+        let key = names.key(hash, StateKind::Rate);
+        let args = [Arg::U(per), Arg::U(tick)];
+        let s = &self.inner.scripts.rate_get;
+        let v = self.eval(s, &[&key], &args, None, self.budget()).await?;
+        let [previous, current, elapsed] = scripts::ints::<3>(&v)?;
+        Ok(RateCounts {
+            previous: scripts::count(previous),
+            current: scripts::count(current),
+            elapsed: scripts::count(elapsed).min(per),
+            per,
+        })
+    }
+
     /// Takes back an admitted event; returns the current period's count after.
     pub async fn rate_refund(
         &self,
@@ -900,6 +922,29 @@ fn is_connection_error(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
+/// A shared rate window read by [`RedisStore::rate_get`]: the counts of the previous and
+/// current periods, and how far into the current one Redis's clock is, in ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateCounts {
+    /// The previous period's count.
+    pub previous: u64,
+    /// The current period's count.
+    pub current: u64,
+    /// Ticks of the current period elapsed (`e`), in `[0, per]`.
+    pub elapsed: u64,
+    /// Ticks in a period (`per`, at least 1).
+    pub per: u64,
+}
+
+impl RateCounts {
+    /// The sliding-window estimate `previous · (per − e) / per + current`, as rate.lua
+    /// decides against `max`.
+    pub fn estimate(&self) -> f64 {
+        let per = self.per.max(1) as f64;
+        self.previous as f64 * (per - self.elapsed as f64) / per + self.current as f64
+    }
+}
+
 /// A token bucket's parameters in the scripts' units.
 struct BucketArgs {
     capacity: u64,
@@ -978,6 +1023,20 @@ mod tests {
 
     const MS: Nanos = 1_000_000;
     const SEC: Nanos = 1_000 * MS;
+
+    #[test]
+    fn a_rate_window_estimate_weighs_the_previous_period_by_what_is_left() {
+        let w = |previous, current, elapsed| RateCounts {
+            previous,
+            current,
+            elapsed,
+            per: 100,
+        };
+        assert_eq!(w(0, 0, 0).estimate(), 0.0);
+        assert_eq!(w(10, 3, 0).estimate(), 13.0);
+        assert_eq!(w(10, 3, 25).estimate(), 10.5);
+        assert_eq!(w(10, 3, 100).estimate(), 3.0);
+    }
 
     #[test]
     fn windows_keep_within_2_27_ticks() {

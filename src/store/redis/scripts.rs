@@ -42,6 +42,8 @@ pub struct Scripts {
     pub rate: LuaScript,
     /// Sliding-window rate refund.
     pub rate_refund: LuaScript,
+    /// Sliding-window rate counts (read only).
+    pub rate_get: LuaScript,
     /// Inflight acquire.
     pub inflight_acquire: LuaScript,
     /// Inflight release.
@@ -54,16 +56,22 @@ pub struct Scripts {
     pub sliding_log: LuaScript,
     /// Sliding log refund (exactly one admission's entries).
     pub sliding_log_refund: LuaScript,
+    /// Sliding log per-window counts (read only).
+    pub sliding_log_get: LuaScript,
     /// Tiered acquire (burst tiers, hard and global limits).
     pub tiered: LuaScript,
     /// Tiered refund (exactly one admission's hits).
     pub tiered_refund: LuaScript,
+    /// Tiered current tier, phases and window counts (read only).
+    pub tiered_get: LuaScript,
     /// Concurrency: take copies from several leased counters, all or nothing.
     pub counters_acquire: LuaScript,
     /// Concurrency: give copies back.
     pub counters_release: LuaScript,
     /// Concurrency: lease renewal and repair.
     pub counters_renew: LuaScript,
+    /// Concurrency: the fleet's copies per counter (read only).
+    pub counters_total: LuaScript,
     /// The breaker's probe: a write and TIME.
     pub probe: LuaScript,
 }
@@ -86,6 +94,7 @@ impl Scripts {
             ),
             rate: LuaScript::new("rate.lua", include_str!("scripts/rate.lua")),
             rate_refund: LuaScript::new("rate_refund.lua", include_str!("scripts/rate_refund.lua")),
+            rate_get: LuaScript::new("rate_get.lua", include_str!("scripts/rate_get.lua")),
             inflight_acquire: LuaScript::new(
                 "inflight_acquire.lua",
                 include_str!("scripts/inflight_acquire.lua"),
@@ -107,11 +116,16 @@ impl Scripts {
                 "sliding_log_refund.lua",
                 include_str!("scripts/sliding_log_refund.lua"),
             ),
+            sliding_log_get: LuaScript::new(
+                "sliding_log_get.lua",
+                include_str!("scripts/sliding_log_get.lua"),
+            ),
             tiered: LuaScript::new("tiered.lua", include_str!("scripts/tiered.lua")),
             tiered_refund: LuaScript::new(
                 "tiered_refund.lua",
                 include_str!("scripts/tiered_refund.lua"),
             ),
+            tiered_get: LuaScript::new("tiered_get.lua", include_str!("scripts/tiered_get.lua")),
             counters_acquire: LuaScript::new(
                 "counters_acquire.lua",
                 include_str!("scripts/counters_acquire.lua"),
@@ -124,29 +138,37 @@ impl Scripts {
                 "counters_renew.lua",
                 include_str!("scripts/counters_renew.lua"),
             ),
+            counters_total: LuaScript::new(
+                "counters_total.lua",
+                include_str!("scripts/counters_total.lua"),
+            ),
             probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
         }
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 17] {
+    pub fn all(&self) -> [&LuaScript; 21] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
             &self.token_bucket_refund,
             &self.rate,
             &self.rate_refund,
+            &self.rate_get,
             &self.inflight_acquire,
             &self.inflight_release,
             &self.inflight_renew,
             &self.inflight_total,
             &self.sliding_log,
             &self.sliding_log_refund,
+            &self.sliding_log_get,
             &self.tiered,
             &self.tiered_refund,
+            &self.tiered_get,
             &self.counters_acquire,
             &self.counters_release,
             &self.counters_renew,
+            &self.counters_total,
             &self.probe,
         ]
     }
@@ -187,6 +209,22 @@ pub fn ints<const N: usize>(value: &Value) -> Result<[i64; N], StoreError> {
     Ok(out)
 }
 
+/// An array reply of integers, at most `limit` of them.
+pub fn int_list(value: &Value, limit: usize) -> Result<Vec<i64>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(StoreError::Reply(format!(
+            "expected an array, got {value:?}"
+        )));
+    };
+    if items.len() > limit {
+        return Err(StoreError::Reply(format!(
+            "expected at most {limit} integers, got {}",
+            items.len()
+        )));
+    }
+    items.iter().map(int).collect()
+}
+
 /// A non-negative integer reply as `u64` (negative values, which the scripts never
 /// return, read as 0).
 pub fn count(n: i64) -> u64 {
@@ -201,7 +239,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 17, "distinct scripts");
+        assert_eq!(shas.len(), 21, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),
@@ -210,6 +248,9 @@ mod tests {
         let v = Value::Array(vec![Value::Int(1), Value::Int(-2)]);
         assert_eq!(ints::<2>(&v).unwrap(), [1, -2]);
         assert!(ints::<3>(&v).is_err());
+        assert_eq!(int_list(&v, 2).unwrap(), vec![1, -2]);
+        assert!(int_list(&v, 1).is_err());
+        assert!(int_list(&Value::Int(1), 4).is_err());
         assert!(int(&Value::Nil).is_err());
         assert_eq!((count(-2), count(7)), (0, 7));
     }

@@ -67,6 +67,31 @@ impl RedisStore {
         })
     }
 
+    /// Each window's count of the key's log now, at Redis's time, recording nothing (see
+    /// sliding_log_get.lua): one read-only call within the decision budget.
+    pub async fn sliding_log_get(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        windows: &[LogWindow],
+    ) -> Result<Vec<u64>, StoreError> {
+        let key = names.key(hash, StateKind::SlidingLog);
+        let mut args = Vec::with_capacity(1 + windows.len());
+        args.push(Arg::U(windows.len() as u64));
+        args.extend(windows.iter().map(|w| Arg::U(log_per(w.per))));
+        let s = &self.inner.scripts.sliding_log_get;
+        let v = self.eval(s, &[&key], &args, None, self.budget()).await?;
+        let counts = scripts::int_list(&v, windows.len())?;
+        if counts.len() != windows.len() {
+            return Err(StoreError::Reply(format!(
+                "expected {} counts, got {}",
+                windows.len(),
+                counts.len()
+            )));
+        }
+        Ok(counts.into_iter().map(scripts::count).collect())
+    }
+
     /// Removes the `count` entries a [`RedisStore::sliding_log`] decision recorded under
     /// `id`; returns how many were still there.
     pub async fn sliding_log_refund(

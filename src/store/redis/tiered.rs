@@ -48,7 +48,120 @@ pub struct TieredGrant {
     pub at_us: Micros,
 }
 
+/// A tier's phase at an instant: entered at `e`, active in `[e, e + active)`, cooling for
+/// `cooldown` after, inactive otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierPhase {
+    /// Not entered, or its active period and cooldown are over.
+    Inactive,
+    /// Within its active period.
+    Active,
+    /// Within its cooldown: a burst stops here unless the tier is skippable.
+    Cooling,
+}
+
+impl TierPhase {
+    /// The phase's name in the admin API.
+    pub fn name(self) -> &'static str {
+        match self {
+            TierPhase::Inactive => "inactive",
+            TierPhase::Active => "active",
+            TierPhase::Cooling => "cooling",
+        }
+    }
+}
+
+/// A key's tiered state in Redis now, read by [`RedisStore::tiered_get`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TieredState {
+    /// The current tier (the active tier with the greatest index), 0 for none.
+    pub current_tier: usize,
+    /// Single requests that would pass now in a row: the least of the hard limit's room,
+    /// the room of the tiers a burst reaches and the global limit's room (when counted in
+    /// the store).
+    pub available: u64,
+    /// Hits in the hard limit's last second, if there is a hard limit.
+    pub hard_count: Option<u64>,
+    /// Room left in the global limit's second, if it is counted in the store.
+    pub global_room: Option<u64>,
+    /// Per tier, tier 1 first: hits in its window and its phase.
+    pub tiers: Vec<(u64, TierPhase)>,
+}
+
 impl RedisStore {
+    /// The key's tiered state now, at Redis's time, deciding and entering nothing (see
+    /// tiered_get.lua): one read-only call within the decision budget. `global_in_store`:
+    /// the global limit is counted in the store (a standalone Redis), so its room counts.
+    pub async fn tiered_get(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TieredParams,
+        global_in_store: bool,
+    ) -> Result<TieredState, StoreError> {
+        let global = match params.global_limit {
+            Some(limit) if global_in_store => GlobalArg::InStore { limit },
+            _ => GlobalArg::None,
+        };
+        let keys = tiered_keys(names, hash, params, global);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let (glimit, gmode) = match global {
+            GlobalArg::InStore { limit } => (limit, 1),
+            _ => (0, 0),
+        };
+        let n = params.tiers.len();
+        let mut args = Vec::with_capacity(4 + 5 * n);
+        args.extend([
+            Arg::U(n as u64),
+            Arg::U(params.hard_limit.unwrap_or(0).min(SCRIPT_MAX)),
+            Arg::U(glimit.min(SCRIPT_MAX)),
+            Arg::U(gmode),
+        ]);
+        for t in &params.tiers {
+            args.extend([
+                Arg::U(t.limit.min(SCRIPT_MAX)),
+                Arg::U(duration(t.window).max(1)),
+                Arg::U(duration(t.active)),
+                Arg::U(duration(t.cooldown)),
+                Arg::U(u64::from(t.skippable)),
+            ]);
+        }
+        let s = &self.inner.scripts.tiered_get;
+        let v = self.eval(s, &keys, &args, None, self.budget()).await?;
+        let out = scripts::int_list(&v, 4 + 2 * n)?;
+        let [current, available, hard, groom, ref per_tier @ ..] = out[..] else {
+            return Err(StoreError::Reply(format!(
+                "expected {} integers",
+                4 + 2 * n
+            )));
+        };
+        if per_tier.len() != 2 * n {
+            return Err(StoreError::Reply(format!(
+                "expected {} integers, got {}",
+                4 + 2 * n,
+                out.len()
+            )));
+        }
+        let tiers = per_tier
+            .chunks_exact(2)
+            .map(|c| {
+                let phase = match c[1] {
+                    1 => TierPhase::Active,
+                    2 => TierPhase::Cooling,
+                    _ => TierPhase::Inactive,
+                };
+                (scripts::count(c[0]), phase)
+            })
+            .collect();
+        Ok(TieredState {
+            current_tier: usize::try_from(current).unwrap_or(0),
+            available: scripts::count(available),
+            hard_count: (hard >= 0).then(|| scripts::count(hard)),
+            global_room: (groom >= 0).then(|| scripts::count(groom)),
+            tiers,
+        })
+    }
+
     /// One tiered decision for the key hashed to `hash` (see tiered.lua): grants the
     /// largest count in `[min, max]` that fits the hard limit, the burst tiers and the
     /// global limit, as [`TieredLimiter::acquire_many`] does, with hits named after `id`
