@@ -1,7 +1,9 @@
 //! The admin API (issue 14) through the real binary: its own listener, the bearer token on
-//! every endpoint, `/config`, a token bucket's `/state` after requests through the proxy
-//! (in process, and in a real `redis-server` with each shared kind read by its read-only
-//! script: the counts, every key unchanged after the read, 503 from a frozen Redis),
+//! every endpoint, `/config`, `/state` of every kind after requests through the proxy (in
+//! process: the counts of held requests, back down after their release, each window's
+//! count, the tier a burst entered; and in a real `redis-server` with each shared kind read
+//! by its read-only script: the counts, every key unchanged after the read, 503 from a
+//! frozen Redis),
 //! `/top` after a skewed load, the kill switch and its gauge, and malformed paths, queries,
 //! methods and bodies.
 
@@ -631,4 +633,180 @@ async fn state_of_a_tiered_limit_in_redis_shows_the_tiers_a_burst_entered() {
     // Read-only: no tier entered, no hit logged, every key as it was.
     assert_eq!(lasting(&redis), before);
     state_is_503_when_redis_is_frozen(&a, &mut redis, "search").await;
+}
+
+/// `n` requests for `customer` held open by the upstream (`/hold`), returned once it holds
+/// them all; each task ends with the request's status (0 if it failed).
+async fn hold(
+    a: &Admin,
+    up: &Upstream,
+    customer: &str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<u16>> {
+    let before = up.held();
+    let url = a.t.url("/hold");
+    let holds = (0..n)
+        .map(|_| {
+            let (url, customer) = (url.clone(), customer.to_string());
+            tokio::spawn(async move {
+                client()
+                    .get(url)
+                    .header("host", "app.test")
+                    .header("x-customer", customer)
+                    .send()
+                    .await
+                    .map_or(0, |r| r.status().as_u16())
+            })
+        })
+        .collect();
+    eventually("the upstream holds the requests", 250, || async {
+        up.held() == before + n
+    })
+    .await;
+    holds
+}
+
+/// Lets the upstream answer the held requests; each is admitted.
+async fn release(up: &Upstream, holds: Vec<tokio::task::JoinHandle<u16>>) {
+    up.release();
+    for h in holds {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_local_inflight_and_concurrency_counts_held_requests() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      conc:\n        kind: inflight\n        key: [customer]\n        max: 10\n      seats:\n        kind: concurrency\n        key: [customer]\n        max: 10\n";
+    let a = start(&up, false, limits, "").await;
+    let (status, s) = a.json("/limits/app/conc/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "inflight");
+    assert_eq!(s["store"], "local");
+    assert_eq!(s["state"]["estimate"], 0, "{s}");
+    let holds = hold(&a, &up, "acme", 3).await;
+    let (status, s) = a.json("/limits/app/conc/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    // A count-min estimate is never below the true count; with one key in the sketch it
+    // is exact.
+    assert_eq!(s["state"]["estimate"], 3, "{s}");
+    assert_eq!(s["state"]["max"], 10);
+    let (status, s) = a.json("/limits/app/seats/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "concurrency");
+    assert_eq!(s["store"], "local");
+    assert_eq!(s["state"]["held"], 3, "{s}");
+    assert_eq!(s["state"]["max"], 10);
+    let (_, s) = a.json("/limits/app/seats/state?customer=nobody").await;
+    assert_eq!(s["state"]["held"], 0, "{s}");
+    // Reading released nothing.
+    let (_, s) = a.json("/limits/app/seats/state?customer=acme").await;
+    assert_eq!(s["state"]["held"], 3, "{s}");
+    release(&up, holds).await;
+    eventually("both counts back at 0", 250, || async {
+        let (_, c) = a.json("/limits/app/conc/state?customer=acme").await;
+        let (_, s) = a.json("/limits/app/seats/state?customer=acme").await;
+        c["state"]["estimate"] == 0 && s["state"]["held"] == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_local_sliding_log_counts_each_window() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      caps:\n        kind: sliding_log\n        key: [customer]\n        windows: [{ max: 4, per: 1h }, { max: 100, per: 1d }]\n";
+    let a = start(&up, false, limits, "").await;
+    // 4 admitted, 2 rejected (a rejection records nothing).
+    assert_eq!(sends(&a, "acme", 6).await, [200, 200, 200, 200, 429, 429]);
+    assert_eq!(sends(&a, "other", 1).await, [200]);
+    let (status, s) = a.json("/limits/app/caps/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "sliding_log");
+    assert_eq!(s["store"], "local");
+    let w = &s["state"]["windows"];
+    assert_eq!(w.as_array().unwrap().len(), 2, "{s}");
+    assert_eq!(w[0]["count"], 4, "{s}");
+    assert_eq!(w[0]["max"], 4, "{s}");
+    assert_eq!(w[0]["per_ms"], 3_600_000.0, "{s}");
+    assert_eq!(w[1]["count"], 4, "{s}");
+    assert_eq!(w[1]["max"], 100, "{s}");
+    assert_eq!(w[1]["per_ms"], 86_400_000.0, "{s}");
+    let (_, s) = a.json("/limits/app/caps/state?customer=other").await;
+    assert_eq!(s["state"]["windows"][0]["count"], 1, "{s}");
+    assert_eq!(s["state"]["windows"][1]["count"], 1, "{s}");
+    let (_, s) = a.json("/limits/app/caps/state?customer=nobody").await;
+    assert_eq!(s["state"]["windows"][0]["count"], 0, "{s}");
+    // Reading logged nothing.
+    let (_, s) = a.json("/limits/app/caps/state?customer=acme").await;
+    assert_eq!(s["state"]["windows"][1]["count"], 4, "{s}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_local_tiered_limit_shows_the_tier_a_burst_entered() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      search:\n        kind: tiered\n        key: [customer]\n        hard_limit: 100\n        global_limit: 1000\n        tiers:\n          - { limit: 2, window: 1h, active: 1h, cooldown: 0s }\n          - { limit: 3, window: 1h, active: 1h, cooldown: 0s }\n";
+    let a = start(&up, false, limits, "").await;
+    let (status, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"]["current_tier"], 0, "a new key: {s}");
+    assert_eq!(s["state"]["available"], 5, "both tiers reachable: {s}");
+    // Two fill tier 1, the third bursts into tier 2, the fourth stays there.
+    assert_eq!(sends(&a, "acme", 4).await, [200, 200, 200, 200]);
+    let (status, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "tiered");
+    assert_eq!(s["store"], "local");
+    let st = &s["state"];
+    assert_eq!(st["current_tier"], 2, "{s}");
+    assert_eq!(st["available"], 1, "tier 2 holds 2 of 3: {s}");
+    let (_, s) = a.json("/limits/app/search/state?customer=nobody").await;
+    assert_eq!(s["state"]["current_tier"], 0, "{s}");
+    // Reading entered no tier and logged nothing.
+    let (_, s) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(
+        (&s["state"]["current_tier"], &s["state"]["available"]),
+        (&Value::from(2), &Value::from(1)),
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_an_inflight_in_redis_counts_live_holders_only() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      conc:\n        kind: inflight\n        store: shared\n        key: [customer]\n        max: 10\n";
+    // A lease of an hour: no renewal rewrites the leases between the snapshots.
+    let a = start_shared(&redis, &up, limits, ", lease: 1h").await;
+    let (status, s) = a.json("/limits/app/conc/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"]["in_flight"], 0, "{s}");
+    let holds = hold(&a, &up, "acme", 3).await;
+    // Another instance of the fleet: two live units, and four of an instance whose lease
+    // ended (dead: the read must not count them).
+    let counts = redis_key_ending(&redis, ":ic");
+    let leases = redis_key_ending(&redis, ":il");
+    redis.cmd(&["HSET", &counts, "other", "2", "dead", "4"]);
+    redis.cmd(&["ZADD", &leases, "99999999999999999", "other", "1", "dead"]);
+    let before = redis_snapshot(&redis);
+    let (status, s) = a.json("/limits/app/conc/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["kind"], "inflight");
+    assert_eq!(s["store"], "shared");
+    assert_eq!(s["state"]["store"], "shared");
+    assert_eq!(
+        s["state"]["in_flight"], 5,
+        "3 here and 2 live elsewhere: {s}"
+    );
+    assert_eq!(s["state"]["max"], 10);
+    let (_, s) = a.json("/limits/app/conc/state?customer=nobody").await;
+    assert_eq!(s["state"]["in_flight"], 0, "{s}");
+    // Read-only: the dead instance is still there, every key as it was.
+    assert_eq!(redis_snapshot(&redis), before);
+    state_is_503_when_redis_is_frozen(&a, &mut redis, "conc").await;
+    release(&up, holds).await;
+    eventually("this instance's units given back", 250, || async {
+        let (_, s) = a.json("/limits/app/conc/state?customer=acme").await;
+        s["state"]["in_flight"] == 2
+    })
+    .await;
 }
