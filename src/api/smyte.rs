@@ -34,6 +34,10 @@
 //! share of the bucket (capacity and refill divided by `instances`), `allow` as if the
 //! bucket were full, `deny` as if it were empty.
 //!
+//! **Not switched.** The kill switch does not apply here (it does to `CH.*`): an ad-hoc
+//! bucket is not a configured limit, and the reply is a token count, not a decision the
+//! switch could turn into a grant without misreporting the bucket.
+//!
 //! **Differences from Smyte's implementation.** The commands, arguments and reply are
 //! Smyte's, but what a take does follows this project's contract (the reply is the tokens
 //! before the take; the take happened iff the reply is at least `n`; a refused take changes
