@@ -115,7 +115,7 @@ pub struct ApiService {
 }
 
 /// Log lines a client can trigger at will, written at most once per
-/// [`THROTTLE_PERIOD`] each, with a count of those suppressed.
+/// `THROTTLE_PERIOD` (10 s) each, with a count of those suppressed.
 #[derive(Debug)]
 pub enum Throttled {
     /// A framing error (the client got `-ERR Protocol error` and was closed).

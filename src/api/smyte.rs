@@ -9,7 +9,7 @@
 //! before this take; the take happened iff the reply is at least `n`. `REFILL` defaults to
 //! `max` (the whole bucket refills every `refill_seconds`: `2 60` reads "two per
 //! minute"), `TAKE` to 1. `STRICT`: a rejected take also resets the refill clock. `RL.GET`
-//! reads without taking. The bucket is [`AdhocBuckets`](crate::limits::AdhocBuckets)'s,
+//! reads without taking. The bucket is [`AdhocBuckets`]'s,
 //! identified by `(key, max, refill_seconds, amount)`.
 //!
 //! **Time.** `AT` is the caller's clock in Unix seconds (a fraction of up to 9 digits is
