@@ -1,5 +1,5 @@
 //! The limiter API served by the real binary beside the proxy: `redis-cli` talks to
-//! `server.limiter_api` and gets Smyte's answers, and SIGTERM closes it with the rest.
+//! `server.limiter_api` and gets `RL.REDUCE`'s answers, and SIGTERM closes it with the rest.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,6 +1,6 @@
 //! The limiter API with real clients: the `redis` crate (RESP2 and RESP3) and `redis-cli`
-//! against the service on an ephemeral port. Smyte's semantics are checked against a
-//! literal model written here.
+//! against the service on an ephemeral port. `RL.REDUCE` is checked against the
+//! contract's model (`common/smyte.rs`), which differs from Smyte's own code on refusals.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -288,12 +288,13 @@ fn bad_numbers_get_errors_naming_the_argument() {
 }
 
 #[test]
-fn strict_refill_and_take_follow_smyte() {
+fn strict_refill_and_take_follow_the_contract() {
     let server = ApiServer::start();
     let mut con = server.client(false);
     let t = 1_700_000_000u64;
     let at = |s: u64| (t + s).to_string();
-    // TAKE > 1: 5 tokens, takes of 3: 5 (taken), 2 (refused), 2 (still there).
+    // TAKE > 1: 5 tokens, takes of 3: 5 (taken), 2 (refused), 2 (still there: a refusal
+    // takes nothing, where Smyte's code would have emptied the bucket).
     let r = |con: &mut redis::Connection, extra: &[&str], s: u64| {
         let mut args = vec!["tb", "5", "10", "REFILL", "1", "TAKE", "3", "AT"];
         let when = at(s);
@@ -306,7 +307,8 @@ fn strict_refill_and_take_follow_smyte() {
     // REFILL 1 every 10 s: one token at 10 s, so 3 then: taken.
     assert_eq!(r(&mut con, &[], 10), 3);
     assert_eq!(r(&mut con, &[], 19), 0);
-    // Strict: a rejection at 25 s resets the clock, so 30 s brings nothing...
+    // Strict: a rejection at 25 s resets the clock, so 30 s brings nothing (and the 1 token
+    // stays: Smyte's code would have emptied it)...
     assert_eq!(r(&mut con, &["STRICT"], 25), 1);
     assert_eq!(r(&mut con, &[], 30), 1);
     // ...and the refills resume from 25 s: 35 s and 45 s bring one each.

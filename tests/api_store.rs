@@ -100,7 +100,7 @@ async fn rl_buckets_live_in_redis_shared_by_instances() {
         "{names:?}"
     );
     // STRICT, REFILL, TAKE > 1 and a clock sometimes behind: a recorded history replayed
-    // with AT on Redis replies exactly what Smyte's bucket does.
+    // with AT on Redis replies exactly what the contract's model does.
     let history = smyte::History::recorded(300);
     let got: Vec<i64> = history.pipeline("replay").query(&mut ca).unwrap();
     assert_eq!(got, history.want);

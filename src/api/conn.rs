@@ -4,7 +4,7 @@
 //! The loop alternates two steps. **Execute**: every complete command in the read buffer
 //! runs, in order, its reply appended to the output buffer; commands run synchronously, so
 //! none is ever interrupted half-way. A command that must ask a shared store leaves a
-//! [`Deferred`](super::command::Deferred): the loop awaits it (bounded by the store's
+//! [`Deferred`]: the loop awaits it (bounded by the store's
 //! budget) and finishes it before the next command runs, so replies keep their order. **Wait**: one future both writes pending replies
 //! and reads more requests, and returns as soon as either makes progress. Reading goes on
 //! while replies wait, so a client that sends its whole pipeline before reading (as most

@@ -30,7 +30,8 @@
 //!
 //! **Bounds.** A connection has at most [`MAX_HOLDS_PER_CONNECTION`] entries, the process
 //! at most [`MAX_HOLDS`] (ledgers and transfers together, a [`HoldBudget`]), and at most
-//! [`MAX_TRANSFERS`] pending transfers, each at most [`MAX_TRANSFER_TTL`] long.
+//! [`MAX_TRANSFERS`] pending transfers, each at most
+//! [`MAX_TRANSFER_TTL`](super::bounds::MAX_TRANSFER_TTL) long.
 //! `tollgate_api_holds{resource}` adds and subtracts as entries change, so it is exact.
 
 use std::collections::HashMap;

@@ -115,7 +115,7 @@ pub struct ApiService {
 }
 
 /// Log lines a client can trigger at will, written at most once per
-/// [`THROTTLE_PERIOD`] each, with a count of those suppressed.
+/// `THROTTLE_PERIOD` (10 s) each, with a count of those suppressed.
 #[derive(Debug)]
 pub enum Throttled {
     /// A framing error (the client got `-ERR Protocol error` and was closed).
@@ -327,11 +327,8 @@ impl ApiService {
                 break;
             }
             tokio::select! {
-                accepted = listener.accept() => match accepted {
+                accepted = accept(&listener) => match accepted {
                     Ok((stream, peer)) => {
-                        if let Err(e) = configure(&stream) {
-                            log::debug!("limiter API: socket options for {peer}: {e}");
-                        }
                         let service = self.clone();
                         let shutdown = shutdown.clone();
                         tasks.spawn(async move { service.handle(stream, Some(peer), shutdown).await });
@@ -463,6 +460,16 @@ impl Drop for ConnSlot<'_> {
     }
 }
 
+/// Accepts one connection on `listener` and configures it (`configure`); a socket option
+/// that cannot be set is logged, and the connection served anyway.
+async fn accept(listener: &TcpListener) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    let (stream, peer) = listener.accept().await?;
+    if let Err(e) = configure(&stream) {
+        log::debug!("limiter API: socket options for {peer}: {e}");
+    }
+    Ok((stream, peer))
+}
+
 /// `TCP_NODELAY` (replies are small and must leave at once) and keepalive.
 fn configure(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
@@ -568,5 +575,75 @@ impl Collector for BucketCollector {
         let mut families = self.evictions.collect();
         families.extend(self.held.collect());
         families
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use socket2::SockRef;
+
+    /// The values `bounds` documents: first probe after 60 s idle, every 10 s, 6 probes.
+    const IDLE: Duration = Duration::from_secs(60);
+    const INTERVAL: Duration = Duration::from_secs(10);
+    const PROBES: u32 = 6;
+
+    /// A connected pair on loopback: the accepted side through `accept_with`, and the
+    /// client kept open so the accepted socket stays established.
+    async fn accepted<F, Fut>(accept_with: F) -> (tokio::net::TcpStream, tokio::net::TcpStream)
+    where
+        F: FnOnce(TcpListener) -> Fut,
+        Fut: std::future::Future<Output = tokio::net::TcpStream>,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        (accept_with(listener).await, client)
+    }
+
+    fn assert_keepalive_as_documented(stream: &tokio::net::TcpStream) {
+        let sock = SockRef::from(stream);
+        assert!(sock.keepalive().unwrap(), "SO_KEEPALIVE on");
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), IDLE);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), PROBES);
+    }
+
+    #[test]
+    fn tcp_options_enable_keepalive_with_the_documented_values() {
+        let options = tcp_options();
+        let ka = options.tcp_keepalive.as_ref().expect("keepalive set");
+        assert_eq!(
+            (ka.idle, ka.interval, ka.count),
+            (IDLE, INTERVAL, PROBES as usize)
+        );
+        // 0: no TCP_USER_TIMEOUT, the probes alone decide.
+        #[cfg(target_os = "linux")]
+        assert_eq!(ka.user_timeout, Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn pingora_applies_tcp_options_to_an_accepted_socket_as_documented() {
+        // Pingora's listener applies `tcp_keepalive` to each accepted socket with
+        // `set_tcp_keepalive` (its accept path is private): apply it the same way to an
+        // accepted socket and read the kernel's settings back.
+        let (stream, _client) = accepted(|l| async move { l.accept().await.unwrap().0 }).await;
+        assert!(
+            !SockRef::from(&stream).keepalive().unwrap(),
+            "off by default"
+        );
+        let options = tcp_options();
+        let ka = options.tcp_keepalive.as_ref().unwrap();
+        pingora::protocols::l4::ext::set_tcp_keepalive(&stream, ka).unwrap();
+        assert_keepalive_as_documented(&stream);
+    }
+
+    #[tokio::test]
+    async fn serve_accepts_with_keepalive_and_nodelay() {
+        let (stream, _client) = accepted(|l| async move { accept(&l).await.unwrap().0 }).await;
+        assert_keepalive_as_documented(&stream);
+        assert!(stream.nodelay().unwrap(), "TCP_NODELAY on");
     }
 }

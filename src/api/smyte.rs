@@ -9,7 +9,7 @@
 //! before this take; the take happened iff the reply is at least `n`. `REFILL` defaults to
 //! `max` (the whole bucket refills every `refill_seconds`: `2 60` reads "two per
 //! minute"), `TAKE` to 1. `STRICT`: a rejected take also resets the refill clock. `RL.GET`
-//! reads without taking. The bucket is [`AdhocBuckets`](crate::limits::AdhocBuckets)'s,
+//! reads without taking. The bucket is [`AdhocBuckets`]'s,
 //! identified by `(key, max, refill_seconds, amount)`.
 //!
 //! **Time.** `AT` is the caller's clock in Unix seconds (a fraction of up to 9 digits is
@@ -33,6 +33,32 @@
 //! is open), its `fallback` decides: `local` with the in-process table at this instance's
 //! share of the bucket (capacity and refill divided by `instances`), `allow` as if the
 //! bucket were full, `deny` as if it were empty.
+//!
+//! **Not switched.** The kill switch does not apply here (it does to `CH.*`): an ad-hoc
+//! bucket is not a configured limit, and the reply is a token count, not a decision the
+//! switch could turn into a grant without misreporting the bucket.
+//!
+//! **Differences from Smyte's implementation.** The commands, arguments and reply are
+//! Smyte's, but what a take does follows this project's contract (the reply is the tokens
+//! before the take; the take happened iff the reply is at least `n`; a refused take changes
+//! nothing, except that `STRICT` resets the refill clock), which Smyte's own
+//! `getAndReduceTokens` (smyte/ratelimit, `RateLimitHandler.cpp`) does not keep:
+//! - **A refused take.** Smyte writes `max(tokens - take, 0)` whether the take fits or not,
+//!   so a refused `TAKE 5` on a bucket of 3 empties it. Here it takes nothing: otherwise a
+//!   caller told "no" would still have spent the tokens (breaking "the take happened iff
+//!   reply >= n"), and a client retrying a large take would keep the bucket empty, starving
+//!   the smaller takes that fit, its own retries included.
+//! - **`STRICT`.** Smyte resets the refill clock whenever the bucket ends at 0: after any
+//!   refusal (which always empties it there) and after a successful take of the last
+//!   tokens, pushing the next refill a whole `refill_seconds` past that take. Here only a
+//!   refusal resets it; a take that succeeds never moves the clock, so strictness punishes
+//!   asking when there is not enough, not using what there was.
+//! - **A full bucket** restarts its clock when it refills to full (a full bucket is an absent
+//!   one, as a new key is in both). Smyte keeps the last refill mark, so a bucket drained
+//!   after being full for a while may get its first refill sooner than `refill_seconds`.
+//! - **An old `AT`.** Both ignore it for refills, but Smyte's `STRICT` refusal at an old `AT`
+//!   rewinds the clock to it; here time never goes backwards within a bucket.
+//! - **`AT`** may carry a fraction of a second here; Smyte's is whole seconds.
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,9 +1,13 @@
-//! Smyte's token bucket written literally, and a recorded history to replay with `AT`:
-//! the oracle of the `RL.REDUCE` replay tests (in-process table and Redis store alike).
+//! The `RL.REDUCE` contract's token bucket written out plainly, and a recorded history to
+//! replay with `AT`: the oracle of the replay tests (in-process table and Redis store
+//! alike). This is not Smyte's code: a refused take changes nothing (Smyte's empties the
+//! bucket) and `STRICT` resets the clock on a refusal only (Smyte's whenever the bucket ends
+//! at 0); `src/api/smyte.rs` lists the differences.
 
 #![allow(dead_code)]
 
-/// Smyte's bucket written literally, in whole seconds: the oracle of the replay.
+/// The contract's bucket in whole seconds: reply the tokens before the take, take iff they
+/// suffice, and on a refusal change nothing but (`strict`) the refill clock.
 pub struct Model {
     pub max: u64,
     pub amount: u64,
