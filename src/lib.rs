@@ -1,19 +1,26 @@
 //! tollgate: an edge reverse proxy on Pingora that keeps origins and customers from being
 //! overwhelmed.
 //!
-//! Dependencies run one way, down this list (see `docs/architecture.md`):
+//! Dependencies run one way, down this list: a module uses only those below it (see
+//! `docs/architecture.md`, "Module map"; [`simulate`] borrows one pure type from
+//! [`proxy`]).
 //!
-//! - [`cli`]: the subcommands of the binary; [`server`]: the composition root, which
-//!   assembles the process from every part below.
-//! - [`proxy`] (the HTTP front end), [`api`] (the second front end: the same limits over
-//!   the Redis protocol, for non-HTTP callers) and [`reload`] (watching and swapping the
-//!   config), and [`admin`] (the operators' HTTP API on its own listener): they read and
-//!   build [`runtime`] state, none knows another; [`problem`] holds the RFC 9457 answers
-//!   the HTTP front ends share; [`snapshot`]
-//!   (local limit state written to a file and loaded at start) reads and fills it too.
+//! - [`cli`]: the subcommands of the binary other than `run`.
+//! - [`server`]: the composition root, which assembles the process from the parts below.
+//! - [`proxy`]: the HTTP front end (Pingora's `ProxyHttp`, routing by `Host`, connections).
+//! - [`api`]: the limiter API, the same limits over the Redis protocol (`RL.*`, `CH.*`).
+//! - [`admin`]: the operators' HTTP API on its own listener (config, state, kill switch).
+//! - [`reload`]: watching the config file and SIGHUP, building and swapping the runtime.
+//! - [`snapshot`]: local limit state written to a file and loaded at start.
+//! - [`simulate`]: replaying an access log through a runtime, offline.
+//! - [`problem`]: the RFC 9457 answers the HTTP front ends share.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
-//! - [`config`] (YAML → validated model), [`limits`] (the kinds' pure algorithms, no
-//!   Pingora types), [`segments`] (roaring-bitmap ID sets), [`metrics`] and [`ratelog`].
+//! - [`store`]: shared state in Redis and the shared limiters with their fallbacks.
+//! - [`config`]: YAML → validated model (no network; reads the admin token file).
+//! - [`segments`]: roaring-bitmap ID sets and their files.
+//! - [`ratelog`]: per-second budgets for the log lines clients can cause.
+//! - [`metrics`]: the Prometheus registry and its families.
+//! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
 
 pub mod admin;
 pub mod api;

@@ -190,6 +190,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     let known = Known {
         segments: &segments,
         stores: &stores,
+        connections: &server.server.connections,
     };
     let resources = resources::parse(r, section("resources"), &known);
     let (default_specs, unmatched) = section("defaults")

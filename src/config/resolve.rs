@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::config::bounds;
 use crate::config::model::{
-    Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec, StoreSpec,
+    Connections, Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override, SegmentSpec,
+    StoreSpec,
 };
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{
@@ -24,23 +25,35 @@ use crate::limits::{
 /// `max_keys` when not given, for rate and token-bucket tables alike.
 pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
-/// Requests in flight at once that an inflight limit's sketch is checked against: about
-/// what a 2-core tollgate holds (20 000 requests a second, `docs/performance.md`, times a
-/// 200 ms upstream). To be replaced by the connection cap once the config has one.
-pub(crate) const EXPECTED_INFLIGHT: u64 = 4_096;
+/// The most requests one process can have in flight, which an inflight limit's sketch is
+/// checked against: its connection cap, since a client connection carries one request at a
+/// time (downstream is HTTP/1.1). That is `server.max_connections` when set, else the
+/// ceiling of the cap derived from the open-file limit,
+/// [`Connections::DEFAULT_MAX_CONNECTIONS`] (4096; about what a 2-core tollgate holds:
+/// 20 000 requests a second, `docs/performance.md`, times a 200 ms upstream).
+fn max_in_flight(connections: &Connections) -> u64 {
+    u64::from(
+        connections
+            .max_connections
+            .unwrap_or(Connections::DEFAULT_MAX_CONNECTIONS),
+    )
+}
 
-/// The share of new keys an inflight sketch may wrongly reject at [`EXPECTED_INFLIGHT`]
-/// requests in flight, at worst, before `check` warns.
+/// The share of new keys an inflight sketch may wrongly reject with the most requests in
+/// flight ([`max_in_flight`]), at worst, before `check` warns.
 const SATURATION_ODDS: f64 = 0.01;
 
 const DAY_NANOS: u128 = 86_400 * 1_000_000_000;
 
-/// What limits may refer to by name: the segments and the shared stores.
+/// What limits may refer to by name (the segments and the shared stores), and the
+/// connection bounds their warnings are checked against.
 pub(crate) struct Known<'a> {
     /// `segments:`.
     pub segments: &'a [SegmentSpec],
     /// `stores:` (Redis stores; `local` is always known).
     pub stores: &'a [StoreSpec],
+    /// `server.max_connections` and the other connection bounds.
+    pub connections: &'a Connections,
 }
 
 /// The shared store `spec` names (`None` for the in-process store), checked against
@@ -131,7 +144,9 @@ pub(crate) fn resolve(
             let (pos, path) = fill_anchor(spec);
             fill_warning(r, bucket, pos, path);
         }
-        Some(LimitParams::Inflight { max, sketch }) => saturation_warning(r, spec, *max, *sketch),
+        Some(LimitParams::Inflight { max, sketch }) => {
+            saturation_warning(r, spec, *max, *sketch, known.connections);
+        }
         _ => {}
     }
     if kind == Kind::Rate {
@@ -528,8 +543,8 @@ fn ignored_sketch(r: &mut Report, spec: &LimitSpec) {
     }
 }
 
-/// Warns when an inflight sketch is small for its `max` at [`EXPECTED_INFLIGHT`] requests
-/// in flight.
+/// Warns when an inflight sketch is small for its `max` with the most requests in flight
+/// ([`max_in_flight`]: the connection cap).
 ///
 /// A new key is wrongly rejected only when, in every one of the `h` rows, the slot it
 /// hashes to already holds `max` units of other keys. With `n` units in flight a row has
@@ -538,21 +553,27 @@ fn ignored_sketch(r: &mut Report, spec: &LimitSpec) {
 /// `P(Poisson(n / slots) ≥ max)^h`, lower (see `limits::inflight`). The warning uses the
 /// bound, which needs no assumption about the traffic: it fires when the bound exceeds
 /// [`SATURATION_ODDS`], e.g. for `max: 1` on the default 4 × 8192 (up to 6.25% at 4 096 in
-/// flight, 2.4% if every request is its own key), never for `max` ≥ 2 on the default size.
+/// flight, 2.4% if every request is its own key), never for `max` ≥ 2 on the default size
+/// and connection cap.
 /// It points at `sketch.slots` when written, else at `max`.
-fn saturation_warning(r: &mut Report, spec: &LimitSpec, max: u64, sketch: SketchSize) {
+fn saturation_warning(
+    r: &mut Report,
+    spec: &LimitSpec,
+    max: u64,
+    sketch: SketchSize,
+    connections: &Connections,
+) {
+    let in_flight = max_in_flight(connections);
     let (hashes, slots) = (sketch.hashes.max(1), sketch.slots.max(1));
     let capacity = max.max(1) as f64 * slots as f64;
     let exponent = i32::try_from(hashes).unwrap_or(i32::MAX);
-    let odds = (EXPECTED_INFLIGHT as f64 / capacity)
-        .min(1.0)
-        .powi(exponent);
+    let odds = (in_flight as f64 / capacity).min(1.0).powi(exponent);
     if odds <= SATURATION_ODDS {
         return;
     }
     // The smallest `slots` whose bound is within the odds, as a power of two.
     let root = SATURATION_ODDS.powf(1.0 / hashes as f64);
-    let need = (EXPECTED_INFLIGHT as f64 / (max.max(1) as f64 * root)).ceil() as u64;
+    let need = (in_flight as f64 / (max.max(1) as f64 * root)).ceil() as u64;
     let need = need.next_power_of_two();
     let own = |path: &str| path.starts_with(&spec.path);
     let slots_at = spec.slots.as_ref().filter(|s| own(&s.path));
@@ -561,11 +582,16 @@ fn saturation_warning(r: &mut Report, spec: &LimitSpec, max: u64, sketch: Sketch
         .map(|s| (s.pos, &s.path))
         .or(max_at)
         .unwrap_or((spec.pos, &spec.path));
+    // Say where the number comes from when the config set it.
+    let in_flight = match connections.max_connections {
+        Some(_) => format!("`server.max_connections` ({in_flight})"),
+        None => in_flight.to_string(),
+    };
     r.warn(
         pos,
         path,
         format!(
-            "a sketch of {hashes} × {slots} with max {max} may wrongly reject up to {:.1}% of new keys when {EXPECTED_INFLIGHT} requests are in flight (a key is rejected when each row's slot already holds {max} of other keys); raise `sketch.slots` to {need} or more",
+            "a sketch of {hashes} × {slots} with max {max} may wrongly reject up to {:.1}% of new keys when {in_flight} requests are in flight (a key is rejected when each row's slot already holds {max} of other keys); raise `sketch.slots` to {need} or more",
             odds * 100.0
         ),
     );

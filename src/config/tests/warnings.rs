@@ -118,6 +118,24 @@ const CASES: &[(&str, &str, &[&str])] = &[
         &["w.yaml:6:32: origins.a.limits.l.max: warning: a sketch of 4 × 8192 with max 1 may wrongly reject up to 6.2% of new keys when 4096 requests are in flight (a key is rejected when each row's slot already holds 1 of other keys); raise `sketch.slots` to 16384 or more"],
     ),
     (
+        "a connection cap of 1000 lets max 1 fit the default sketch",
+        concat!(
+            "server:\n  max_connections: 1000\n",
+            base!(),
+            "    limits:\n      l: {kind: inflight, max: 1}\n"
+        ),
+        &[],
+    ),
+    (
+        "a connection cap of 20000 makes max 4 saturate the default sketch",
+        concat!(
+            "server:\n  max_connections: 20000\n",
+            base!(),
+            "    limits:\n      l: {kind: inflight, max: 4}\n"
+        ),
+        &["w.yaml:8:32: origins.a.limits.l.max: warning: a sketch of 4 × 8192 with max 4 may wrongly reject up to 13.9% of new keys when `server.max_connections` (20000) requests are in flight (a key is rejected when each row's slot already holds 4 of other keys); raise `sketch.slots` to 16384 or more"],
+    ),
+    (
         "a small sketch is warned at its slots",
         concat!(
             base!(),
