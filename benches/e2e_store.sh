@@ -10,8 +10,17 @@
 # requests/s, p50 and p99 latency, tollgate's CPU per request (utime + stime from
 # /proc/PID/stat) and, for (s), Redis's CPU per request (INFO cpu) and the share of
 # decisions its fallback made (missed budget). Prints medians, the added latency (s - l)
-# and the added tollgate CPU per request (target: <= 10 µs). The machine is shared and
-# noisy: compare figures of one run only.
+# and the added tollgate CPU per request (target: <= 10 µs), and the store calls per
+# request of (s) (tollgate_store_requests_total sent to Redis over requests served; more
+# than 1 is flagged).
+#
+# Then a frozen round (f): the script's redis-server is stopped (SIGSTOP: the connection
+# stays open and nothing answers, the worst case for a budget), wrk runs against (s) once
+# more for E2E_DURATION, and the server is continued (SIGCONT). Prints the added p50/p99
+# of (f) over (l) and PASS/MISS against the store budget + 1 ms (target: a frozen store
+# adds at most its budget + 1 ms at p99: the first calls wait out the budget, the breaker
+# then opens and decisions fall back at once), and how long the store took to be up again.
+# The machine is shared and noisy: compare figures of one run only.
 #
 # Run:     benches/e2e_store.sh                 (release build; about a minute after it)
 # Quick:   E2E_DURATION=2 E2E_ROUNDS=1 TOLLGATE_BIN=target/debug/tollgate benches/e2e_store.sh
@@ -19,7 +28,7 @@
 #          E2E_WARMUP (s, 1)  E2E_STORE_TIMEOUT (5ms)  TOLLGATE_BIN (skip the cargo build)
 # Needs:   wrk, nginx, redis-server, redis-cli (scripts/deps.sh installs them), cargo.
 # Exit:    non-zero when a proxy failed to serve (no requests, over 1% non-2xx or socket
-#          errors) or the shared limit never reached Redis.
+#          errors, frozen round included) or the shared limit never reached Redis.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,6 +65,7 @@ cleanup() {
   local status=$? pid waited alive
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do
+    kill -CONT "$pid" 2>/dev/null || true # a stopped process acts on TERM once continued
     kill -TERM "$pid" 2>/dev/null || true
   done
   for ((waited = 0; waited < 50; waited++)); do
@@ -101,10 +111,11 @@ free_port() {
   die "no free port found"
 }
 
-# The body of GET $2 from 127.0.0.1:$1.
+# The response to GET $2 from 127.0.0.1:$1 (host $3). `Connection: close` is needed: the
+# metrics listener keeps an HTTP/1.0 connection open without it (cat would wait 5 s).
 http_get() {
   exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$2" "${3:-127.0.0.1}" >&3
+  printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$2" "${3:-127.0.0.1}" >&3
   timeout 5 cat <&3 || true
   exec 3<&-
 }
@@ -123,6 +134,21 @@ wait_ready() {
 # A sample of tollgate's metrics at port $1 (series prefix $2), summed.
 metric() {
   http_get "$1" /metrics | awk -v s="$2" 'index($0, s) == 1 { t += $NF } END { print t + 0 }'
+}
+
+# Calls tollgate at metrics port $1 sent to the store "shared" (every result of
+# tollgate_store_requests_total but breaker_open, which never reaches Redis).
+store_calls() {
+  http_get "$1" /metrics | awk 'index($0, "tollgate_store_requests_total{") == 1 &&
+    index($0, "store=\"shared\"") && !index($0, "result=\"breaker_open\"") { t += $NF }
+    END { print t + 0 }'
+}
+
+# A duration (100us, 5ms, 1s) in µs.
+duration_us() {
+  awk -v d="$1" 'BEGIN {
+    if (d ~ /us$/) print d + 0; else if (d ~ /ms$/) print (d + 0) * 1000
+    else if (d ~ /s$/) print (d + 0) * 1000000; else print d + 0 }'
 }
 
 # ---------------------------------------------------------------------------------------
@@ -204,20 +230,26 @@ clk_tck=$(getconf CLK_TCK)
 results=$tmp/results.tsv
 failed=0
 
-# wrk for $2 s against $1; with $3 = record, appends: v round rps p50 p99 cpu req bad rcpu fb
+# wrk for $2 s against proxy $1; with $3 = record, appends to the results:
+#   label round rps p50 p99 cpu req bad rcpu fb calls
+# label is $5 (default $1); with $6 = frozen, Redis is stopped and not asked for its CPU.
 run_wrk() {
-  local v=$1 secs=$2 mode=$3 round=${4:-0} before after out rb ra fb0 fb1
+  local v=$1 secs=$2 mode=$3 round=${4:-0} label=${5:-$1} frozen=${6:-} before after out
+  local rb=0 ra=0 fb0 fb1 c0 c1
   before=$(cpu_ticks "${pid[$v]}")
-  rb=$(redis_cpu)
+  [[ -n $frozen ]] || rb=$(redis_cpu)
   fb0=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
+  c0=$(store_calls "${metrics[$v]}")
   out=$(wrk --latency -t 1 -c "$conns" -d "${secs}s" -H "Host: $host" \
     "http://127.0.0.1:${port[$v]}/" 2>&1) || die "wrk failed against $v: $out"
   after=$(cpu_ticks "${pid[$v]}")
-  ra=$(redis_cpu)
+  [[ -n $frozen ]] || ra=$(redis_cpu)
   fb1=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
+  c1=$(store_calls "${metrics[$v]}")
   [[ $mode == record ]] || return 0
-  awk -v v="$v" -v round="$round" -v ticks=$((after - before)) -v hz="$clk_tck" \
-    -v rcpu="$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a - b }')" -v fb=$((fb1 - fb0)) '
+  awk -v v="$label" -v round="$round" -v ticks=$((after - before)) -v hz="$clk_tck" \
+    -v rcpu="$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a - b }')" -v fb=$((fb1 - fb0)) \
+    -v calls=$((c1 - c0)) '
     function us(s) {
       if (s ~ /us$/) return s + 0
       if (s ~ /ms$/) return (s + 0) * 1000
@@ -233,7 +265,7 @@ run_wrk() {
     END {
       cpu = req > 0 ? ticks * 1000000 / hz / req : 0
       rc = (v == "s" && req > 0) ? rcpu * 1000000 / req : 0
-      printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\t%.2f\t%d\n", v, round, rps, p50, p99, cpu, req, bad, rc, fb
+      printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\t%.2f\t%d\t%d\n", v, round, rps, p50, p99, cpu, req, bad, rc, fb, calls
     }' <<<"$out" >>"$results"
 }
 
@@ -243,14 +275,41 @@ done
 for ((r = 1; r <= rounds; r++)); do
   for v in l s; do
     run_wrk "$v" "$duration" record "$r"
-    IFS=$'\t' read -r _ _ rps p50 p99 cpu req bad rc fb < <(tail -n 1 "$results")
-    log "round $r/$rounds $v: $rps req/s, p50 $p50 µs, p99 $p99 µs, tollgate CPU $cpu µs/req, redis CPU $rc µs/req, $req requests, $bad bad, $fb by fallback"
+    IFS=$'\t' read -r _ _ rps p50 p99 cpu req bad rc fb calls < <(tail -n 1 "$results")
+    log "round $r/$rounds $v: $rps req/s, p50 $p50 µs, p99 $p99 µs, tollgate CPU $cpu µs/req, redis CPU $rc µs/req, $req requests, $bad bad, $fb by fallback, $calls store calls"
     if ((req == 0 || bad * 100 > req)); then
       log "FAIL: $v served $req requests with $bad non-2xx or socket errors"
       failed=1
     fi
   done
 done
+
+# The frozen round: Redis stopped (not killed) under the same load against (s).
+log "frozen round: SIGSTOP redis-server (pid $redis_pid), wrk ${duration}s against the shared proxy"
+kill -STOP "$redis_pid"
+run_wrk s "$duration" record 1 f frozen
+kill -CONT "$redis_pid"
+continued=$(date +%s%N)
+IFS=$'\t' read -r _ _ rps p50 p99 cpu req bad rc fb calls < <(tail -n 1 "$results")
+log "frozen: $rps req/s, p50 $p50 µs, p99 $p99 µs, tollgate CPU $cpu µs/req, $req requests, $bad bad, $fb by fallback, $calls store calls"
+if ((req == 0 || bad * 100 > req)); then
+  log "FAIL: the shared proxy served $req requests with $bad non-2xx or socket errors while Redis was frozen"
+  failed=1
+fi
+back=""
+for ((i = 0; i < 200; i++)); do
+  if [[ $(metric "${metrics[s]}" 'tollgate_store_up{store="shared"}') == 1 ]]; then
+    back=$((($(date +%s%N) - continued) / 1000000))
+    break
+  fi
+  sleep 0.05
+done
+if [[ -n $back ]]; then
+  log "store up again ${back} ms after SIGCONT"
+else
+  log "FAIL: the store was not up again within 10 s of SIGCONT"
+  failed=1
+fi
 
 ok=$(metric "${metrics[s]}" 'tollgate_store_requests_total{result="ok"')
 log "shared store calls answered: $ok"
@@ -263,27 +322,37 @@ echo
 echo "## Shared vs local token bucket: wrk -t1 -c$conns, ${duration}s x $rounds rounds, $workers workers, loopback, budget $store_timeout"
 echo
 echo "CPU µs/req = tollgate utime+stime / requests; Redis µs/req = INFO used_cpu_user+sys / requests."
+echo "Frozen: one ${duration}s round against the shared proxy with redis-server stopped (SIGSTOP)."
 echo
-awk -F'\t' '
+awk -F'\t' -v budget="$(duration_us "$store_timeout")" -v back="${back:-none}" '
   function median(v, k,    a, n, i, j, t) {
     n = split(vals[v, k], a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
   }
-  { for (k = 3; k <= 10; k++) vals[$1, k] = vals[$1, k] (vals[$1, k] == "" ? "" : " ") $k }
+  {
+    for (k = 3; k <= 11; k++) vals[$1, k] = vals[$1, k] (vals[$1, k] == "" ? "" : " ") $k
+    req[$1] += $7; calls[$1] += $11
+  }
   END {
     name["l"] = "token bucket, local"; name["s"] = "token bucket, shared (Redis)"
-    print "| limit | req/s | p50 µs | p99 µs | tollgate CPU µs/req | Redis CPU µs/req | requests | by fallback |"
-    print "|---|---:|---:|---:|---:|---:|---:|---:|"
-    split("l s", order, " ")
-    for (i = 1; i <= 2; i++) {
+    name["f"] = "token bucket, shared, Redis frozen"
+    print "| limit | req/s | p50 µs | p99 µs | tollgate CPU µs/req | Redis CPU µs/req | requests | by fallback | store calls |"
+    print "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    split("l s f", order, " ")
+    for (i = 1; i <= 3; i++) {
       v = order[i]
-      printf "| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.0f | %.0f |\n", name[v], median(v, 3), median(v, 4), median(v, 5), median(v, 6), median(v, 9), median(v, 7), median(v, 10)
+      printf "| %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.0f | %.0f | %.0f |\n", name[v], median(v, 3), median(v, 4), median(v, 5), median(v, 6), median(v, 9), median(v, 7), median(v, 10), median(v, 11)
     }
     print ""
     dc = median("s", 6) - median("l", 6)
-    printf "- added tollgate CPU per request: %.2f µs (%s: target <= 10 µs)\n", dc, dc <= 10 ? "PASS" : "MISS"
+    printf "- added tollgate CPU per request: %.2f µs (%s: target <= 10 µs)\n", dc, (dc <= 10 ? "PASS" : "MISS")
     printf "- added latency: p50 %+.0f µs, p99 %+.0f µs\n", median("s", 4) - median("l", 4), median("s", 5) - median("l", 5)
+    cpr = req["s"] > 0 ? calls["s"] / req["s"] : 0
+    printf "- store calls per request (shared rounds): %.4f (%d calls / %d requests)%s\n", cpr, calls["s"], req["s"], (cpr > 1 ? " FLAG: more than one call per request" : "")
+    fp50 = median("f", 4) - median("l", 4); fp99 = median("f", 5) - median("l", 5)
+    printf "- Redis frozen, added latency over local: p50 %+.0f µs, p99 %+.0f µs (%s: target p99 <= budget %.0f µs + 1 ms)\n", fp50, fp99, (fp99 <= budget + 1000 ? "PASS" : "MISS"), budget
+    printf "- Redis frozen: %.0f of %.0f decisions by fallback, %.0f calls sent to Redis; store up again %s ms after SIGCONT\n", median("f", 10), median("f", 7), median("f", 11), back
   }' "$results"
 
 if ((failed)); then
