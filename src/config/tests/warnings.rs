@@ -159,6 +159,20 @@ const CASES: &[(&str, &str, &[&str])] = &[
             "w.yaml:10:55: resources.r.groups[0].max: warning: group `g` max 5 is above global 4: lowered to 4, as all keys together hold at most 4 copies",
         ],
     ),
+    (
+        "tiers: a zero active time is removed, a partial last window trimmed, a long window shortened silently",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: tiered\n        tiers:\n",
+            "          - {limit: 5, window: 1m, active: 0s}\n",
+            "          - {limit: 3, window: 1m, active: 150s}\n",
+            "          - {limit: 2, window: 10m, active: 5m}\n"
+        ),
+        &[
+            "w.yaml:9:11: origins.a.limits.l.tiers: warning: tier 1 has zero active time, so it could never be entered: removed",
+            "w.yaml:9:11: origins.a.limits.l.tiers: warning: tier 2: active time 2m 30s is not a multiple of the window, trimmed to 2m (a partial last window would let a customer over the limit)",
+        ],
+    ),
     ("no warnings", base!(), &[]),
 ];
 
@@ -202,4 +216,28 @@ fn a_lowered_concurrency_max_is_what_the_limit_and_its_overrides_get() {
     };
     assert_eq!(maxes(&limit.params), (20, vec![20, 5]));
     assert_eq!(maxes(&limit.overrides[0].params), (20, vec![20, 5]));
+}
+
+#[test]
+fn warned_tiers_run_as_the_warnings_say() {
+    use crate::config::model::LimitParams;
+    let text = concat!(
+        base!(),
+        "    limits:\n      l:\n        kind: tiered\n        tiers:\n",
+        "          - {limit: 5, window: 1m, active: 0s}\n",
+        "          - {limit: 3, window: 1m, active: 150s}\n",
+        "          - {limit: 2, window: 10m, active: 5m}\n"
+    );
+    let loaded = parse_str(text, "w.yaml").unwrap();
+    let LimitParams::Tiered { tiered, .. } = &loaded.config.origins[0].limits[0].params else {
+        panic!("not tiered");
+    };
+    let s = 1_000_000_000;
+    let tiers: Vec<(u64, u64, u64)> = tiered
+        .tiers
+        .iter()
+        .map(|t| (t.limit, t.window, t.active))
+        .collect();
+    // Tier 1 is gone; tier 2 runs two whole windows; tier 3's window is its active time.
+    assert_eq!(tiers, [(3, 60 * s, 120 * s), (2, 300 * s, 300 * s)]);
 }
