@@ -139,6 +139,81 @@ async fn a_group_caps_its_members_together_and_holds_are_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_above_global_is_lowered_to_it_everywhere() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = r#"
+      uploads:
+        kind: concurrency
+        key: [customer]
+        max: 5
+        global: 2
+        groups:
+          - { name: big, members: { customer: [bigco] }, max: 9 }
+          - { name: small, members: { customer: [tinyco] }, max: 1 }
+"#;
+    let text = config(up.addr, "", limits);
+    let t = Tollgate::start(&text).await;
+    // `check` warns at each lowered field and prints the lowered values.
+    let check = |effective: bool| {
+        let mut cmd = std::process::Command::new(common::binary());
+        cmd.arg("check");
+        if effective {
+            cmd.arg("--print-effective");
+        }
+        let out = cmd.arg("--config").arg(&t.config_path).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (out, err) = check(false);
+    let all = format!("{out}{err}");
+    for warning in [
+        "origins.app.limits.uploads.max: warning: max 5 is above global 2: lowered to 2, as all keys together hold at most 2 copies",
+        "origins.app.limits.uploads.groups[0].max: warning: group `big` max 9 is above global 2: lowered to 2, as all keys together hold at most 2 copies",
+    ] {
+        assert!(all.contains(warning), "{all}");
+    }
+    assert!(!all.contains("groups[1].max: warning"), "{all}");
+    let (effective, _) = check(true);
+    assert!(!effective.contains("max: 9"), "{effective}");
+    assert!(!effective.contains("max: 5"), "{effective}");
+    assert!(effective.contains("max: 2"), "{effective}");
+    // The gauges an alert compares in_use with show the lowered maxes.
+    let max = |group: &str| {
+        format!("tollgate_concurrency_max{{group=\"{group}\",limit=\"uploads\",origin=\"app\"}}")
+    };
+    assert_eq!(t.metric(&max("big")).await, 2.0);
+    assert_eq!(t.metric(&max("small")).await, 1.0);
+    assert_eq!(t.metric(&max("_all")).await, 2.0);
+    // And the runtime holds bigco to them: its third request is refused by the global count.
+    let hold = || {
+        let req = client()
+            .get(t.url("/hold"))
+            .header("host", "app.test")
+            .header("x-customer-id", "bigco");
+        tokio::spawn(req.send())
+    };
+    let held = [hold(), hold()];
+    eventually("bigco's two requests are held", 500, || async {
+        up.held() == 2
+    })
+    .await;
+    let in_use = "tollgate_concurrency_in_use{group=\"big\",limit=\"uploads\",origin=\"app\"}";
+    assert_eq!(t.metric(in_use).await, 2.0);
+    assert_eq!(
+        get(&t, "/", "bigco").await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    up.release();
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    t.wait_metric(in_use, 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kill_switch_turns_rejections_into_grants_counted_as_shadow() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let limits = "      per_client: { kind: rate, max: 1, per: 1h }\n";

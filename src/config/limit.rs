@@ -174,7 +174,10 @@ fn groups(r: &mut Report, node: &Node, path: &str) -> Option<Vec<GroupSpec>> {
                         }
                     }
                 }
-                "max" => max = scalar::int(r, &e.value, &sub, 1, u64::MAX),
+                "max" => {
+                    max = scalar::int(r, &e.value, &sub, 0, u64::MAX)
+                        .map(|m| At::new(m, e.value.pos, &sub));
+                }
                 "members" => members = group_members(r, &e.value, &sub),
                 other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &GROUP_KEYS)),
             }

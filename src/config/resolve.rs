@@ -308,12 +308,16 @@ fn params_of(
                 }
             }
         }
-        Kind::Concurrency => LimitParams::Concurrency {
-            max: p.max.as_ref()?.v,
-            global: p.global.as_ref().map(|g| g.v),
-            groups: groups(r, spec, known)?,
-            max_keys,
-        },
+        Kind::Concurrency => {
+            let global = p.global.as_ref().map(|g| g.v);
+            let max = p.max.as_ref()?;
+            LimitParams::Concurrency {
+                max: lowered(r, global, max, "max"),
+                global,
+                groups: groups(r, spec, global, known)?,
+                max_keys,
+            }
+        }
         Kind::SlidingLog => LimitParams::SlidingLog {
             windows: p.windows.as_ref()?.v.clone(),
             cost: p.cost.as_ref().map_or(Cost::Fixed(1), |c| c.v.clone()),
@@ -322,8 +326,34 @@ fn params_of(
     })
 }
 
-/// A concurrency limit's groups, with `members: {segment: NAME}` resolved.
-fn groups(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<Vec<Group>> {
+/// A concurrency `max` (a key's, or a group's) above `global` can never be reached: the
+/// effective limit is `global`. It is lowered to it, with a warning at the field, so the
+/// runtime, `check --print-effective` and `tollgate_concurrency_max` all show what holds.
+fn lowered(r: &mut Report, global: Option<u64>, max: &At<u64>, what: &str) -> u64 {
+    match global {
+        Some(global) if max.v > global => {
+            r.warn(
+                max.pos,
+                &max.path,
+                format!(
+                    "{what} {} is above global {global}: lowered to {global}, as all keys together hold at most {global} copies",
+                    max.v
+                ),
+            );
+            global
+        }
+        _ => max.v,
+    }
+}
+
+/// A concurrency limit's groups, with `members: {segment: NAME}` resolved and each `max`
+/// above `global` lowered to it.
+fn groups(
+    r: &mut Report,
+    spec: &LimitSpec,
+    global: Option<u64>,
+    known: &Known<'_>,
+) -> Option<Vec<Group>> {
     let Some(list) = &spec.groups else {
         return Some(Vec::new());
     };
@@ -350,10 +380,11 @@ fn groups(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<Vec<Gro
                 continue;
             }
         };
+        let what = format!("group `{}` max", g.name.v);
         out.push(Group {
             name: g.name.v.clone(),
             members,
-            max: g.max,
+            max: lowered(r, global, &g.max, &what),
         });
     }
     ok.then_some(out)

@@ -551,7 +551,7 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
                         let schema = match k {
                             "name" => json!({"type": "string", "pattern": LABEL}),
                             "members" => members.clone(),
-                            "max" => int(1, u64::MAX),
+                            "max" => int(0, u64::MAX),
                             _ => Value::Null,
                         };
                         (k, schema)

@@ -206,8 +206,8 @@ pub(crate) struct GroupSpec {
     pub values: Option<(KeyPart, Vec<Box<[u8]>>)>,
     /// `members: {segment: NAME}`.
     pub segment: Option<At<String>>,
-    /// `max`.
-    pub max: u64,
+    /// `max`, located for the warning when it is above `global`.
+    pub max: At<u64>,
 }
 
 /// One `overrides:` item as written.

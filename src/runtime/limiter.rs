@@ -948,7 +948,7 @@ impl Limiter {
                     ),
                     Err(rejection) => {
                         let mut v = rejection.verdict();
-                        if rejection.max == 0 {
+                        if rejection.max == 0 || blocked(&l.params, mask) {
                             v.retry_after = NEVER;
                         }
                         Decision::of(v, None)
@@ -1007,7 +1007,7 @@ impl Limiter {
                     Ok(guard) => Decision::of(guard.verdict(), Some(Hold::Concurrency(guard))),
                     Err(rejection) => {
                         let mut v = rejection.verdict();
-                        if rejection.max == 0 {
+                        if rejection.max == 0 || blocked(&l.params, mask) {
                             v.retry_after = NEVER;
                         }
                         Decision::of(v, None)
@@ -1070,6 +1070,20 @@ pub(crate) fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u6
         .enumerate()
         .filter(|(_, g)| g.members.contains(facts))
         .fold(0u64, |m, (i, _)| m | 1 << i)
+}
+
+/// Whether a concurrency request in the groups of `mask` can never be admitted: its key's
+/// `max` or one of its groups' `max` is 0 (a block, e.g. a blacklist group). Its rejection
+/// then invites no retry, even when the first limit found full was another one (the global
+/// count, a probation group, the key's copies taken before a reload added it to the block).
+fn blocked(params: &ConcurrencyParams, mask: u64) -> bool {
+    params.max == 0
+        || params.groups.iter().enumerate().any(|(i, &max)| {
+            max == 0
+                && 1u64
+                    .checked_shl(i as u32)
+                    .is_some_and(|bit| mask & bit != 0)
+        })
 }
 
 /// A group, live: its members' values gathered in a set, or its segment looked up.

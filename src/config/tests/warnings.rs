@@ -149,6 +149,48 @@ const CASES: &[(&str, &str, &[&str])] = &[
         concat!(base!(), "    limits:\n      l: {kind: inflight, max: 2}\n"),
         &[],
     ),
+    (
+        "a concurrency max and a group max above global are lowered to it",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: concurrency\n        max: 50\n        global: 20\n",
+            "        groups:\n          - {name: big, members: {customer: [a]}, max: 30}\n",
+            "          - {name: small, members: {customer: [b]}, max: 20}\n",
+            "        overrides:\n          - {match: {customer: c}, max: 40}\n",
+            "          - {match: {customer: d}, max: 0}\n"
+        ),
+        &[
+            "w.yaml:8:14: origins.a.limits.l.max: warning: max 50 is above global 20: lowered to 20, as all keys together hold at most 20 copies",
+            "w.yaml:11:56: origins.a.limits.l.groups[0].max: warning: group `big` max 30 is above global 20: lowered to 20, as all keys together hold at most 20 copies",
+            "w.yaml:14:41: origins.a.limits.l.overrides[0].max: warning: max 40 is above global 20: lowered to 20, as all keys together hold at most 20 copies",
+        ],
+    ),
+    (
+        "a concurrency resource's max above global is lowered to it",
+        concat!(
+            base!(),
+            "resources:\n  r:\n    kind: concurrency\n    max: 9\n    global: 4\n",
+            "    groups: [{name: g, members: {customer: [a]}, max: 5}]\n"
+        ),
+        &[
+            "w.yaml:8:10: resources.r.max: warning: max 9 is above global 4: lowered to 4, as all keys together hold at most 4 copies",
+            "w.yaml:10:55: resources.r.groups[0].max: warning: group `g` max 5 is above global 4: lowered to 4, as all keys together hold at most 4 copies",
+        ],
+    ),
+    (
+        "tiers: a zero active time is removed, a partial last window trimmed, a long window shortened silently",
+        concat!(
+            base!(),
+            "    limits:\n      l:\n        kind: tiered\n        tiers:\n",
+            "          - {limit: 5, window: 1m, active: 0s}\n",
+            "          - {limit: 3, window: 1m, active: 150s}\n",
+            "          - {limit: 2, window: 10m, active: 5m}\n"
+        ),
+        &[
+            "w.yaml:9:11: origins.a.limits.l.tiers: warning: tier 1 has zero active time, so it could never be entered: removed",
+            "w.yaml:9:11: origins.a.limits.l.tiers: warning: tier 2: active time 2m 30s is not a multiple of the window, trimmed to 2m (a partial last window would let a customer over the limit)",
+        ],
+    ),
     ("no warnings", base!(), &[]),
 ];
 
@@ -170,4 +212,50 @@ fn an_origin_raising_a_default_capacity_is_warned_at_its_own_line() {
         warnings(text),
         ["w.yaml:9:21: origins.a.limits.d.capacity: warning: refilling 1 every 1s takes 1day 3h 46m 40s to fill capacity 100000; an emptied bucket will not recover within a day"]
     );
+}
+
+#[test]
+fn a_lowered_concurrency_max_is_what_the_limit_and_its_overrides_get() {
+    use crate::config::model::LimitParams;
+    let text = concat!(
+        base!(),
+        "    limits:\n      l:\n        kind: concurrency\n        max: 50\n        global: 20\n",
+        "        groups:\n          - {name: big, members: {customer: [a]}, max: 30}\n",
+        "          - {name: small, members: {customer: [b]}, max: 5}\n",
+        "        overrides: [{match: {customer: c}, max: 40}]\n"
+    );
+    let loaded = parse_str(text, "w.yaml").unwrap();
+    let limit = &loaded.config.origins[0].limits[0];
+    let maxes = |p: &LimitParams| match p {
+        LimitParams::Concurrency { max, groups, .. } => {
+            (*max, groups.iter().map(|g| g.max).collect::<Vec<_>>())
+        }
+        other => panic!("not concurrency: {other:?}"),
+    };
+    assert_eq!(maxes(&limit.params), (20, vec![20, 5]));
+    assert_eq!(maxes(&limit.overrides[0].params), (20, vec![20, 5]));
+}
+
+#[test]
+fn warned_tiers_run_as_the_warnings_say() {
+    use crate::config::model::LimitParams;
+    let text = concat!(
+        base!(),
+        "    limits:\n      l:\n        kind: tiered\n        tiers:\n",
+        "          - {limit: 5, window: 1m, active: 0s}\n",
+        "          - {limit: 3, window: 1m, active: 150s}\n",
+        "          - {limit: 2, window: 10m, active: 5m}\n"
+    );
+    let loaded = parse_str(text, "w.yaml").unwrap();
+    let LimitParams::Tiered { tiered, .. } = &loaded.config.origins[0].limits[0].params else {
+        panic!("not tiered");
+    };
+    let s = 1_000_000_000;
+    let tiers: Vec<(u64, u64, u64)> = tiered
+        .tiers
+        .iter()
+        .map(|t| (t.limit, t.window, t.active))
+        .collect();
+    // Tier 1 is gone; tier 2 runs two whole windows; tier 3's window is its active time.
+    assert_eq!(tiers, [(3, 60 * s, 120 * s), (2, 300 * s, 300 * s)]);
 }
