@@ -1,10 +1,11 @@
 //! The admin API (issue 14) through the real binary: its own listener, the bearer token on
-//! every endpoint, `/config`, `/state` of every kind after requests through the proxy (in
-//! process: the counts of held requests, back down after their release, each window's
-//! count, the tier a burst entered with each tier's phase and count; and in a real
-//! `redis-server` with each shared kind read by its read-only script: the counts, every key
-//! unchanged after the read, 503 from a frozen Redis), `/top` after a skewed load, the kill
-//! switch and its gauge, and malformed paths, queries, methods and bodies.
+//! every endpoint (the scheme in any case), `/config`, `/state` of every kind after
+//! requests through the proxy (in process: the counts of held requests, back down after
+//! their release, each window's count, the tier a burst entered with each tier's phase and
+//! count; and in a real `redis-server` with each shared kind read by its read-only script:
+//! the counts, every key unchanged after the read, 503 from a frozen Redis), `/top` after a
+//! skewed load, the kill switch and its gauge, and malformed paths, queries, methods and
+//! bodies.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -137,6 +138,15 @@ async fn every_endpoint_asks_for_the_token() {
             .await
             .unwrap();
         assert_ne!(r.status().as_u16(), 401, "{method} {path} with the token");
+        // The scheme is case-insensitive.
+        let r = client()
+            .request(method.clone(), a.url(path))
+            .header("authorization", format!("bEARER {TOKEN}"))
+            .body("off")
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status().as_u16(), 401, "{method} {path} with `bEARER`");
     }
     // Nothing was switched by the refused PUTs.
     let (_, k) = a.json("/kill-switch").await;
