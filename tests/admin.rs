@@ -1,11 +1,11 @@
 //! The admin API (issue 14) through the real binary: its own listener, the bearer token on
-//! every endpoint, `/config`, `/state` of every kind after requests through the proxy (in
-//! process: the counts of held requests, back down after their release, each window's
-//! count, the tier a burst entered; and in a real `redis-server` with each shared kind read
-//! by its read-only script: the counts, every key unchanged after the read, 503 from a
-//! frozen Redis),
-//! `/top` after a skewed load, the kill switch and its gauge, and malformed paths, queries,
-//! methods and bodies.
+//! every endpoint (the scheme in any case), `/config`, `/state` of every kind after
+//! requests through the proxy (in process: the counts of held requests, back down after
+//! their release, each window's count, the tier a burst entered with each tier's phase and
+//! count; and in a real `redis-server` with each shared kind read by its read-only script:
+//! the counts, every key unchanged after the read, 503 from a frozen Redis), `/top` after a
+//! skewed load, the kill switch and its gauge, and malformed paths, queries, methods and
+//! bodies.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -138,6 +138,15 @@ async fn every_endpoint_asks_for_the_token() {
             .await
             .unwrap();
         assert_ne!(r.status().as_u16(), 401, "{method} {path} with the token");
+        // The scheme is case-insensitive.
+        let r = client()
+            .request(method.clone(), a.url(path))
+            .header("authorization", format!("bEARER {TOKEN}"))
+            .body("off")
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status().as_u16(), 401, "{method} {path} with `bEARER`");
     }
     // Nothing was switched by the refused PUTs.
     let (_, k) = a.json("/kill-switch").await;
@@ -252,6 +261,9 @@ async fn malformed_requests_are_problems() {
             400,
             "IP address",
         ),
+        ("/limits/%zz/tokens/state?customer=a&host=b", 400, "percent"),
+        ("/limits/app/%2/top", 400, "percent"),
+        ("/limits/app/%FF/state?customer=a", 400, "not UTF-8"),
         ("/limits/app/tokens/top?n=0", 400, "from 1 to 5"),
         ("/limits/app/tokens/top?n=6", 400, "from 1 to 5"),
         ("/limits/app/tokens/top?n=x", 400, "from 1 to 5"),
@@ -759,15 +771,30 @@ async fn state_of_a_local_tiered_limit_shows_the_tier_a_burst_entered() {
     let st = &s["state"];
     assert_eq!(st["current_tier"], 2, "{s}");
     assert_eq!(st["available"], 1, "tier 2 holds 2 of 3: {s}");
+    // The same fields as a tiered limit in Redis shows.
+    assert_eq!(st["tiers"].as_array().unwrap().len(), 2, "{s}");
+    assert_eq!(st["tiers"][0]["tier"], 1, "{s}");
+    assert_eq!(st["tiers"][0]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][0]["limit"], 2, "{s}");
+    assert_eq!(st["tiers"][0]["window_ms"], 3_600_000.0, "{s}");
+    assert_eq!(st["tiers"][1]["tier"], 2, "{s}");
+    assert_eq!(st["tiers"][1]["count"], 2, "{s}");
+    assert_eq!(st["tiers"][1]["phase"], "active", "{s}");
+    assert_eq!(st["tiers"][1]["limit"], 3, "{s}");
+    assert_eq!(st["hard"]["count"], 4, "{s}");
+    assert_eq!(st["hard"]["limit"], 100, "{s}");
+    // The global second may have turned since: at most the 4 admissions are counted.
+    let room = st["global_room"].as_u64().unwrap();
+    assert!((996..=1000).contains(&room), "{s}");
     let (_, s) = a.json("/limits/app/search/state?customer=nobody").await;
     assert_eq!(s["state"]["current_tier"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["count"], 0, "{s}");
+    assert_eq!(s["state"]["tiers"][0]["phase"], "inactive", "{s}");
     // Reading entered no tier and logged nothing.
-    let (_, s) = a.json("/limits/app/search/state?customer=acme").await;
-    assert_eq!(
-        (&s["state"]["current_tier"], &s["state"]["available"]),
-        (&Value::from(2), &Value::from(1)),
-        "{s}"
-    );
+    let (_, again) = a.json("/limits/app/search/state?customer=acme").await;
+    assert_eq!(again["state"]["tiers"], st["tiers"], "{again}");
+    assert_eq!(again["state"]["available"], 1, "{again}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

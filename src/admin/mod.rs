@@ -9,8 +9,8 @@
 //! It runs as a Pingora service ([`AdminApp`]) on its own listener, never on a proxy port,
 //! so it shares the proxy's graceful shutdown and upgrade, and it follows the live runtime
 //! the proxy and the reloader share: each request reads the current one. With
-//! `server.admin_token_file` set, every request needs `Authorization: Bearer TOKEN`
-//! (compared in constant time) or gets 401, whatever its path. Answers are JSON (YAML for
+//! `server.admin_token_file` set, every request needs `Authorization: Bearer TOKEN` (the
+//! scheme in any case; the token compared in constant time) or gets 401, whatever its path. Answers are JSON (YAML for
 //! `/config`), errors RFC 9457 problems.
 //!
 //! **Bounds.** One request per connection (the response closes it), at most
@@ -127,10 +127,19 @@ fn authorized(token: Option<&AdminToken>, authorization: Option<&[u8]>) -> bool 
     let Some(token) = token.map(|t| &t.token) else {
         return true;
     };
-    let given = authorization
-        .and_then(|v| v.strip_prefix(b"Bearer "))
-        .unwrap_or_default();
+    let given = authorization.and_then(bearer).unwrap_or_default();
     constant_time_eq(given, token.as_bytes())
+}
+
+/// The credentials of a `Bearer` authorization: the scheme in any case (RFC 9110 §11.1:
+/// a scheme is case-insensitive), then one or more spaces, then the token.
+fn bearer(authorization: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = authorization.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"Bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+    rest.get(start..)
 }
 
 /// Whether `a == b`, reading every byte of both whatever they hold (the time depends on
@@ -286,5 +295,41 @@ mod tests {
         assert!(!constant_time_eq(b"abc", b"abcd"));
         assert!(!constant_time_eq(b"", b"a"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+        let token = AdminToken {
+            file: "admin.token".into(),
+            token: "s3cret".to_string(),
+        };
+        let ok = |header: &str| authorized(Some(&token), Some(header.as_bytes()));
+        for header in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR s3cret",
+            "Bearer   s3cret",
+        ] {
+            assert!(ok(header), "{header}");
+        }
+        for header in [
+            "Bearer S3CRET",
+            "Bearer s3cre",
+            "Bearer s3cret ",
+            "Bearers3cret",
+            "Bearer\ts3cret",
+            "Bearer",
+            "Bearer ",
+            "Beare s3cret",
+            "Basic s3cret",
+            "s3cret",
+            "",
+        ] {
+            assert!(!ok(header), "{header:?}");
+        }
+        assert!(!authorized(Some(&token), None));
+        assert!(authorized(None, None), "no token configured: open");
+        assert!(authorized(None, Some(b"Basic x")));
     }
 }

@@ -174,10 +174,33 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             "max": rt.rate.max,
             "per_ms": ms(rt.rate.per),
         }),
-        Limiter::Tiered(rt) => json!({
-            "current_tier": rt.state.current_tier(key, now),
-            "available": rt.state.available(key, now),
-        }),
+        Limiter::Tiered(rt) => {
+            let st = rt.state.key_state(key, now);
+            let p = rt.state.params();
+            let tiers: Vec<Value> = p
+                .tiers
+                .iter()
+                .zip(&st.tiers)
+                .enumerate()
+                .map(|(i, (t, s))| {
+                    json!({
+                        "tier": i + 1,
+                        "phase": s.phase.name(),
+                        "count": s.count,
+                        "limit": t.limit,
+                        "window_ms": ms(t.window),
+                    })
+                })
+                .collect();
+            json!({
+                "current_tier": st.current_tier,
+                "available": st.available,
+                "tiers": tiers,
+                "hard": st.hard_count.map(|c| json!({ "count": c, "limit": p.hard_limit })),
+                // null: no global limit.
+                "global_room": st.global_room,
+            })
+        }
         Limiter::Concurrency(rt) => json!({
             "held": rt.state.held(key),
             "max": rt.max,

@@ -49,7 +49,8 @@ pub(crate) fn hosts(r: &mut Report, origins: &[OriginDraft]) {
     }
 }
 
-/// No two of `listen`, `metrics`, `limiter_api` and `demo_upstream` bind the same address.
+/// No two of `listen`, `metrics`, `limiter_api`, `admin` and `demo_upstream` bind the same
+/// address.
 pub(crate) fn listeners(r: &mut Report, binds: &[At<SocketAddr>]) {
     let mut sorted: Vec<&At<SocketAddr>> = binds.iter().collect();
     sorted.sort_by_key(|b| b.pos);

@@ -35,7 +35,9 @@
 //! largest count in `[min, max]` that fits under the hard limit, the tiers and the global
 //! limit. A grant enters only the tiers its copies reach; a tier rejection (fewer than `min`
 //! fit) enters every tier the burst reaches, as if the copies that fit had been admitted and
-//! refunded. [`TieredLimiter::available`] answers "how many would fit now" without taking.
+//! refunded. [`TieredLimiter::available`] answers "how many would fit now" without taking,
+//! and [`TieredLimiter::key_state`] reads a key's tiers (phase, window count) for the admin
+//! API, writing nothing.
 //!
 //! **Retry-After.** If nothing else happens, the decision a key gets is a function of time
 //! that changes only when a tier's active period or cooldown ends, when the global second
@@ -501,11 +503,51 @@ struct Ring {
     newest: u32,
 }
 
+/// Where one key's tier stands at an instant (module doc, "Tiers").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub enum Phase {
+    /// Never entered, or its active period and cooldown are over.
     Inactive,
+    /// Within its active period.
     Active,
+    /// Within its cooldown: a burst stops here unless the tier is skippable.
     Cooling,
+}
+
+impl Phase {
+    /// The phase's name in the admin API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Inactive => "inactive",
+            Phase::Active => "active",
+            Phase::Cooling => "cooling",
+        }
+    }
+}
+
+/// One tier of a key at an instant, in [`TieredKeyState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierState {
+    /// The tier's phase.
+    pub phase: Phase,
+    /// Hits in the tier's window.
+    pub count: u64,
+}
+
+/// One key's state at an instant, read by [`TieredLimiter::key_state`] for the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TieredKeyState {
+    /// The current tier, 1-based in the normalized tiers; 0 for the fake tier.
+    pub current_tier: usize,
+    /// What [`TieredLimiter::available`] answers.
+    pub available: u64,
+    /// Per tier of the normalized tiers, tier 1 first.
+    pub tiers: Vec<TierState>,
+    /// Hits in the hard limit's sliding second, if there is a hard limit.
+    pub hard_count: Option<u64>,
+    /// Room left in the global limit's aligned second (assuming no other key takes any), if
+    /// there is a global limit.
+    pub global_room: Option<u64>,
 }
 
 /// The tiers a burst from the current tier reaches at one instant, with their room.
@@ -737,11 +779,15 @@ impl View<'_> {
         lo
     }
 
+    /// Ring `r`'s hits still in its window at `t`, without changing anything.
+    fn count_at(&self, r: usize, t: Nanos) -> u32 {
+        let ring = self.ring(r);
+        ring.len - self.expired_at(r, ring, t)
+    }
+
     /// Ring `r`'s room at `t`, without changing anything.
     fn room_at(&self, r: usize, t: Nanos) -> u64 {
-        let ring = self.ring(r);
-        let live = ring.len - self.expired_at(r, ring, t);
-        u64::from(self.shape.rings[r].limit - live)
+        u64::from(self.shape.rings[r].limit - self.count_at(r, t))
     }
 
     /// The first instant from `t` at which ring `r` has room for `want`, if it ever will.
@@ -1368,6 +1414,30 @@ impl TieredLimiter {
         self.peek(key, now, |view| view.current(now))
     }
 
+    /// `key`'s state at `now`: its current tier, what is available, each tier's phase and
+    /// window count, the hard limit's count and the global limit's room. It writes nothing
+    /// (hits past their window stay in the rings until a decision drops them, and the key's
+    /// offsets are not rebased), under the key's set lock as a decision. For the admin API:
+    /// it allocates the tiers' vector.
+    pub fn key_state(&self, key: u64, now: Nanos) -> TieredKeyState {
+        let global = self.global.as_ref();
+        self.read(key, now, |view| TieredKeyState {
+            current_tier: view.current(now),
+            available: view.fits_at(now, global),
+            tiers: (1..=self.shape.n)
+                .map(|tier| TierState {
+                    phase: view.phase(tier, now),
+                    count: u64::from(view.count_at(tier - 1, now)),
+                })
+                .collect(),
+            hard_count: self
+                .shape
+                .hard
+                .then(|| u64::from(view.count_at(self.shape.n, now))),
+            global_room: global.map(|g| g.room_at(now)),
+        })
+    }
+
     /// Keys holding live state at `now`. Locks each set in turn: for metrics and tests.
     pub fn len(&self, now: Nanos) -> usize {
         let live = |set: &Set| {
@@ -1410,6 +1480,21 @@ impl TieredLimiter {
             view.rebase_if_due(now);
             heads[hit].base = view.base();
             f(&view)
+        } else {
+            f(&self.fresh_view(now))
+        }
+    }
+
+    /// As [`Self::peek`], without the rebase: it writes nothing at all. A read needs no
+    /// rebase (expiries are computed in `u64` from the base), only a write of a new offset
+    /// does.
+    fn read<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
+        let key = key.max(1);
+        let set = self.set_of(key);
+        let heads = self.sets[set].lock();
+        let (hit, _) = scan(&heads, key);
+        if hit < WAYS && heads[hit].expires > now {
+            f(&self.view(set * WAYS + hit, heads[hit].base))
         } else {
             f(&self.fresh_view(now))
         }
@@ -2081,6 +2166,84 @@ mod tests {
         let d = l.acquire(6, 2 * SEC);
         l.refund(6, &d, 3 * SEC);
         assert_eq!(l.available(7, 2 * SEC), 2);
+    }
+
+    #[test]
+    fn key_state_shows_phases_and_window_counts_and_changes_nothing() {
+        let p = params(
+            &[tier(2, SEC, 10 * SEC, 5 * SEC), tier(3, SEC, 20 * SEC, 0)],
+            Some(10),
+            Some(100),
+        );
+        let build = || TieredLimiter::new(&p, 1024).unwrap();
+        let (l, twin) = (build(), build());
+        let at = |phase, count| TierState { phase, count };
+        let fresh = l.key_state(7, 0);
+        assert_eq!(
+            fresh,
+            TieredKeyState {
+                current_tier: 0,
+                available: 5,
+                tiers: vec![at(Phase::Inactive, 0), at(Phase::Inactive, 0)],
+                hard_count: Some(0),
+                global_room: Some(100),
+            }
+        );
+        assert!(l.is_empty(0), "reading holds no state");
+        // Two fill tier 1, the third bursts into tier 2 (entered at 200 ms).
+        for t in [0, 100 * MS, 200 * MS] {
+            assert!(l.acquire(7, t).verdict.allowed);
+            assert!(twin.acquire(7, t).verdict.allowed);
+        }
+        let s = l.key_state(7, 300 * MS);
+        assert_eq!(
+            s,
+            TieredKeyState {
+                current_tier: 2,
+                available: 2,
+                tiers: vec![at(Phase::Active, 2), at(Phase::Active, 1)],
+                hard_count: Some(3),
+                global_room: Some(97),
+            }
+        );
+        assert_eq!(l.key_state(7, 300 * MS), s, "a read is repeatable");
+        assert_eq!(s.available, l.available(7, 300 * MS));
+        // The hit at 0 has left tier 1's window and the hard second; a new global second.
+        let later = l.key_state(7, SEC + 50 * MS);
+        assert_eq!(
+            later.tiers,
+            [at(Phase::Active, 1), at(Phase::Active, 1)],
+            "{later:?}"
+        );
+        assert_eq!(
+            (later.hard_count, later.global_room, later.available),
+            (Some(2), Some(100), 2)
+        );
+        // The later read dropped no hit: read at 300 ms again, the state is as it was.
+        assert_eq!(l.key_state(7, 300 * MS), s);
+        // Tier 1 cools down from 10 s to 15 s; tier 2 is active until 20.2 s.
+        let cooling = l.key_state(7, 12 * SEC);
+        assert_eq!(
+            (cooling.current_tier, &cooling.tiers[..]),
+            (2, &[at(Phase::Cooling, 0), at(Phase::Active, 0)][..])
+        );
+        assert_eq!(l.key_state(7, 16 * SEC).tiers[0].phase, Phase::Inactive);
+        let over = l.key_state(7, 21 * SEC);
+        assert_eq!(over.current_tier, 0);
+        assert_eq!(over.tiers, [at(Phase::Inactive, 0), at(Phase::Inactive, 0)]);
+        // Every read left the decisions as a limiter never read makes them.
+        for t in [
+            SEC + 100 * MS,
+            SEC + 150 * MS,
+            SEC + 200 * MS,
+            SEC + 250 * MS,
+        ] {
+            assert_eq!(l.acquire(7, t), twin.acquire(7, t), "at {t}");
+        }
+        // Neither a hard nor a global limit: none shown.
+        let plain = limiter(&[tier(2, SEC, SEC, 0)]).key_state(7, 0);
+        assert_eq!((plain.hard_count, plain.global_room), (None, None));
+        assert_eq!(Phase::Cooling.name(), "cooling");
     }
 
     #[test]
