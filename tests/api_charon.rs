@@ -282,6 +282,36 @@ async fn request_grants_the_largest_count_that_fits_with_its_context() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_on_a_tiered_resource_is_decided_by_its_global_limit() {
+    // Per key the tier has room for 100; over every key the resource admits 3 a second.
+    let tail = "resources:\n  search:\n    kind: tiered\n    global_limit: 3\n    tiers:\n      - { limit: 100, window: 1m, active: 10m, cooldown: 0s }\n";
+    let api = Api::start("", tail).await;
+    let mut con = api.con(true);
+    // The global count is per clock second: should the second turn between the two
+    // requests, the second one finds room again, and the pair is retried on new domains.
+    let mut refused = None;
+    for attempt in 0..5 {
+        let (a, b) = (format!("a{attempt}"), format!("b{attempt}"));
+        let r = ch(&mut con, &["CH.REQUEST", "search", &a, "3"]);
+        assert_eq!(int(&r, "granted"), 3, "{r:?}");
+        let r = ch(&mut con, &["CH.REQUEST", "search", &b, "2", "MIN", "1"]);
+        if int(&r, "granted") == 0 {
+            refused = Some(r);
+            break;
+        }
+    }
+    let r = refused.expect("another domain's request was refused within the second");
+    assert_eq!(field_text(&r, "decided_by"), "global_limit", "{r:?}");
+    assert_eq!(int(&r, "global_limit"), 3);
+    assert_eq!(r.get("hard_limit"), Some(&Value::Nil));
+    // b's own tier is untouched: it was the global limit, not a tier, that refused it.
+    assert_eq!((int(&r, "tier"), int(&r, "shadow_rejected")), (0, 0));
+    let retry = int(&r, "retry_after_ms");
+    assert!((1..=1000).contains(&retry), "the next second: {retry}");
+    assert!(api.decisions("search", "tiered", "rejected").await >= 1.0);
+}
+
 /// `redis-cli` in an interactive session whose process is killed mid-way: its
 /// connection's holds are released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
