@@ -2,7 +2,11 @@
 //! and restarted (and its scripts flushed: the NOSCRIPT path), `CLIENT PAUSE`, and a
 //! listener that accepts and never answers.
 //!
-//! Each: no 5xx and no failed request; every answer within the store's budget plus a
+//! And a request admitted through a shared limit while Redis was up, held at the upstream
+//! while Redis is killed: it still ends 200, and its unit is released in this instance's
+//! ledger (a fresh Redis gets no leaked share from the renewals).
+//!
+//! Each fault: no 5xx and no failed request; every answer within the store's budget plus a
 //! generous slack (a deadline that catches a request waiting on Redis, not a performance
 //! measurement); the breaker opens (`tollgate_store_up` 0) and the fallback decides
 //! (its counter rises); once Redis is back, enforcement from Redis's state resumes within
@@ -19,8 +23,8 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, Tollgate, Upstream};
-use fleet::{assert_no_5xx_within, config, status, wait_up, Traffic, FALLBACK, UP};
+use common::{client, eventually, Tollgate, Upstream};
+use fleet::{assert_no_5xx_within, config, status, wait_up, Traffic, FALLBACK, ROOMY, UP};
 use harness::{BlackHole, RedisServer};
 
 /// The store's budget per decision.
@@ -207,4 +211,74 @@ async fn a_store_that_accepts_and_never_answers() {
     load.more(20).await;
     let seen = load.stop().await;
     assert_no_5xx_within(&seen, BUDGET, SLACK, "black hole");
+}
+
+/// Starts a request to `/hold` as `who` through `t`: it answers once the upstream is
+/// released; `None` when the request itself failed.
+fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<(u16, String)>> {
+    let (url, who) = (t.url("/hold"), who.to_string());
+    tokio::spawn(async move {
+        let r = client()
+            .get(url)
+            .header("host", "app.test")
+            .header("x-customer-id", who)
+            .send()
+            .await
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.ok()?))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_admitted_before_redis_is_killed_still_succeeds_and_releases() {
+    const MAX: usize = 2;
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    // A shared inflight limit (its unit released after the response, through Redis) and a
+    // shared token bucket, both deciding in Redis. A roomy budget (nothing here may be
+    // decided by the fallback on a busy machine; a killed Redis still opens the breaker at
+    // once: a connection error); lease 1 s: renewals every 333 ms.
+    let limits = format!(
+        "      conc:\n        kind: inflight\n        key: [customer]\n        max: {MAX}\n        store: shared\n{LIMITS}"
+    );
+    let t = Tollgate::start(&config(up.addr, &redis.url(), ROOMY, &limits)).await;
+    wait_up(&t).await;
+    let inflight = "tollgate_inflight_requests{origin=\"app\"}";
+    let held: Vec<_> = (0..MAX).map(|_| hold(&t, "acme")).collect();
+    eventually("both requests held upstream", 500, || async {
+        up.held() == MAX
+    })
+    .await;
+    // Redis counted them: the limit is full, and nothing was decided by the fallback.
+    assert_eq!(status(&t, "acme").await, 503, "{}", t.log_text());
+    assert_eq!(t.metric(FALLBACK).await, 0.0, "{}", t.log_text());
+    assert_eq!(t.metric(inflight).await, MAX as f64);
+    // Redis goes away while both are held upstream; then the upstream answers.
+    redis.kill();
+    up.release();
+    for h in held {
+        let (code, body) = h.await.unwrap().expect("the held request failed");
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body, "hello from up\n");
+    }
+    // Released here, although Redis never heard of it: the gauge is back to 0 and ...
+    t.wait_metric(inflight, 0.0).await;
+    // (The failed release, or a renewal, opened the breaker.)
+    t.wait_metric(UP, 0.0).await;
+    // ... a fresh Redis gets no leaked share from this instance's renewals: once up and a
+    // lease's worth of renewals later, MAX new requests fit again, and no more.
+    redis.restart();
+    wait_up(&t).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let again: Vec<_> = (0..MAX).map(|_| hold(&t, "acme")).collect();
+    eventually("both new requests held upstream", 500, || async {
+        up.held() == MAX
+    })
+    .await;
+    assert_eq!(status(&t, "acme").await, 503, "full again at {MAX}");
+    up.release();
+    for h in again {
+        assert_eq!(h.await.unwrap().map(|(c, _)| c), Some(200));
+    }
 }
