@@ -401,10 +401,14 @@ async fn a_reload_turns_snapshots_on_and_moves_them_live() {
             >= 3.0
     })
     .await;
+    // A write the writer began under the old config may still finish after the reload:
+    // let one period and more pass before taking the count (still on, it would write
+    // about five more times in the second wait).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let written = t
         .metric("tollgate_snapshot_writes_total{result=\"ok\"}")
         .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
         t.metric("tollgate_snapshot_writes_total{result=\"ok\"}")
             .await,
