@@ -88,6 +88,7 @@ fn assert_blocked(resp: &reqwest::Response) {
         "a block invites no retry: {:?}",
         resp.headers()
     );
+    assert_eq!(resp.headers()["ratelimit"], "\"uploads\";r=0;t=0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
