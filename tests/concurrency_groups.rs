@@ -2,11 +2,17 @@
 //! whose members are a segment of customer IDs (`of: customer`, a roaring file built by
 //! `tollgate segment build`) shares one copy, and a blacklist group of `max: 0` refuses its
 //! members always, without inviting a retry. A rebuilt segment file moves the membership.
+//! The blacklist is also refused without a retry invitation when the limit is shared
+//! through a real `redis-server` (free loopback port).
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/fleet.rs"]
+mod fleet;
+#[path = "common/redis.rs"]
+mod harness;
 
 use std::path::Path;
 use std::process::Command;
@@ -82,6 +88,7 @@ fn assert_blocked(resp: &reqwest::Response) {
         "a block invites no retry: {:?}",
         resp.headers()
     );
+    assert_eq!(resp.headers()["ratelimit"], "\"uploads\";r=0;t=0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,4 +166,31 @@ origins:
     t.wait_metric(&in_use("_all"), 0.0).await;
     let rejected = "tollgate_limit_decisions_total{decision=\"rejected\",kind=\"concurrency\",limit=\"uploads\",origin=\"app\"}";
     t.wait_metric(rejected, 7.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_blacklist_never_invites_a_retry_even_when_the_global_count_is_full() {
+    let redis = harness::RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      uploads:
+        kind: concurrency
+        key: [customer]
+        max: 5
+        global: 2
+        groups:
+          - { name: blacklist, members: { customer: [\"13\"] }, max: 0 }
+        store: shared
+";
+    let text = fleet::config(up.addr, &redis.url(), fleet::ROOMY, limits);
+    let t = Tollgate::start(&text).await;
+    fleet::wait_up(&t).await;
+    assert_blocked(&get(&t, "13").await);
+    // The global count full (Redis checks it before the groups): still no retry for 13.
+    let held = vec![hold(&t, &up, "8").await, hold(&t, &up, "8").await];
+    assert_busy(&get(&t, "9").await, "9, global full");
+    assert_blocked(&get(&t, "13").await);
+    finish(&up, held).await;
+    assert_eq!(get(&t, "9").await.status(), StatusCode::OK);
+    assert_blocked(&get(&t, "13").await);
+    fleet::no_fallback(std::slice::from_ref(&t)).await;
 }
