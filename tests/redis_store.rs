@@ -427,8 +427,7 @@ async fn rate_table_matches_the_local_limiter() {
     }
 }
 
-/// The PTTL of `key` with the time the call that set it and the PTTL call took: the
-/// expiry was set at most `took` before the PTTL read it.
+/// `PTTL key`.
 fn pttl_ms(redis: &RedisServer, key: &str) -> i64 {
     match redis.cmd(&["PTTL", key]) {
         redis::Value::Int(ms) => ms,
@@ -436,11 +435,12 @@ fn pttl_ms(redis: &RedisServer, key: &str) -> i64 {
     }
 }
 
-/// Asserts that a key whose expiry was set to `want_ms` at most `took` ago has a PTTL
-/// within it (1 ms of slack each side for Redis's millisecond clock).
-fn assert_pttl(redis: &RedisServer, key: &str, want_ms: i64, took: Duration, what: &str) {
+/// Asserts that a key whose expiry was set to `want_ms` by a call sent at `sent` has a
+/// PTTL within it: at most `want_ms`, and at least that less the time from `sent` to the
+/// PTTL's answer (1 ms of slack each side for Redis's millisecond clock).
+fn assert_pttl(redis: &RedisServer, key: &str, want_ms: i64, sent: Instant, what: &str) {
     let got = pttl_ms(redis, key);
-    let took = took.as_millis() as i64;
+    let took = sent.elapsed().as_millis() as i64;
     assert!(
         got <= want_ms + 1 && got >= want_ms - took - 1,
         "{what}: PTTL {got} ms, want {want_ms} ms (less at most the {took} ms the calls took)"
@@ -465,13 +465,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
     assert!(v.allowed);
     assert_eq!(v.remaining, 6);
     assert_eq!(v.reset_after, 4 * SEC, "refilled from the drain's instant");
-    assert_pttl(
-        &redis,
-        &n.key(1, kind),
-        4_000,
-        started.elapsed(),
-        "4 of 10 taken",
-    );
+    assert_pttl(&redis, &n.key(1, kind), 4_000, started, "4 of 10 taken");
     // One more taken a moment later: 5 missing, due 5 s after the first drain (the refill
     // clock is not reset by a take), so the PTTL is that less the time between them.
     let second = Instant::now();
@@ -484,13 +478,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
         "reset_after {} ns, {since:?} after the first drain",
         v.reset_after
     );
-    assert_pttl(
-        &redis,
-        &n.key(1, kind),
-        reset_ms,
-        second.elapsed(),
-        "5 of 10 taken",
-    );
+    assert_pttl(&redis, &n.key(1, kind), reset_ms, second, "5 of 10 taken");
     // Refunded to full: the key is gone (full == absent).
     let tokens = store.token_bucket_refund(&n, 1, &p, 5, None).await.unwrap();
     assert_eq!(tokens, 10);
@@ -503,13 +491,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
     let started = Instant::now();
     let v = store.token_bucket(&n, 2, &p, 150, None).await.unwrap();
     assert_eq!(v.reset_after, 500 * MS);
-    assert_pttl(
-        &redis,
-        &n.key(2, kind),
-        500,
-        started.elapsed(),
-        "150 of 1000 taken",
-    );
+    assert_pttl(&redis, &n.key(2, kind), 500, started, "150 of 1000 taken");
 
     // A rate of 5 per second, one request: the key lives until the end of the next
     // period, which is what reset_after says (from the same Redis TIME).
@@ -531,7 +513,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
         &redis,
         &n.key(3, tollgate::store::StateKind::Rate),
         reset_ms,
-        started.elapsed(),
+        started,
         "rate, one request",
     );
 }
