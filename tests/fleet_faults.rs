@@ -10,7 +10,7 @@
 //! generous slack (a deadline that catches a request waiting on Redis, not a performance
 //! measurement); the breaker opens (`tollgate_store_up` 0) and the fallback decides
 //! (its counter rises); once Redis is back, enforcement from Redis's state resumes within
-//! about a second (probes every 100 ms).
+//! a second (probes every 100 ms).
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -219,7 +219,7 @@ async fn a_store_that_accepts_and_never_answers() {
         hole.accepted() >= 1 && hole.received() > 0,
         "never connected"
     );
-    // Pointed at a real Redis by a reload: its state decides within about a second.
+    // Pointed at a real Redis by a reload: its state decides within a second.
     let redis = RedisServer::start();
     t.write_config(&config(up.addr, &redis.url(), STORE, LIMITS));
     t.signal(libc::SIGHUP);
