@@ -4,6 +4,8 @@
 //! - One table of token-bucket, rate and inflight cases runs against the in-process
 //!   limiters and the Redis scripts, with time driven by `at`: same inputs, same verdicts.
 //! - Two stores (two proxies) share one bucket exactly.
+//! - Key lifetimes at Redis TIME: a drained bucket's PTTL is the time until it is full
+//!   again (full == absent), a rate key's the end of the next period.
 //! - Faults while calls run: every call returns within its budget + 50 ms (a deadline,
 //!   not a performance measurement), the breaker opens, the fallback decides, and the
 //!   store comes back by itself once Redis does (polled, bounded).
@@ -423,6 +425,97 @@ async fn rate_table_matches_the_local_limiter() {
             "case {case} after refund"
         );
     }
+}
+
+/// `PTTL key`.
+fn pttl_ms(redis: &RedisServer, key: &str) -> i64 {
+    match redis.cmd(&["PTTL", key]) {
+        redis::Value::Int(ms) => ms,
+        other => panic!("PTTL {key}: {other:?}"),
+    }
+}
+
+/// Asserts that a key whose expiry was set to `want_ms` by a call sent at `sent` has a
+/// PTTL within it: at most `want_ms`, and at least that less the time from `sent` to the
+/// PTTL's answer (1 ms of slack each side for Redis's millisecond clock).
+fn assert_pttl(redis: &RedisServer, key: &str, want_ms: i64, sent: Instant, what: &str) {
+    let got = pttl_ms(redis, key);
+    let took = sent.elapsed().as_millis() as i64;
+    assert!(
+        got <= want_ms + 1 && got >= want_ms - took - 1,
+        "{what}: PTTL {got} ms, want {want_ms} ms (less at most the {took} ms the calls took)"
+    );
+}
+
+/// "A full bucket equals an absent one; otherwise the key expires when it would be full
+/// again": at Redis TIME, after a partial drain the bucket's PTTL is the time until it is
+/// full (its `reset_after`, whole ms rounded up), and a refund that fills it deletes it.
+/// A rate key expires when its estimate reaches 0: the end of the next period once the
+/// current one counts (rate.lua), its `reset_after` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(standalone(&redis.url())).await;
+    let n = names(&store, "ttl");
+    let kind = tollgate::store::StateKind::TokenBucket;
+    // 10 tokens, one back per second: 4 taken, full again 4 s later.
+    let p = bucket(10, 1, SEC, false);
+    let started = Instant::now();
+    let v = store.token_bucket(&n, 1, &p, 4, None).await.unwrap();
+    assert!(v.allowed);
+    assert_eq!(v.remaining, 6);
+    assert_eq!(v.reset_after, 4 * SEC, "refilled from the drain's instant");
+    assert_pttl(&redis, &n.key(1, kind), 4_000, started, "4 of 10 taken");
+    // One more taken a moment later: 5 missing, due 5 s after the first drain (the refill
+    // clock is not reset by a take), so the PTTL is that less the time between them.
+    let second = Instant::now();
+    let v = store.token_bucket(&n, 1, &p, 1, None).await.unwrap();
+    assert_eq!(v.remaining, 5);
+    let since = second.duration_since(started);
+    let reset_ms = (v.reset_after as i64 + 999_999) / 1_000_000;
+    assert!(
+        (5 * SEC - v.reset_after) as u128 <= started.elapsed().as_nanos(),
+        "reset_after {} ns, {since:?} after the first drain",
+        v.reset_after
+    );
+    assert_pttl(&redis, &n.key(1, kind), reset_ms, second, "5 of 10 taken");
+    // Refunded to full: the key is gone (full == absent).
+    let tokens = store.token_bucket_refund(&n, 1, &p, 5, None).await.unwrap();
+    assert_eq!(tokens, 10);
+    assert_eq!(
+        redis.cmd(&["EXISTS", &n.key(1, kind)]),
+        redis::Value::Int(0)
+    );
+    // Fractional refills: 100 per 250 ms, 150 taken: full after 2 refills, 500 ms.
+    let p = bucket(1_000, 100, 250 * MS, false);
+    let started = Instant::now();
+    let v = store.token_bucket(&n, 2, &p, 150, None).await.unwrap();
+    assert_eq!(v.reset_after, 500 * MS);
+    assert_pttl(&redis, &n.key(2, kind), 500, started, "150 of 1000 taken");
+
+    // A rate of 5 per second, one request: the key lives until the end of the next
+    // period, which is what reset_after says (from the same Redis TIME).
+    let r = RateParams {
+        max: 5,
+        per: SEC,
+        strict: false,
+    };
+    let started = Instant::now();
+    let v = store.rate(&n, 3, &r, 1, None).await.unwrap();
+    assert!(v.allowed);
+    assert!(
+        v.reset_after > SEC && v.reset_after <= 2 * SEC,
+        "one count in this period: gone at the end of the next, {} ns",
+        v.reset_after
+    );
+    let reset_ms = (v.reset_after as i64 + 999_999) / 1_000_000;
+    assert_pttl(
+        &redis,
+        &n.key(3, tollgate::store::StateKind::Rate),
+        reset_ms,
+        started,
+        "rate, one request",
+    );
 }
 
 /// Requests for between `min` and `want` (the limiter API's `CH.REQUEST ... MIN n`): one
