@@ -56,6 +56,12 @@ async fn start(up: &Upstream, token: bool, limits: &str, extra: &str) -> Admin {
         TcpStream::connect(admin).is_ok()
     })
     .await;
+    // The proxy answers before the reloader watches the file: an edit made earlier is
+    // missed.
+    eventually("the reloader watches the config", 250, || async {
+        t.log_text().contains("config reloader ready")
+    })
+    .await;
     Admin { t, admin }
 }
 
