@@ -1,7 +1,9 @@
 //! Shared limits on a local three-node Redis Cluster through the real binary: two
 //! instances share one bucket exactly, and a key whose slot migrates to another node
 //! (`CLUSTER SETSLOT` IMPORTING/MIGRATING, `MIGRATE`, `SETSLOT NODE`) while traffic runs
-//! keeps working: no 5xx, failing open at worst, and its state moves with it.
+//! keeps working: no 5xx, failing open at worst, and its state moves with it. And a
+//! primary frozen under traffic, replaced by its replica (`CLUSTER FAILOVER TAKEOVER`):
+//! no 5xx, fail open meanwhile, and Redis decides again from the replicated state.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -140,6 +142,73 @@ async fn a_key_whose_slot_migrates_keeps_working_and_keeps_its_state() {
     );
     // Fail open at worst: some answers may be 200 by the fallback, the rest are 429.
     assert!(seen.iter().all(|s| s.status == 200 || s.status == 429));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_frozen_under_traffic_fails_over_to_its_replica() {
+    const BUDGET: Duration = Duration::from_millis(100);
+    let mut cluster = RedisCluster::start_replicated();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = format!(
+        "{}        overrides:\n          - match: {{ customer: drained }}\n            capacity: 2\n",
+        bucket(1_000_000, SHARED)
+    );
+    let store =
+        "timeout: 100ms\n    breaker: { failures: 3, probe_every: 50ms }\n    fallback: allow\n    deny_cache: 0";
+    let all = fleet(1, &config_at(up.addr, &target(&cluster), store, &limits)).await;
+    let t = &all[0];
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 429);
+    // The primary that holds the drained key, and its replica, once the key reached it.
+    let (primary, key) = (0..cluster.nodes.len())
+        .filter(|&i| cluster.is_primary(i))
+        .find_map(|i| {
+            keys(&cluster.nodes[i], "tollgate:app:tokens:o0:*")
+                .into_iter()
+                .next()
+                .map(|k| (i, k))
+        })
+        .expect("the drained key on some primary");
+    let replica = cluster.replica_of(primary).expect("a replica");
+    eventually("the key replicated", 200, || async {
+        keys(&cluster.nodes[replica], &key) == vec![key.clone()]
+    })
+    .await;
+
+    // Traffic on the drained key itself and on a roomy one; then the primary freezes.
+    let load = Traffic::start(&[t.url("/")], "drained", 2, Duration::from_secs(60));
+    let roomy = Traffic::start(&[t.url("/")], "roomy", 1, Duration::from_secs(60));
+    load.more(20).await;
+    let fallback_before = t.metric(fleet::FALLBACK).await;
+    cluster.nodes[primary].freeze();
+    // Fail open: each decision on the frozen node misses its budget and the fallback
+    // (`allow`) admits the drained key. (The breaker need not open: the roomy key's node
+    // answers, so failures are not consecutive.)
+    load.more(20).await;
+    assert!(t.metric(fleet::FALLBACK).await > fallback_before);
+    assert_eq!(status(t, "drained").await, 200, "fail open while frozen");
+    // The replica takes over without the frozen primary's agreement.
+    cluster.nodes[replica].cmd(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    eventually("the replica is a primary", 200, || async {
+        cluster.is_primary(replica)
+    })
+    .await;
+    // Redis decides again, from the replicated state: still drained.
+    eventually("Redis decides the drained key again", 500, || async {
+        t.metric(fleet::UP).await == 1.0 && status(t, "drained").await == 429
+    })
+    .await;
+    // (The fallback, `allow`, never rejects, and there is no deny cache: a 429 is Redis's.)
+    load.more(20).await;
+    assert_eq!(status(t, "drained").await, 429);
+    let mut seen = load.stop().await;
+    seen.extend(roomy.stop().await);
+    // The deadline is generous: a request may wait out the budget once per call the
+    // breaker needs to open, on a debug build on a busy machine.
+    assert_no_5xx_within(&seen, BUDGET, Duration::from_millis(900), "failover");
+    assert!(seen.iter().all(|s| s.status == 200 || s.status == 429));
+    cluster.nodes[primary].thaw();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

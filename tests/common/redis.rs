@@ -326,8 +326,8 @@ impl Drop for BlackHole {
     }
 }
 
-/// A local Redis Cluster of three primaries (no replicas), each on its own free port with
-/// an explicit cluster-bus port.
+/// A local Redis Cluster of three primaries (and optionally a replica of each), each node
+/// on its own free port with an explicit cluster-bus port.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
@@ -336,7 +336,34 @@ impl RedisCluster {
     /// Starts three `--cluster-enabled` servers, joins them with `redis-cli --cluster
     /// create`, and waits until every node reports `cluster_state:ok`.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_nodes(0)
+    }
+
+    /// Three primaries and one replica of each (six nodes; which node is which is
+    /// `redis-cli`'s choice: see [`RedisCluster::is_primary`], [`RedisCluster::replica_of`]).
+    /// Waits until every replica's link to its primary is up.
+    pub fn start_replicated() -> RedisCluster {
+        let cluster = Self::start_nodes(1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for i in 0..cluster.nodes.len() {
+            if cluster.is_primary(i) {
+                continue;
+            }
+            while cluster.nodes[i].info_field("replication", "master_link_status")
+                != Some("up".to_string())
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "replica {i} never linked to its primary"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        cluster
+    }
+
+    fn start_nodes(replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 let bus = free_port().to_string();
                 RedisServer::start_with(&[
@@ -360,6 +387,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string()])
             .arg("--cluster-yes")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -395,6 +423,23 @@ impl RedisCluster {
             redis::Value::Int(n) => n,
             other => panic!("CLUSTER KEYSLOT: {other:?}"),
         }
+    }
+
+    /// Whether node `i` is a primary (`INFO replication`, `role:master`).
+    pub fn is_primary(&self, i: usize) -> bool {
+        self.nodes[i].info_field("replication", "role").as_deref() == Some("master")
+    }
+
+    /// The node that replicates node `primary`, if any.
+    pub fn replica_of(&self, primary: usize) -> Option<usize> {
+        let port = self.nodes[primary].port().to_string();
+        (0..self.nodes.len()).find(|&i| {
+            i != primary
+                && self.nodes[i]
+                    .info_field("replication", "master_port")
+                    .as_deref()
+                    == Some(port.as_str())
+        })
     }
 
     /// Keys stored per node (`DBSIZE`).

@@ -182,6 +182,11 @@ struct Inner {
     id_tag: String,
     /// Entry ids handed out so far.
     ids: AtomicU64,
+    /// When the store started: the origin of `refreshed`.
+    started: Instant,
+    /// Milliseconds after `started` of the last cluster refresh (0: never); see
+    /// [`Inner::refresh_cluster`].
+    refreshed: AtomicU64,
 }
 
 /// A name unique to one decision, which the entries (sliding log) or hits (tiered) it
@@ -308,6 +313,8 @@ impl RedisStore {
             probe_key,
             id_tag,
             ids: AtomicU64::new(0),
+            started: Instant::now(),
+            refreshed: AtomicU64::new(0),
             config,
         });
         handle.spawn(probe_loop(Arc::clone(&inner)));
@@ -722,6 +729,8 @@ impl RedisStore {
                         "{} consecutive failures, last: no answer within {:?}",
                         inner.config.failures, timeout
                     ));
+                } else if matches!(inner.target, Target::Cluster(_)) {
+                    self.inner.refresh_cluster();
                 }
                 Err(StoreError::Timeout)
             }
@@ -730,6 +739,47 @@ impl RedisStore {
 }
 
 impl Inner {
+    /// A call to a Redis Cluster timed out while the breaker stays closed (other nodes
+    /// answer, so failures are not consecutive): its node may be frozen or cut off, and
+    /// replaced by a replica. redis-rs' cluster connection never learns that from a
+    /// timeout (it retries the same node; only an error answer or a dropped connection
+    /// makes it read the slots again), so the keys of that node would fail open until
+    /// the node itself answers. At most once per `probe_every`, a fresh connection is
+    /// built in the background from the configured nodes (`CLUSTER SLOTS` from one that
+    /// answers) and replaces the current one once ready; calls in flight finish on the
+    /// old one.
+    fn refresh_cluster(self: &Arc<Self>) {
+        let now = (self.started.elapsed().as_millis() as u64).max(1);
+        let last = self.refreshed.load(Ordering::Relaxed);
+        let every = self.config.probe_every.as_millis() as u64;
+        if last != 0 && now < last.saturating_add(every) {
+            return;
+        }
+        if self
+            .refreshed
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let inner = Arc::clone(self);
+        self.handle.spawn(async move {
+            match tokio::time::timeout(inner.connect_within(), inner.connect()).await {
+                Ok(Ok(conn)) => {
+                    inner.conn.store(Some(Arc::new(conn)));
+                    log::info!(
+                        "store {}: a cluster node missed its budget; slots read again",
+                        inner.config.name
+                    );
+                }
+                Ok(Err(e)) => {
+                    log::debug!("store {}: cluster refresh failed: {e}", inner.config.name)
+                }
+                Err(_) => log::debug!("store {}: cluster refresh timed out", inner.config.name),
+            }
+        });
+    }
+
     /// The breaker just opened: say so once, and wake the probe.
     fn opened(&self, why: &str) {
         self.metrics.up.set(0);
@@ -749,7 +799,7 @@ impl Inner {
         let conn = match existing {
             Some(conn) if !self.reconnect.load(Ordering::Relaxed) => conn,
             _ => {
-                let conn = tokio::time::timeout(t, self.connect())
+                let conn = tokio::time::timeout(self.connect_within(), self.connect())
                     .await
                     .map_err(within("connect"))??;
                 let conn = Arc::new(conn);
@@ -789,6 +839,18 @@ impl Inner {
             self.reconnect.store(true, Ordering::Relaxed);
         }
         result
+    }
+
+    /// How long a (re)connect may take. A cluster's gets four probe timeouts: it connects
+    /// to every configured node at once (a frozen one costs its connect timeout, the probe
+    /// timeout), reads the slots from one that answered, then connects to every node of
+    /// the slot map at once (a frozen one costs it again); with one probe timeout in all,
+    /// a single frozen node, even one replaced by its replica, kept the store down.
+    fn connect_within(&self) -> Duration {
+        match self.target {
+            Target::Single(_) => self.probe_timeout,
+            Target::Cluster(_) => self.probe_timeout * 4,
+        }
     }
 
     async fn connect(&self) -> Result<Conn, StoreError> {
