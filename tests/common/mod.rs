@@ -136,13 +136,23 @@ impl Tollgate {
     }
 
     /// Scrapes `/metrics`.
+    /// A scrape is retried a few times: on a loaded machine the metrics listener can reset a
+    /// connection (seen once in parallel runs), which says nothing about what is tested.
     pub async fn metrics_text(&self) -> String {
-        reqwest::get(format!("http://{}/metrics", self.metrics))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("metrics body")
+        let url = format!("http://{}/metrics", self.metrics);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let text = match reqwest::get(&url).await {
+                Ok(response) => response.text().await,
+                Err(e) => Err(e),
+            };
+            match text {
+                Ok(text) => return text,
+                Err(e) if tries >= 5 => panic!("scrape of {url} failed {tries} times: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     /// The value of one sample line (exact labels as printed), or 0 when absent.
