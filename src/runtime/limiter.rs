@@ -897,14 +897,16 @@ impl Limiter {
         Ok(match self {
             Limiter::SharedTokenBucket(l) => {
                 let cost = l.cost.resolve(facts, l.params.capacity)?;
-                let SharedVerdict { verdict, source } = l.limiter.acquire(key, cost, now).await;
+                let SharedVerdict { verdict, source } =
+                    Box::pin(l.limiter.acquire(key, cost, now)).await;
                 let hold = verdict
                     .allowed
                     .then_some(Hold::SharedRefund { key, cost, source });
                 Decision::of(verdict, hold)
             }
             Limiter::SharedRate(l) => {
-                let SharedVerdict { verdict, source } = l.limiter.acquire(key, 1, now).await;
+                let SharedVerdict { verdict, source } =
+                    Box::pin(l.limiter.acquire(key, 1, now)).await;
                 let hold = verdict.allowed.then_some(Hold::SharedRefund {
                     key,
                     cost: 1,
@@ -912,7 +914,7 @@ impl Limiter {
                 });
                 Decision::of(verdict, hold)
             }
-            Limiter::SharedInflight(l) => match l.limiter.acquire(key).await.result {
+            Limiter::SharedInflight(l) => match Box::pin(l.limiter.acquire(key)).await.result {
                 Ok(guard) => Decision::of(
                     Verdict::allow(l.max.saturating_sub(l.limiter.held(key)), 0),
                     Some(Hold::SharedInflight(guard)),
@@ -926,7 +928,7 @@ impl Limiter {
                 }
             },
             Limiter::SharedTiered(l) => {
-                let d = l.limiter.acquire(key, now).await;
+                let d = Box::pin(l.limiter.acquire(key, now)).await;
                 let verdict = d.decision.verdict;
                 let policy = u8::try_from(d.decision.tier.saturating_sub(1)).unwrap_or(0);
                 let hold = verdict.allowed.then(|| Hold::SharedTiered {
@@ -941,7 +943,7 @@ impl Limiter {
             }
             Limiter::SharedConcurrency(l) => {
                 let mask = group_mask(&l.groups, facts);
-                match l.limiter.acquire(key, mask, 1).await.result {
+                match Box::pin(l.limiter.acquire(key, mask, 1)).await.result {
                     Ok(guard) => Decision::of(
                         Verdict::allow(guard.remaining(), 0),
                         Some(Hold::SharedConcurrency(guard)),
@@ -958,7 +960,7 @@ impl Limiter {
             Limiter::SharedSlidingLog(l) => {
                 let cap = l.windows.iter().map(|w| w.max).max().unwrap_or(0);
                 let cost = l.cost.resolve(facts, cap)?;
-                let d = l.limiter.acquire(key, cost, now).await;
+                let d = Box::pin(l.limiter.acquire(key, cost, now)).await;
                 let verdict = d.verdict;
                 let hold = verdict.allowed.then(|| Hold::SharedLog {
                     key,
