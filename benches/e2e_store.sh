@@ -349,7 +349,10 @@ awk -F'\t' -v budget="$(duration_us "$store_timeout")" -v back="${back:-none}" '
     printf "- added tollgate CPU per request: %.2f µs (%s: target <= 10 µs)\n", dc, (dc <= 10 ? "PASS" : "MISS")
     printf "- added latency: p50 %+.0f µs, p99 %+.0f µs\n", median("s", 4) - median("l", 4), median("s", 5) - median("l", 5)
     cpr = req["s"] > 0 ? calls["s"] / req["s"] : 0
-    printf "- store calls per request (shared rounds): %.4f (%d calls / %d requests)%s\n", cpr, calls["s"], req["s"], (cpr > 1 ? " FLAG: more than one call per request" : "")
+    # wrk counts the responses it got in time: the requests still in flight when a round
+    # ends (at most one per connection) made their call without being counted, so a few
+    # more calls than requests is not a second call.
+    printf "- store calls per request (shared rounds): %.4f (%d calls / %d requests)%s\n", cpr, calls["s"], req["s"], (cpr > 1.001 ? " FLAG: more than one call per request" : "")
     fp50 = median("f", 4) - median("l", 4); fp99 = median("f", 5) - median("l", 5)
     printf "- Redis frozen, added latency over local: p50 %+.0f µs, p99 %+.0f µs (%s: target p99 <= budget %.0f µs + 1 ms)\n", fp50, fp99, (fp99 <= budget + 1000 ? "PASS" : "MISS"), budget
     printf "- Redis frozen: %.0f of %.0f decisions by fallback, %.0f calls sent to Redis; store up again %s ms after SIGCONT\n", median("f", 10), median("f", 7), median("f", 11), back
