@@ -15,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde_json::{json, Value};
 
+use crate::limits::tiered::{TieredKeyState, TieredParams};
 use crate::limits::{Fact, Facts, KeyPart, Nanos};
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::Limiter;
@@ -156,6 +157,34 @@ fn store_failed(e: impl std::fmt::Display) -> Answer {
     )
 }
 
+/// A tiered key's state (in-process or read from a store) against its parameters: the
+/// current tier, what is available, each tier's phase and window count, the hard limit's
+/// count and the global limit's room (null without one).
+fn tiered_json(p: &TieredParams, st: &TieredKeyState) -> Value {
+    let tiers: Vec<Value> = p
+        .tiers
+        .iter()
+        .zip(&st.tiers)
+        .enumerate()
+        .map(|(i, (t, s))| {
+            json!({
+                "tier": i + 1,
+                "phase": s.phase.name(),
+                "count": s.count,
+                "limit": t.limit,
+                "window_ms": ms(t.window),
+            })
+        })
+        .collect();
+    json!({
+        "current_tier": st.current_tier,
+        "available": st.available,
+        "tiers": tiers,
+        "hard": st.hard_count.map(|c| json!({ "count": c, "limit": p.hard_limit })),
+        "global_room": st.global_room,
+    })
+}
+
 /// The kind's state of `key` at `now`, as JSON.
 async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, Answer> {
     Ok(match limiter {
@@ -174,33 +203,7 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             "max": rt.rate.max,
             "per_ms": ms(rt.rate.per),
         }),
-        Limiter::Tiered(rt) => {
-            let st = rt.state.key_state(key, now);
-            let p = rt.state.params();
-            let tiers: Vec<Value> = p
-                .tiers
-                .iter()
-                .zip(&st.tiers)
-                .enumerate()
-                .map(|(i, (t, s))| {
-                    json!({
-                        "tier": i + 1,
-                        "phase": s.phase.name(),
-                        "count": s.count,
-                        "limit": t.limit,
-                        "window_ms": ms(t.window),
-                    })
-                })
-                .collect();
-            json!({
-                "current_tier": st.current_tier,
-                "available": st.available,
-                "tiers": tiers,
-                "hard": st.hard_count.map(|c| json!({ "count": c, "limit": p.hard_limit })),
-                // null: no global limit.
-                "global_room": st.global_room,
-            })
-        }
+        Limiter::Tiered(rt) => tiered_json(rt.state.params(), &rt.state.key_state(key, now)),
         Limiter::Concurrency(rt) => json!({
             "held": rt.state.held(key),
             "max": rt.max,
@@ -252,31 +255,11 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
         }
         Limiter::SharedTiered(rt) => {
             let st = rt.limiter.peek(key).await.map_err(store_failed)?;
-            let tiers: Vec<Value> = rt
-                .params
-                .tiers
-                .iter()
-                .zip(&st.tiers)
-                .enumerate()
-                .map(|(i, (t, (count, phase)))| {
-                    json!({
-                        "tier": i + 1,
-                        "phase": phase.name(),
-                        "count": count,
-                        "limit": t.limit,
-                        "window_ms": ms(t.window),
-                    })
-                })
-                .collect();
-            json!({
-                "current_tier": st.current_tier,
-                "available": st.available,
-                "tiers": tiers,
-                "hard": st.hard_count.map(|c| json!({ "count": c, "limit": rt.params.hard_limit })),
-                // null: no global limit, or one counted per instance (a Cluster).
-                "global_room": st.global_room,
-                "store": rt.store,
-            })
+            let mut v = tiered_json(&rt.params, &st);
+            // global_room is also null when the global limit is counted per instance (a
+            // Cluster).
+            v["store"] = json!(rt.store);
+            v
         }
         Limiter::SharedConcurrency(rt) => {
             let held = rt.limiter.peek(key).await.map_err(store_failed)?;

@@ -1406,18 +1406,17 @@ impl TieredLimiter {
     /// whichever is least. `acquire_many(key, min, max, now)` grants `min(max, this)` if that
     /// is at least `min` (unless another thread takes some in between).
     pub fn available(&self, key: u64, now: Nanos) -> u64 {
-        self.peek(key, now, |view| view.fits_at(now, self.global.as_ref()))
+        self.read(key, now, |view| view.fits_at(now, self.global.as_ref()))
     }
 
     /// The current tier of `key` at `now` (0 for the fake tier), without deciding anything.
     pub fn current_tier(&self, key: u64, now: Nanos) -> usize {
-        self.peek(key, now, |view| view.current(now))
+        self.read(key, now, |view| view.current(now))
     }
 
     /// `key`'s state at `now`: its current tier, what is available, each tier's phase and
     /// window count, the hard limit's count and the global limit's room. It writes nothing
-    /// (hits past their window stay in the rings until a decision drops them, and the key's
-    /// offsets are not rebased), under the key's set lock as a decision. For the admin API:
+    /// (hits past their window stay in the rings until a decision drops them), under the key's set lock as a decision. For the admin API:
     /// it allocates the tiers' vector.
     pub fn key_state(&self, key: u64, now: Nanos) -> TieredKeyState {
         let global = self.global.as_ref();
@@ -1470,24 +1469,9 @@ impl TieredLimiter {
             .map_or(0, |e| e.load(Ordering::Relaxed))
     }
 
-    fn peek<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
-        let key = key.max(1);
-        let set = self.set_of(key);
-        let mut heads = self.sets[set].lock();
-        let (hit, _) = scan(&heads, key);
-        if hit < WAYS && heads[hit].expires > now {
-            let view = self.view(set * WAYS + hit, heads[hit].base);
-            view.rebase_if_due(now);
-            heads[hit].base = view.base();
-            f(&view)
-        } else {
-            f(&self.fresh_view(now))
-        }
-    }
-
-    /// As [`Self::peek`], without the rebase: it writes nothing at all. A read needs no
-    /// rebase (expiries are computed in `u64` from the base), only a write of a new offset
-    /// does.
+    /// Runs `f` on `key`'s state at `now` under the key's set lock, writing nothing at all:
+    /// not even a rebase, which only a write of a new offset needs (expiries are computed
+    /// in `u64` from the base).
     fn read<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
         let key = key.max(1);
         let set = self.set_of(key);

@@ -29,13 +29,11 @@ use std::sync::Arc;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::tiered::{
-    normalize, DecidedBy, TieredDecision, TieredError, TieredLimiter, TieredParams,
+    normalize, DecidedBy, TieredDecision, TieredError, TieredKeyState, TieredLimiter, TieredParams,
 };
 use crate::limits::verdict::Verdict;
 use crate::store::key::KeyNames;
-use crate::store::redis::{
-    EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant, TieredState,
-};
+use crate::store::redis::{EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant};
 use crate::store::shared::{denied, share, Source};
 use crate::store::StoreError;
 
@@ -131,7 +129,7 @@ impl SharedTiered {
     /// The key's tiered state in the store now, deciding and entering nothing: the admin
     /// API's `/state`. On a Cluster the global limit is this instance's share, counted
     /// locally, so `available` leaves it out (its `global_room` is `None`).
-    pub async fn peek(&self, key: u64) -> Result<TieredState, StoreError> {
+    pub async fn peek(&self, key: u64) -> Result<TieredKeyState, StoreError> {
         self.store
             .tiered_get(&self.names, key, &self.params, self.global.is_none())
             .await

@@ -60,7 +60,7 @@ use crate::store::StoreError;
 pub use counters::{CounterKeys, CountersOutcome};
 pub use scripts::{LuaScript, Scripts};
 pub use sliding_log::LogGrant;
-pub use tiered::{GlobalArg, TierPhase, TieredGrant, TieredState};
+pub use tiered::{GlobalArg, TieredGrant};
 
 /// Microseconds in Redis's clock (`TIME`: since the Unix epoch).
 pub type Micros = u64;

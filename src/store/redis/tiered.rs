@@ -4,7 +4,9 @@
 //! semantics, in Redis's microseconds.
 
 use crate::limits::clock::Nanos;
-use crate::limits::tiered::{DecidedBy, TieredDecision, TieredParams};
+use crate::limits::tiered::{
+    DecidedBy, Phase, TierState, TieredDecision, TieredKeyState, TieredParams,
+};
 use crate::limits::verdict::Verdict;
 use crate::store::key::{KeyNames, LimitState, StateKind};
 use crate::store::redis::SCRIPT_MAX;
@@ -48,46 +50,6 @@ pub struct TieredGrant {
     pub at_us: Micros,
 }
 
-/// A tier's phase at an instant: entered at `e`, active in `[e, e + active)`, cooling for
-/// `cooldown` after, inactive otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TierPhase {
-    /// Not entered, or its active period and cooldown are over.
-    Inactive,
-    /// Within its active period.
-    Active,
-    /// Within its cooldown: a burst stops here unless the tier is skippable.
-    Cooling,
-}
-
-impl TierPhase {
-    /// The phase's name in the admin API.
-    pub fn name(self) -> &'static str {
-        match self {
-            TierPhase::Inactive => "inactive",
-            TierPhase::Active => "active",
-            TierPhase::Cooling => "cooling",
-        }
-    }
-}
-
-/// A key's tiered state in Redis now, read by [`RedisStore::tiered_get`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TieredState {
-    /// The current tier (the active tier with the greatest index), 0 for none.
-    pub current_tier: usize,
-    /// Single requests that would pass now in a row: the least of the hard limit's room,
-    /// the room of the tiers a burst reaches and the global limit's room (when counted in
-    /// the store).
-    pub available: u64,
-    /// Hits in the hard limit's last second, if there is a hard limit.
-    pub hard_count: Option<u64>,
-    /// Room left in the global limit's second, if it is counted in the store.
-    pub global_room: Option<u64>,
-    /// Per tier, tier 1 first: hits in its window and its phase.
-    pub tiers: Vec<(u64, TierPhase)>,
-}
-
 impl RedisStore {
     /// The key's tiered state now, at Redis's time, deciding and entering nothing (see
     /// tiered_get.lua): one read-only call within the decision budget. `global_in_store`:
@@ -98,7 +60,7 @@ impl RedisStore {
         hash: u64,
         params: &TieredParams,
         global_in_store: bool,
-    ) -> Result<TieredState, StoreError> {
+    ) -> Result<TieredKeyState, StoreError> {
         let global = match params.global_limit {
             Some(limit) if global_in_store => GlobalArg::InStore { limit },
             _ => GlobalArg::None,
@@ -146,14 +108,17 @@ impl RedisStore {
             .chunks_exact(2)
             .map(|c| {
                 let phase = match c[1] {
-                    1 => TierPhase::Active,
-                    2 => TierPhase::Cooling,
-                    _ => TierPhase::Inactive,
+                    1 => Phase::Active,
+                    2 => Phase::Cooling,
+                    _ => Phase::Inactive,
                 };
-                (scripts::count(c[0]), phase)
+                TierState {
+                    phase,
+                    count: scripts::count(c[0]),
+                }
             })
             .collect();
-        Ok(TieredState {
+        Ok(TieredKeyState {
             current_tier: usize::try_from(current).unwrap_or(0),
             available: scripts::count(available),
             hard_count: (hard >= 0).then(|| scripts::count(hard)),
