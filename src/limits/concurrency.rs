@@ -95,6 +95,24 @@ pub struct ConcurrencyParams {
     pub groups: Vec<u64>,
 }
 
+impl ConcurrencyParams {
+    /// Whether a request in the groups of `groups` (a bitset, bit `i` for group `i`) can
+    /// never be admitted: its key's `max`, the `global` or one of its groups' `max` is 0 (a
+    /// block, e.g. a blacklist group). Such a rejection invites no retry, whichever limit
+    /// was found full first (the global count, a probation group, the key's copies taken
+    /// before a reload added it to the block).
+    pub fn blocks(&self, groups: u64) -> bool {
+        self.max == 0
+            || self.global == Some(0)
+            || self.groups.iter().enumerate().any(|(i, &max)| {
+                max == 0
+                    && 1u64
+                        .checked_shl(i as u32)
+                        .is_some_and(|bit| groups & bit != 0)
+            })
+    }
+}
+
 /// Which limit a request hit or a release would break.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Limit {

@@ -14,7 +14,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::{Cost, Group, Kind, LimitParams, Members};
-use crate::limits::concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
+use crate::limits::concurrency::{
+    ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams, Rejection,
+};
 use crate::limits::tiered::{TieredDecision, TieredLimiter, TieredParams};
 use crate::limits::{
     Fact, Facts, InflightGuard, InflightLimiter, KeyPart, LogWindow, Nanos, RateLimiter,
@@ -948,13 +950,7 @@ impl Limiter {
                         Verdict::allow(guard.remaining(), 0),
                         Some(Hold::SharedConcurrency(guard)),
                     ),
-                    Err(rejection) => {
-                        let mut v = rejection.verdict();
-                        if rejection.max == 0 || blocked(&l.params, mask) {
-                            v.retry_after = NEVER;
-                        }
-                        Decision::of(v, None)
-                    }
+                    Err(rejection) => concurrency_refused(&rejection, &l.params, mask),
                 }
             }
             Limiter::SharedSlidingLog(l) => {
@@ -1007,13 +1003,7 @@ impl Limiter {
                 let mask = group_mask(&l.groups, facts);
                 match l.state.acquire(key, mask, 1) {
                     Ok(guard) => Decision::of(guard.verdict(), Some(Hold::Concurrency(guard))),
-                    Err(rejection) => {
-                        let mut v = rejection.verdict();
-                        if rejection.max == 0 || blocked(&l.params, mask) {
-                            v.retry_after = NEVER;
-                        }
-                        Decision::of(v, None)
-                    }
+                    Err(rejection) => concurrency_refused(&rejection, &l.params, mask),
                 }
             }
             Limiter::SlidingLog(l) => {
@@ -1074,18 +1064,14 @@ pub(crate) fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u6
         .fold(0u64, |m, (i, _)| m | 1 << i)
 }
 
-/// Whether a concurrency request in the groups of `mask` can never be admitted: its key's
-/// `max` or one of its groups' `max` is 0 (a block, e.g. a blacklist group). Its rejection
-/// then invites no retry, even when the first limit found full was another one (the global
-/// count, a probation group, the key's copies taken before a reload added it to the block).
-fn blocked(params: &ConcurrencyParams, mask: u64) -> bool {
-    params.max == 0
-        || params.groups.iter().enumerate().any(|(i, &max)| {
-            max == 0
-                && 1u64
-                    .checked_shl(i as u32)
-                    .is_some_and(|bit| mask & bit != 0)
-        })
+/// A concurrency rejection as a decision: the limit's room, and a retry in a second unless
+/// the request can never fit ([`ConcurrencyParams::blocks`]), which invites none.
+fn concurrency_refused(rejection: &Rejection, params: &ConcurrencyParams, mask: u64) -> Decision {
+    let mut v = rejection.verdict();
+    if params.blocks(mask) {
+        v.retry_after = NEVER;
+    }
+    Decision::of(v, None)
 }
 
 /// A group, live: its members' values gathered in a set, or its segment looked up.
