@@ -6,6 +6,8 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/api.rs"]
+mod api;
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
@@ -13,6 +15,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
+use api::{flood_without_reading, read_to_close, rss_kib_of};
 use common::{free_port, Tollgate, Upstream, SERVER};
 
 fn redis_cli(port: u16, args: &[&str]) -> String {
@@ -49,18 +52,15 @@ fn connect(api: u16) -> TcpStream {
     s
 }
 
-/// Reads until the server closes (true) or 10 s of silence (false).
-fn read_to_close(s: &mut TcpStream) -> (Vec<u8>, bool) {
-    let mut got = Vec::new();
-    let mut chunk = [0u8; 65536];
-    loop {
-        match s.read(&mut chunk) {
-            Ok(0) => return (got, true),
-            Ok(k) => got.extend_from_slice(&chunk[..k]),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => return (got, true),
-            Err(_) => return (got, false),
-        }
-    }
+/// The proxy beside the API answers `GET /` with 200.
+async fn assert_proxy_serves(t: &Tollgate) {
+    let resp = common::client()
+        .get(t.url("/"))
+        .header("host", "app.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
 }
 
 /// `PING` on a new connection answers `+PONG`.
@@ -70,16 +70,6 @@ fn ping(api: u16) -> Vec<u8> {
     let mut got = vec![0u8; 7];
     s.read_exact(&mut got).unwrap();
     got
-}
-
-/// Resident memory of process `pid` in KiB (Linux).
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// The timer of the established sockets whose local port is `port` in `/proc/net/tcp`:
@@ -111,7 +101,7 @@ async fn hostile_clients_are_closed_and_the_binary_goes_on_serving() {
     let pid = t.child.id();
     tokio::task::spawn_blocking(move || {
         assert_eq!(ping(api), b"+PONG\r\n");
-        let before = rss_kib(pid);
+        let before = rss_kib_of(pid);
 
         // A 512 MB bulk announced: refused before any payload is read, and closed.
         let mut s = connect(api);
@@ -131,19 +121,7 @@ async fn hostile_clients_are_closed_and_the_binary_goes_on_serving() {
 
         // A client that pipelines commands and never reads: its replies pile up to the
         // output bound, then the connection is closed (the writes fail), not buffered on.
-        let mut s = connect(api);
-        let burst = b"COMMAND\r\n".repeat(1000);
-        let mut sent = 0usize;
-        let error = loop {
-            match s.write_all(&burst) {
-                Ok(()) => sent += burst.len(),
-                Err(e) => break e,
-            }
-            assert!(
-                sent < 256 << 20,
-                "still open after {sent} bytes of commands"
-            );
-        };
+        let error = flood_without_reading(&mut connect(api));
         assert!(
             matches!(
                 error.kind(),
@@ -151,7 +129,7 @@ async fn hostile_clients_are_closed_and_the_binary_goes_on_serving() {
             ),
             "the server closed the connection, not a timeout: {error:?}"
         );
-        let grown = rss_kib(pid).saturating_sub(before);
+        let grown = rss_kib_of(pid).saturating_sub(before);
         assert!(
             grown < 64 * 1024,
             "the binary's resident memory grew by {grown} KiB"
@@ -175,13 +153,7 @@ async fn hostile_clients_are_closed_and_the_binary_goes_on_serving() {
     .await
     .unwrap();
     // The proxy beside it still serves.
-    let resp = common::client()
-        .get(t.url("/"))
-        .header("host", "app.test")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_proxy_serves(&t).await;
     let metrics = t.metrics_text().await;
     assert!(
         metrics.contains("tollgate_api_commands_total{command=\"ping\",result=\"ok\"} 2"),
@@ -204,13 +176,7 @@ async fn redis_cli_reduces_a_bucket_through_the_real_binary() {
         "{metrics}"
     );
     // The proxy beside it is unaffected.
-    let resp = common::client()
-        .get(t.url("/"))
-        .header("host", "app.test")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_proxy_serves(&t).await;
     t.signal(libc::SIGTERM);
     let status = tokio::task::block_in_place(|| t.child.wait()).unwrap();
     assert!(status.success() || status.code().is_some(), "{status:?}");

@@ -15,7 +15,10 @@ use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use api::{exchange, exchange_until, read_at_least, read_to_close, rss_kib, ApiServer};
+use api::{
+    exchange, exchange_until, flood_without_reading, read_at_least, read_to_close, rss_kib,
+    ApiServer,
+};
 use tollgate::api::{ApiApp, ApiConfig, ApiService};
 use tollgate::metrics::Metrics;
 
@@ -160,18 +163,7 @@ fn a_client_that_never_reads_is_closed_at_the_output_bound() {
     let mut s = server.raw();
     s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
     // COMMAND replies several KiB for 9 bytes: the output bound is reached quickly.
-    let burst = b"COMMAND\r\n".repeat(1000);
-    let mut sent = 0usize;
-    let error = loop {
-        match s.write_all(&burst) {
-            Ok(()) => sent += burst.len(),
-            Err(e) => break e,
-        }
-        assert!(
-            sent < 256 << 20,
-            "still open after {sent} bytes of commands"
-        );
-    };
+    let error = flood_without_reading(&mut s);
     assert!(
         matches!(
             error.kind(),

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{client, eventually, Tollgate, Upstream, SERVER};
+use common::{eventually, get_as, hold_as, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
 /// One origin whose concurrency limit allows one copy per customer, one in all, and one
@@ -36,16 +36,6 @@ origins:
     )
 }
 
-async fn get(t: &Tollgate, path: &str, customer: &str) -> reqwest::Response {
-    client()
-        .get(t.url(path))
-        .header("host", "app.test")
-        .header("x-customer-id", customer)
-        .send()
-        .await
-        .expect("request through tollgate")
-}
-
 fn in_use(group: &str) -> String {
     format!("tollgate_concurrency_in_use{{group=\"{group}\",limit=\"uploads\",origin=\"app\"}}")
 }
@@ -63,16 +53,7 @@ async fn hold(
     t: &Tollgate,
     up: &Upstream,
 ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
-    let before = up.held();
-    let req = client()
-        .get(t.url("/hold"))
-        .header("host", "app.test")
-        .header("x-customer-id", "acme");
-    let task = tokio::spawn(req.send());
-    eventually("upstream holds the request", 500, || async {
-        up.held() == before + 1
-    })
-    .await;
+    let task = hold_as(t, up, "acme").await;
     assert_eq!(t.metric(&in_use("_all")).await, 1.0);
     assert_eq!(t.metric(&in_use("big")).await, 1.0);
     task
@@ -87,12 +68,12 @@ async fn copies_come_back_after_an_upstream_5xx() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let t = Tollgate::start(&config(up.addr, "")).await;
     for _ in 0..3 {
-        let resp = get(&t, "/status/500", "acme").await;
+        let resp = get_as(&t, "/status/500", "acme").await;
         assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_drained(&t).await;
     }
     // The next request is admitted: with every max at 1, no copy was kept.
-    assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "acme").await.status(), StatusCode::OK);
     assert_drained(&t).await;
     t.wait_metric(allowed(), 4.0).await;
 }
@@ -106,7 +87,10 @@ async fn copies_come_back_after_a_connect_failure() {
     let t = Tollgate::start(&config(dead, "connect_timeout: 300ms")).await;
     // Each attempt is admitted (a kept copy would make the next one a 503) and fails.
     for _ in 0..3 {
-        assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            get_as(&t, "/", "acme").await.status(),
+            StatusCode::BAD_GATEWAY
+        );
         assert_drained(&t).await;
     }
     t.wait_metric(allowed(), 3.0).await;
@@ -120,7 +104,7 @@ async fn copies_come_back_after_a_client_abort() {
     // While it is held, acme and everyone else are refused (key, group, global).
     for who in ["acme", "globex"] {
         assert_eq!(
-            get(&t, "/", who).await.status(),
+            get_as(&t, "/", who).await.status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
     }
@@ -139,12 +123,12 @@ async fn copies_come_back_after_a_client_abort() {
 async fn copies_come_back_after_an_upstream_read_timeout() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let t = Tollgate::start(&config(up.addr, "read_timeout: 300ms")).await;
-    let resp = get(&t, "/hold", "acme").await;
+    let resp = get_as(&t, "/hold", "acme").await;
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_drained(&t).await;
     up.release();
     // The copy came back: with every max at 1, the next request is admitted.
-    assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "acme").await.status(), StatusCode::OK);
     assert_drained(&t).await;
     t.wait_metric(allowed(), 2.0).await;
 }

@@ -14,53 +14,10 @@ mod fleet;
 #[path = "common/redis.rs"]
 mod harness;
 
-use std::path::Path;
-use std::process::Command;
-
-use common::{client, eventually, Tollgate, Upstream, SERVER};
+use common::{build_segment, eventually, get_as, hold_as, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
-/// Builds a segment of `ids` at `out` with the real CLI.
-fn build_segment(dir: &Path, ids: &[u64], out: &Path) {
-    let list = dir.join("ids.txt");
-    let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    std::fs::write(&list, text).unwrap();
-    let built = Command::new(common::binary())
-        .args(["segment", "build", "--from"])
-        .arg(&list)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{built:?}");
-}
-
-async fn get(t: &Tollgate, customer: &str) -> reqwest::Response {
-    client()
-        .get(t.url("/"))
-        .header("host", "app.test")
-        .header("x-customer-id", customer)
-        .send()
-        .await
-        .unwrap()
-}
-
 type Held = tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>;
-
-/// A held request from `customer`, once the upstream holds it.
-async fn hold(t: &Tollgate, up: &Upstream, customer: &str) -> Held {
-    let before = up.held();
-    let req = client()
-        .get(t.url("/hold"))
-        .header("host", "app.test")
-        .header("x-customer-id", customer);
-    let task = tokio::spawn(req.send());
-    eventually("the upstream holds the request", 500, || async {
-        up.held() == before + 1
-    })
-    .await;
-    task
-}
 
 /// Lets every held request answer, each with 200.
 async fn finish(up: &Upstream, held: Vec<Held>) {
@@ -124,29 +81,29 @@ origins:
     let t = Tollgate::start(&config).await;
 
     // A blacklisted customer is refused with nothing held, without a retry invitation.
-    assert_blocked(&get(&t, "13").await);
+    assert_blocked(&get_as(&t, "/", "13").await);
 
     // Probation member 7 holds the group's one copy: its second concurrent request, and
     // member 42's, are refused; a non-member passes with copies of its own.
-    let mut held = vec![hold(&t, &up, "7").await];
+    let mut held = vec![hold_as(&t, &up, "7").await];
     assert_eq!(t.metric(&in_use("probation")).await, 1.0);
-    assert_busy(&get(&t, "7").await, "7, second");
-    assert_busy(&get(&t, "42").await, "42, same group");
-    held.push(hold(&t, &up, "8").await);
+    assert_busy(&get_as(&t, "/", "7").await, "7, second");
+    assert_busy(&get_as(&t, "/", "42").await, "42, same group");
+    held.push(hold_as(&t, &up, "8").await);
     assert_eq!(t.metric(&in_use("_all")).await, 2.0);
     assert_eq!(t.metric(&in_use("probation")).await, 1.0);
 
     // The global count is full now: a non-member is told to retry, a blacklisted customer
     // still is not (it never could pass), whichever limit was found full first.
-    held.push(hold(&t, &up, "9").await);
-    assert_busy(&get(&t, "10").await, "10, global full");
-    assert_blocked(&get(&t, "666").await);
+    held.push(hold_as(&t, &up, "9").await);
+    assert_busy(&get_as(&t, "/", "10").await, "10, global full");
+    assert_blocked(&get_as(&t, "/", "666").await);
     assert_eq!(t.metric(&in_use("blacklist")).await, 0.0);
     finish(&up, held).await;
     t.wait_metric(&in_use("_all"), 0.0).await;
     assert_eq!(t.metric(&in_use("probation")).await, 0.0);
     // With everything free, the blacklist is still refused.
-    assert_blocked(&get(&t, "13").await);
+    assert_blocked(&get_as(&t, "/", "13").await);
 
     // The rebuilt file is picked up live: 7 leaves probation, 8 joins it.
     build_segment(seg_dir.path(), &[8, 42], &segment);
@@ -155,11 +112,11 @@ origins:
         t.metric(reloads).await >= 1.0
     })
     .await;
-    let mut held = vec![hold(&t, &up, "8").await];
+    let mut held = vec![hold_as(&t, &up, "8").await];
     assert_eq!(t.metric(&in_use("probation")).await, 1.0);
-    assert_busy(&get(&t, "8").await, "8, now on probation");
-    held.push(hold(&t, &up, "7").await);
-    held.push(hold(&t, &up, "7").await);
+    assert_busy(&get_as(&t, "/", "8").await, "8, now on probation");
+    held.push(hold_as(&t, &up, "7").await);
+    held.push(hold_as(&t, &up, "7").await);
     assert_eq!(t.metric(&in_use("probation")).await, 1.0, "7 is out");
     assert_eq!(t.metric(&in_use("_all")).await, 3.0);
     finish(&up, held).await;
@@ -184,13 +141,13 @@ async fn a_shared_blacklist_never_invites_a_retry_even_when_the_global_count_is_
     let text = fleet::config(up.addr, &redis.url(), fleet::ROOMY, limits);
     let t = Tollgate::start(&text).await;
     fleet::wait_up(&t).await;
-    assert_blocked(&get(&t, "13").await);
+    assert_blocked(&get_as(&t, "/", "13").await);
     // The global count full (Redis checks it before the groups): still no retry for 13.
-    let held = vec![hold(&t, &up, "8").await, hold(&t, &up, "8").await];
-    assert_busy(&get(&t, "9").await, "9, global full");
-    assert_blocked(&get(&t, "13").await);
+    let held = vec![hold_as(&t, &up, "8").await, hold_as(&t, &up, "8").await];
+    assert_busy(&get_as(&t, "/", "9").await, "9, global full");
+    assert_blocked(&get_as(&t, "/", "13").await);
     finish(&up, held).await;
-    assert_eq!(get(&t, "9").await.status(), StatusCode::OK);
-    assert_blocked(&get(&t, "13").await);
+    assert_eq!(get_as(&t, "/", "9").await.status(), StatusCode::OK);
+    assert_blocked(&get_as(&t, "/", "13").await);
     fleet::no_fallback(std::slice::from_ref(&t)).await;
 }

@@ -16,7 +16,7 @@ mod harness;
 
 use std::time::Duration;
 
-use common::{eventually, Upstream};
+use common::{eventually, Tollgate, Upstream};
 use fleet::{
     assert_no_5xx_within, bucket, burst, config_at, fleet, no_fallback, status, Traffic, ROOMY,
     SHARED,
@@ -75,22 +75,32 @@ async fn two_instances_share_one_bucket_on_a_cluster_exactly() {
     );
 }
 
+/// A roomy shared bucket for the traffic, where customer `drained` has 2 tokens (one an
+/// hour).
+fn roomy_but_drained() -> String {
+    format!(
+        "{}        overrides:\n          - match: {{ customer: drained }}\n            capacity: 2\n",
+        bucket(1_000_000, SHARED)
+    )
+}
+
+/// Takes `drained`'s two tokens; the third request is refused (by Redis).
+async fn drain(t: &Tollgate) {
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 200);
+    assert_eq!(status(t, "drained").await, 429);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_whose_slot_migrates_keeps_working_and_keeps_its_state() {
     let cluster = RedisCluster::start();
     let up = Upstream::start("127.0.0.1", "up").await;
-    // A roomy bucket for the traffic; `drained` has 2 tokens, one an hour.
-    let limits = format!(
-        "{}        overrides:\n          - match: {{ customer: drained }}\n            capacity: 2\n",
-        bucket(1_000_000, SHARED)
-    );
+    let limits = roomy_but_drained();
     let store =
         "timeout: 500ms\n    breaker: { failures: 3, probe_every: 50ms }\n    fallback: allow";
     let all = fleet(1, &config_at(up.addr, &target(&cluster), store, &limits)).await;
     let t = &all[0];
-    assert_eq!(status(t, "drained").await, 200);
-    assert_eq!(status(t, "drained").await, 200);
-    assert_eq!(status(t, "drained").await, 429);
+    drain(t).await;
     // Where the drained key lives.
     let (src, key) = cluster
         .nodes
@@ -149,17 +159,12 @@ async fn a_primary_frozen_under_traffic_fails_over_to_its_replica() {
     const BUDGET: Duration = Duration::from_millis(100);
     let mut cluster = RedisCluster::start_replicated();
     let up = Upstream::start("127.0.0.1", "up").await;
-    let limits = format!(
-        "{}        overrides:\n          - match: {{ customer: drained }}\n            capacity: 2\n",
-        bucket(1_000_000, SHARED)
-    );
+    let limits = roomy_but_drained();
     let store =
         "timeout: 100ms\n    breaker: { failures: 3, probe_every: 50ms }\n    fallback: allow\n    deny_cache: 0";
     let all = fleet(1, &config_at(up.addr, &target(&cluster), store, &limits)).await;
     let t = &all[0];
-    assert_eq!(status(t, "drained").await, 200);
-    assert_eq!(status(t, "drained").await, 200);
-    assert_eq!(status(t, "drained").await, 429);
+    drain(t).await;
     // The primary that holds the drained key, and its replica, once the key reached it.
     let (primary, key) = (0..cluster.nodes.len())
         .filter(|&i| cluster.is_primary(i))

@@ -7,26 +7,8 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-
-use common::{client, eventually, Tollgate, Upstream, SERVER};
+use common::{build_segment, client, eventually, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
-
-/// Builds a segment of `ids` at `out` with the real CLI.
-fn build_segment(dir: &Path, ids: &[u64], out: &Path) {
-    let list = dir.join("ids.txt");
-    let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    std::fs::write(&list, text).unwrap();
-    let built = Command::new(common::binary())
-        .args(["segment", "build", "--from"])
-        .arg(&list)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{built:?}");
-}
 
 async fn send(t: &Tollgate, user: &str) -> reqwest::Response {
     client()

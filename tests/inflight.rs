@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{client, eventually, Tollgate, Upstream, SERVER};
+use common::{client, eventually, get_as, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
 fn config(upstreams: &[std::net::SocketAddr], max: u64, extra_origin: &str) -> String {
@@ -55,16 +55,6 @@ async fn hold(
     tasks
 }
 
-async fn get(t: &Tollgate, path: &str, customer: &str) -> reqwest::Response {
-    client()
-        .get(t.url(path))
-        .header("host", "app.test")
-        .header("x-customer-id", customer)
-        .send()
-        .await
-        .expect("request through tollgate")
-}
-
 async fn gauge(t: &Tollgate) -> f64 {
     t.metric("tollgate_inflight_requests{origin=\"app\"}").await
 }
@@ -81,7 +71,7 @@ async fn assert_drained(t: &Tollgate) {
 async fn admits_under_max_and_answers_200() {
     let up = Upstream::start("127.0.0.1", "up1").await;
     let t = Tollgate::start(&config(&[up.addr], 2, "")).await;
-    let resp = get(&t, "/", "acme").await;
+    let resp = get_as(&t, "/", "acme").await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["x-upstream"], "up1");
     assert_eq!(resp.headers()["x-seen-forwarded-for"], "127.0.0.1");
@@ -97,7 +87,7 @@ async fn rejects_above_max_with_503_problem_and_recovers() {
     let held = hold(&t, &[&up], 2, "acme").await;
     assert_eq!(gauge(&t).await, 2.0);
 
-    let resp = get(&t, "/", "acme").await;
+    let resp = get_as(&t, "/", "acme").await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     let h = resp.headers().clone();
     assert_eq!(h["retry-after"], "1");
@@ -118,7 +108,7 @@ async fn rejects_above_max_with_503_problem_and_recovers() {
     );
 
     // Another customer has its own count.
-    let other = get(&t, "/", "globex").await;
+    let other = get_as(&t, "/", "globex").await;
     assert_eq!(other.status(), StatusCode::OK);
 
     up.release();
@@ -152,7 +142,7 @@ async fn a_different_server_ip_has_its_own_count() {
     assert_eq!((a.held(), b.held()), (1, 1));
     // A third lands on a server that already holds one.
     assert_eq!(
-        get(&t, "/", "acme").await.status(),
+        get_as(&t, "/", "acme").await.status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
     a.release();
@@ -167,7 +157,7 @@ async fn a_different_server_ip_has_its_own_count() {
 async fn count_returns_to_zero_after_upstream_5xx_and_connect_failure() {
     let up = Upstream::start("127.0.0.1", "up1").await;
     let t = Tollgate::start(&config(&[up.addr], 1, "")).await;
-    let resp = get(&t, "/status/500", "acme").await;
+    let resp = get_as(&t, "/status/500", "acme").await;
     assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_drained(&t).await;
     drop(t);
@@ -178,7 +168,7 @@ async fn count_returns_to_zero_after_upstream_5xx_and_connect_failure() {
         .unwrap();
     let t = Tollgate::start(&config(&[dead], 1, "")).await;
     for _ in 0..3 {
-        let resp = get(&t, "/", "acme").await;
+        let resp = get_as(&t, "/", "acme").await;
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
     }
     assert_drained(&t).await;
@@ -214,12 +204,12 @@ async fn count_returns_to_zero_after_client_abort() {
 async fn count_returns_to_zero_after_upstream_timeout() {
     let up = Upstream::start("127.0.0.1", "up1").await;
     let t = Tollgate::start(&config(&[up.addr], 1, "read_timeout: 300ms")).await;
-    let resp = get(&t, "/hold", "acme").await;
+    let resp = get_as(&t, "/hold", "acme").await;
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_drained(&t).await;
     up.release();
     // The unit came back: with max 1, the next request is admitted.
-    assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "acme").await.status(), StatusCode::OK);
     assert_drained(&t).await;
 }
 
@@ -264,7 +254,7 @@ origins:
     );
     let t = Tollgate::start(&text).await;
     let held = hold(&t, &[&up], 1, "ignored").await;
-    let resp = get(&t, "/", "someone-else").await;
+    let resp = get_as(&t, "/", "someone-else").await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     up.release();
     for task in held {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{client, eventually, Tollgate, Upstream, SERVER};
+use common::{client, eventually, get_as, Tollgate, Upstream, SERVER};
 use reqwest::StatusCode;
 
 fn config(up: std::net::SocketAddr, server: &str, limits: &str) -> String {
@@ -23,16 +23,6 @@ fn config(up: std::net::SocketAddr, server: &str, limits: &str) -> String {
 {limits}
 "#
     )
-}
-
-async fn get(t: &Tollgate, path: &str, customer: &str) -> reqwest::Response {
-    client()
-        .get(t.url(path))
-        .header("host", "app.test")
-        .header("x-customer-id", customer)
-        .send()
-        .await
-        .unwrap()
 }
 
 fn decisions(limit: &str, kind: &str, decision: &str) -> String {
@@ -54,16 +44,16 @@ async fn a_full_tier_bursts_into_the_next_and_the_headers_follow_the_tier() {
           - { limit: 1, window: 1m, active: 5m, cooldown: 1h }
 "#;
     let t = Tollgate::start(&config(up.addr, "", limits)).await;
-    let first = get(&t, "/", "acme").await;
+    let first = get_as(&t, "/", "acme").await;
     assert_eq!(first.status(), StatusCode::OK);
     assert_eq!(first.headers()["ratelimit-policy"], "\"search\";q=2;w=60");
-    assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "acme").await.status(), StatusCode::OK);
     // Tier 1's window is full: the third bursts into tier 2, whose limit is 1.
-    let burst = get(&t, "/", "acme").await;
+    let burst = get_as(&t, "/", "acme").await;
     assert_eq!(burst.status(), StatusCode::OK);
     assert_eq!(burst.headers()["ratelimit-policy"], "\"search\";q=1;w=60");
     // Tier 2 is full and there is no tier 3: rejected, described by tier 2.
-    let rejected = get(&t, "/", "acme").await;
+    let rejected = get_as(&t, "/", "acme").await;
     assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         rejected.headers()["ratelimit-policy"],
@@ -76,7 +66,7 @@ async fn a_full_tier_bursts_into_the_next_and_the_headers_follow_the_tier() {
         .unwrap();
     assert!((1..=60).contains(&retry), "retry-after {retry}");
     // Another customer starts in tier 1.
-    assert_eq!(get(&t, "/", "other").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "other").await.status(), StatusCode::OK);
     let entries = |tier: u32| {
         format!("tollgate_tier_entries_total{{limit=\"search\",origin=\"app\",tier=\"{tier}\"}}")
     };
@@ -107,7 +97,7 @@ async fn a_group_caps_its_members_together_and_holds_are_exact() {
     let big = hold("bigco");
     eventually("bigco's request is held", 500, || async { up.held() == 1 }).await;
     // The group's one copy is taken: hugeco, another member, gets 503.
-    let refused = get(&t, "/", "hugeco").await;
+    let refused = get_as(&t, "/", "hugeco").await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.headers()["retry-after"], "1");
     // A customer outside the group has its own two copies.
@@ -117,7 +107,7 @@ async fn a_group_caps_its_members_together_and_holds_are_exact() {
     })
     .await;
     assert_eq!(
-        get(&t, "/", "small").await.status(),
+        get_as(&t, "/", "small").await.status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
     let gauge = |group: &str| {
@@ -133,7 +123,7 @@ async fn a_group_caps_its_members_together_and_holds_are_exact() {
     // Every copy came back exactly once.
     t.wait_metric(&gauge("_all"), 0.0).await;
     assert_eq!(t.metric(&gauge("big")).await, 0.0);
-    assert_eq!(get(&t, "/", "hugeco").await.status(), StatusCode::OK);
+    assert_eq!(get_as(&t, "/", "hugeco").await.status(), StatusCode::OK);
     t.wait_metric(&decisions("uploads", "concurrency", "rejected"), 2.0)
         .await;
 }
@@ -203,7 +193,7 @@ async fn a_max_above_global_is_lowered_to_it_everywhere() {
     let in_use = "tollgate_concurrency_in_use{group=\"big\",limit=\"uploads\",origin=\"app\"}";
     assert_eq!(t.metric(in_use).await, 2.0);
     assert_eq!(
-        get(&t, "/", "bigco").await.status(),
+        get_as(&t, "/", "bigco").await.status(),
         StatusCode::SERVICE_UNAVAILABLE
     );
     up.release();
@@ -219,7 +209,7 @@ async fn the_kill_switch_turns_rejections_into_grants_counted_as_shadow() {
     let limits = "      per_client: { kind: rate, max: 1, per: 1h }\n";
     let t = Tollgate::start(&config(up.addr, "  kill_switch: true\n", limits)).await;
     for _ in 0..3 {
-        assert_eq!(get(&t, "/", "acme").await.status(), StatusCode::OK);
+        assert_eq!(get_as(&t, "/", "acme").await.status(), StatusCode::OK);
     }
     t.wait_metric(&decisions("per_client", "rate", "shadow_rejected"), 2.0)
         .await;
@@ -235,7 +225,7 @@ async fn the_kill_switch_turns_rejections_into_grants_counted_as_shadow() {
     })
     .await;
     assert_eq!(
-        get(&t, "/", "acme").await.status(),
+        get_as(&t, "/", "acme").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }

@@ -174,7 +174,12 @@ pub fn read_to_close(stream: &mut TcpStream) -> (Vec<u8>, bool) {
 
 /// This process's resident memory in KiB (Linux).
 pub fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    rss_kib_of("self")
+}
+
+/// Resident memory in KiB of process `pid` (a number, or `self`) (Linux).
+pub fn rss_kib_of(pid: impl std::fmt::Display) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -195,4 +200,22 @@ pub fn exchange_until(stream: &mut TcpStream, request: &[u8], suffix: &[u8]) -> 
         }
     }
     got
+}
+
+/// Pipelines `COMMAND` (a reply of several KiB for 9 bytes) and never reads, until a write
+/// fails: the server closed the connection at its output bound. Returns the write's error;
+/// fails the test if 256 MiB went out with the connection still open.
+pub fn flood_without_reading(stream: &mut TcpStream) -> std::io::Error {
+    let burst = b"COMMAND\r\n".repeat(1000);
+    let mut sent = 0usize;
+    loop {
+        match stream.write_all(&burst) {
+            Ok(()) => sent += burst.len(),
+            Err(e) => return e,
+        }
+        assert!(
+            sent < 256 << 20,
+            "still open after {sent} bytes of commands"
+        );
+    }
 }

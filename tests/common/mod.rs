@@ -61,6 +61,52 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tollgate")
 }
 
+/// A GET of `path` on host `app.test` as customer `customer` (header `x-customer-id`),
+/// the shape most proxy tests send.
+pub async fn get_as(t: &Tollgate, path: &str, customer: &str) -> reqwest::Response {
+    client()
+        .get(t.url(path))
+        .header("host", "app.test")
+        .header("x-customer-id", customer)
+        .send()
+        .await
+        .expect("request through tollgate")
+}
+
+/// A request to `/hold` on host `app.test` as `customer`, returned once `up` holds it.
+pub async fn hold_as(
+    t: &Tollgate,
+    up: &Upstream,
+    customer: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let before = up.held();
+    let req = client()
+        .get(t.url("/hold"))
+        .header("host", "app.test")
+        .header("x-customer-id", customer);
+    let task = tokio::spawn(req.send());
+    eventually("the upstream holds the request", 500, || async {
+        up.held() == before + 1
+    })
+    .await;
+    task
+}
+
+/// Builds a segment of `ids` at `out` with the real CLI.
+pub fn build_segment(dir: &std::path::Path, ids: &[u64], out: &std::path::Path) {
+    let list = dir.join("ids.txt");
+    let text: String = ids.iter().map(|i| format!("{i}\n")).collect();
+    std::fs::write(&list, text).unwrap();
+    let built = std::process::Command::new(binary())
+        .args(["segment", "build", "--from"])
+        .arg(&list)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+}
+
 impl Tollgate {
     /// Writes `config` (with `{listen}` and `{metrics}` placeholders replaced by reserved
     /// ports) and starts tollgate on it, waiting until both listeners answer.
