@@ -52,6 +52,19 @@ fn example_on_free_ports() -> (String, String, u16) {
     (text, demo, api)
 }
 
+/// The example config started on free ports, once its demo upstream accepts connections
+/// too (the proxy may listen first: a request before would be a 502); returns it with the
+/// limiter API's port.
+async fn start_example() -> (Tollgate, u16) {
+    let (text, demo, api) = example_on_free_ports();
+    let t = Tollgate::start(&text).await;
+    eventually("the demo upstream listens", 250, || async {
+        std::net::TcpStream::connect(&demo).is_ok()
+    })
+    .await;
+    (t, api)
+}
+
 const CLEAN: &str = r#"
 origins:
   app:
@@ -178,8 +191,7 @@ fn shipped_example_config_is_clean() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_serves_200_then_503_over_inflight_max() {
-    let (text, _, _) = example_on_free_ports();
-    let t = Tollgate::start(&text).await;
+    let (t, _) = start_example().await;
     let get = |path: &'static str| client().get(t.url(path)).header("host", "localhost").send();
     let resp = get("/").await.unwrap();
     assert_eq!(resp.status(), 200);
@@ -268,8 +280,7 @@ async fn statuses(
 /// tollgate does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_worked_examples_behave_as_the_readme_says() {
-    let (text, _, api) = example_on_free_ports();
-    let t = Tollgate::start(&text).await;
+    let (t, api) = start_example().await;
 
     // Burst tiers: three in tier 1, two more in tier 2, then 429 for 10 s.
     let tiers = statuses(&t, "search.localhost", &[], 6, "ratelimit-policy").await;
