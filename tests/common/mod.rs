@@ -25,10 +25,20 @@ pub const SERVER: &str =
     "server:\n  listen: [\"{listen}\"]\n  metrics: \"{metrics}\"\n  grace_period: 0s\n";
 
 /// A free loopback port: bind port 0, read the port, release it. The tiny window before
-/// tollgate binds it is the usual price of a server that binds its own sockets.
+/// tollgate binds it is the usual price of a server that binds its own sockets. A port is
+/// handed out once per test process: the kernel may give a just-released port again, and
+/// a config's `listen` and `metrics` on one port would refuse to start.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().expect("local addr").port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+        let port = l.local_addr().expect("local addr").port();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Polls `cond` every 20 ms, up to `tries` times; panics with `what` if it never holds.
