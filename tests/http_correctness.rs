@@ -2,7 +2,8 @@
 //! project did not write. h2load (nghttp2) in HTTP/1.1 mode, Python's `http.client`
 //! reading pipelined responses off one socket, and curl.
 //!
-//! 1. A 503 from an inflight limit keeps the connection (it said `keep-alive` and closed).
+//! 1. A 503 from an inflight or concurrency limit keeps the connection (it said
+//!    `keep-alive` and closed).
 //! 2. Pipelined requests are all answered, in order (the second was lost).
 //! 3. Several `X-Forwarded-For` lines are one list, everywhere.
 //! 4. A repeated `Content-Length` goes upstream as one value.
@@ -29,10 +30,6 @@ fn config(up: &str, limits: &str) -> String {
          {limits}"
     )
 }
-
-/// One inflight unit for the whole origin.
-const ONE_INFLIGHT: &str =
-    "    limits:\n      conc:\n        kind: inflight\n        max: 1\n        key: [origin]\n";
 
 /// One response as Python's `http.client` read it, or how the connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,53 +186,67 @@ fn h2load(args: &[&str], url: &str) -> H2load {
     }
 }
 
-/// Item 1: a 503 from an inflight limit is answered like a 429: the connection stays open
-/// for the next request, including one pipelined behind it. h2load's clients used to die
-/// on the first 503 (`errored`: requests never sent).
+/// Item 1: a 503 from an inflight or a concurrency limit is answered like a 429: the
+/// connection stays open for the next request, including one pipelined behind it. h2load's
+/// clients used to die on the first 503 (`errored`: requests never sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inflight_rejection_keeps_the_connection() {
-    let up = Upstream::start("127.0.0.1", "up").await;
-    let t = Tollgate::start(&config(&up.addr.to_string(), ONE_INFLIGHT)).await;
-    let held = hold_as(&t, &up, "acme").await;
+async fn a_capacity_rejection_keeps_the_connection() {
+    for kind in ["inflight", "concurrency"] {
+        let limits = format!(
+            "    limits:\n      busy:\n        kind: {kind}\n        max: 1\n        \
+             key: [origin]\n"
+        );
+        let up = Upstream::start("127.0.0.1", "up").await;
+        let t = Tollgate::start(&config(&up.addr.to_string(), &limits)).await;
+        let held = hold_as(&t, &up, "acme").await;
 
-    let reads = pipeline(
-        t.listen,
-        format!("{}{}", get("/a"), get_close("/b")).as_bytes(),
-        3,
-    );
-    assert_eq!(
-        status_of(&reads),
-        vec![
-            (503, "keep-alive".to_string()),
-            (503, "close".to_string()),
-            (0, "Closed".to_string())
-        ],
-        "{reads:?}"
-    );
+        let reads = pipeline(
+            t.listen,
+            format!("{}{}", get("/a"), get_close("/b")).as_bytes(),
+            3,
+        );
+        assert_eq!(
+            status_of(&reads),
+            vec![
+                (503, "keep-alive".to_string()),
+                (503, "close".to_string()),
+                (0, "Closed".to_string())
+            ],
+            "{kind}: {reads:?}"
+        );
 
-    // 20 requests on 2 connections, every one of them refused: each is answered.
-    let url = format!("http://{}/", t.listen);
-    let run = h2load(&["-n", "20", "-c", "2"], &url);
-    assert_eq!(
-        (run.done, run.errored),
-        (20, 0),
-        "a 503 lost the connection:\n{}",
-        run.output
-    );
-    assert!(run.status_line.contains(" 20 5xx"), "{}", run.output);
+        // 20 requests on 2 connections, every one of them refused: each is answered.
+        let url = format!("http://{}/", t.listen);
+        let run = h2load(&["-n", "20", "-c", "2"], &url);
+        assert_eq!(
+            (run.done, run.errored),
+            (20, 0),
+            "{kind}: a 503 lost the connection:\n{}",
+            run.output
+        );
+        assert!(
+            run.status_line.contains(" 20 5xx"),
+            "{kind}: {}",
+            run.output
+        );
 
-    // A 503 for a request whose body is not read closes, and says so.
-    let post = "POST /p HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n\r\nhello";
-    let reads = pipeline(t.listen, format!("{post}{}", get("/after")).as_bytes(), 2);
-    assert_eq!(
-        status_of(&reads),
-        vec![(503, "close".to_string()), (0, "Closed".to_string())],
-        "{reads:?}"
-    );
+        // A 503 for a request whose body is not read closes, and says so.
+        let post = "POST /p HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n\r\nhello";
+        let reads = pipeline(t.listen, format!("{post}{}", get("/after")).as_bytes(), 2);
+        assert_eq!(
+            status_of(&reads),
+            vec![(503, "close".to_string()), (0, "Closed".to_string())],
+            "{kind}: {reads:?}"
+        );
 
-    up.release();
-    held.await.unwrap().unwrap();
-    assert_eq!(up.requests(), 1, "no rejected request reached the upstream");
+        up.release();
+        held.await.unwrap().unwrap();
+        assert_eq!(
+            up.requests(),
+            1,
+            "{kind}: a rejected request reached the upstream"
+        );
+    }
 }
 
 /// Item 2: requests written together are all answered, in order (RFC 9112 §9.3.2), with a
