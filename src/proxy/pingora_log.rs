@@ -22,7 +22,7 @@
 //! ([`redact`]), and the request summary of those services' lines cut off.
 //!
 //! Lines are recognised by target and message prefix. Pingora is pinned by `Cargo.lock`;
-//! a test (`tests/client_errors.rs`) fails if an upgrade renames one. Only lines from
+//! a test (`tests/it/client_errors.rs`) fails if an upgrade renames one. Only lines from
 //! Pingora's crates that would be printed are even looked at (formatting one costs an
 //! allocation, on a path that is already writing a log line).
 
