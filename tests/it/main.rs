@@ -28,6 +28,7 @@ mod fleet_faults;
 mod fleet_kinds;
 mod frequency_caps;
 mod hosts;
+mod http_correctness;
 mod inflight;
 mod key_floods;
 mod kinds;

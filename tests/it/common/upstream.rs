@@ -4,7 +4,10 @@
 //! - `/hold...` waits until the test calls [`Upstream::release`].
 //! - `/status/NNN` answers NNN.
 //! - anything else answers 200 with the upstream's name, echoing the `X-Forwarded-For` it
-//!   received as `x-seen-forwarded-for`.
+//!   received as `x-seen-forwarded-for` (its first line) and `x-seen-forwarded-for-lines`
+//!   (how many lines), the path and query as `x-seen-path`, every `Content-Length` line
+//!   joined by ` | ` as `x-seen-content-length`, and the body's length as
+//!   `x-seen-body-bytes`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -12,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -124,15 +127,35 @@ async fn handle(
             .body(Full::new(Bytes::from_static(b"upstream error\n")))
             .expect("response"));
     }
+    let text = |v: &hyper::header::HeaderValue| v.to_str().unwrap_or("?").to_string();
     let xff = req
         .headers()
         .get("x-forwarded-for")
-        .map(|v| v.to_str().unwrap_or("?").to_string())
+        .map(text)
         .unwrap_or_default();
+    let xff_lines = req.headers().get_all("x-forwarded-for").iter().count();
+    let lengths: Vec<String> = req
+        .headers()
+        .get_all("content-length")
+        .iter()
+        .map(text)
+        .collect();
+    let seen_path = req
+        .uri()
+        .path_and_query()
+        .map_or_else(String::new, |p| p.to_string());
+    let body_bytes = match req.into_body().collect().await {
+        Ok(body) => body.to_bytes().len().to_string(),
+        Err(_) => "error".to_string(),
+    };
     Ok(Response::builder()
         .status(200)
         .header("x-upstream", s.name.as_str())
         .header("x-seen-forwarded-for", xff)
+        .header("x-seen-forwarded-for-lines", xff_lines)
+        .header("x-seen-path", seen_path)
+        .header("x-seen-content-length", lengths.join(" | "))
+        .header("x-seen-body-bytes", body_bytes)
         .body(Full::new(Bytes::from(format!("hello from {}\n", s.name))))
         .expect("response"))
 }
