@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod raw;
 pub mod upstream;
 
