@@ -19,6 +19,7 @@ pub mod ctx;
 pub mod demo;
 pub mod edge;
 pub mod front;
+pub mod grpc;
 pub mod h2;
 pub mod identity;
 pub mod listeners;
