@@ -12,7 +12,7 @@
 //! kind, the next one let through saying how many were left out.
 //!
 //! Lines are recognised by target and message prefix. Pingora is pinned by `Cargo.lock`;
-//! a test (`tests/client_errors.rs`) fails if an upgrade renames one. Only `warn` and
+//! a test (`tests/it/client_errors.rs`) fails if an upgrade renames one. Only `warn` and
 //! `error` lines from Pingora's crates are even looked at (formatting them costs an
 //! allocation, on a path that is already writing a log line).
 
