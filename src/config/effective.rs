@@ -12,8 +12,8 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::config::model::{
-    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Members, Mode, Origin,
-    RedisEndpoint, Server,
+    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Listener, Members, Mode,
+    Origin, RedisEndpoint, Server, Tls,
 };
 use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
 
@@ -52,6 +52,8 @@ fn span(d: Duration) -> String {
 #[derive(Serialize)]
 struct EffConfig {
     server: EffServer,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<EffTls>,
     api: EffApi,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
     stores: Ordered<EffStore>,
@@ -68,6 +70,7 @@ impl EffConfig {
     fn of(c: &Config) -> Self {
         Self {
             server: EffServer::of(&c.server),
+            tls: EffTls::of(&c.tls),
             api: EffApi {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
@@ -207,9 +210,84 @@ struct EffApi {
     store: Option<String>,
 }
 
+/// A listener as written: the string form when it is plain HTTP/1.1, else the object.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EffListener {
+    Plain(String),
+    Object {
+        addr: String,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        tls: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        h2c: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        proxy_protocol: bool,
+    },
+}
+
+impl EffListener {
+    fn of(l: &Listener) -> Self {
+        if l.is_plain() {
+            return EffListener::Plain(l.addr.to_string());
+        }
+        EffListener::Object {
+            addr: l.addr.to_string(),
+            tls: l.tls,
+            h2c: l.h2c,
+            proxy_protocol: l.proxy_protocol,
+        }
+    }
+}
+
+/// A certificate's files, as resolved.
+#[derive(Serialize)]
+struct EffCert {
+    cert: String,
+    key: String,
+}
+
+/// `tls:`, printed only when it has certificates.
+#[derive(Serialize)]
+struct EffTls {
+    certificates: Vec<EffCert>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default: Option<String>,
+    min_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ciphers: Option<String>,
+    handshake_timeout: String,
+}
+
+impl EffTls {
+    fn of(t: &Tls) -> Option<Self> {
+        if t.certificates.is_empty() {
+            return None;
+        }
+        let shown = |p: &std::path::Path| p.display().to_string();
+        Some(Self {
+            certificates: t
+                .certificates
+                .iter()
+                .map(|c| EffCert {
+                    cert: shown(&c.cert),
+                    key: shown(&c.key),
+                })
+                .collect(),
+            default: t
+                .default
+                .and_then(|i| t.certificates.get(i))
+                .map(|c| shown(&c.cert)),
+            min_version: t.min_version.name(),
+            ciphers: t.ciphers.clone(),
+            handshake_timeout: span(t.handshake_timeout),
+        })
+    }
+}
+
 #[derive(Serialize)]
 struct EffServer {
-    listen: Vec<String>,
+    listen: Vec<EffListener>,
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics: Option<String>,
     threads: usize,
@@ -236,12 +314,15 @@ struct EffServer {
     max_connections: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections_per_ip: Option<u32>,
+    h2_max_streams: u32,
+    h2_max_header_list: u32,
+    h2_max_resets: u32,
 }
 
 impl EffServer {
     fn of(s: &Server) -> Self {
         Self {
-            listen: s.listen.iter().map(ToString::to_string).collect(),
+            listen: s.listen.iter().map(EffListener::of).collect(),
             metrics: s.metrics.map(|a| a.to_string()),
             threads: s.threads,
             grace_period: span(s.grace_period),
@@ -257,6 +338,9 @@ impl EffServer {
             keepalive_timeout: span(s.connections.keepalive_timeout),
             max_connections: s.connections.max_connections,
             max_connections_per_ip: s.connections.max_connections_per_ip,
+            h2_max_streams: s.connections.h2_max_streams,
+            h2_max_header_list: s.connections.h2_max_header_list,
+            h2_max_resets: s.connections.h2_max_resets,
         }
     }
 }
@@ -274,6 +358,7 @@ struct EffOrigin {
     customer: Option<String>,
     connect_timeout: String,
     read_timeout: String,
+    upstream_protocol: &'static str,
     limits: Ordered<EffLimit>,
 }
 
@@ -288,6 +373,7 @@ impl EffOrigin {
             customer: o.customer.clone(),
             connect_timeout: span(o.connect_timeout),
             read_timeout: span(o.read_timeout),
+            upstream_protocol: o.upstream_protocol.name(),
             limits: Ordered(
                 o.limits
                     .iter()

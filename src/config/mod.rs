@@ -27,6 +27,7 @@ mod spec;
 mod stores;
 mod suggest;
 mod text;
+mod tls;
 mod validate;
 mod yaml;
 

@@ -1,7 +1,8 @@
-//! The `server:` section: listeners (proxy, metrics, limiter API, admin API, demo
-//! upstream) and the admin token, threads,
+//! The `server:` section: listeners (proxy, in their string or object form, metrics,
+//! limiter API, admin API, demo upstream) and the admin token, threads,
 //! shutdown window, trusted proxies, the customer header, the instance name, the kill
-//! switch and the bounds on downstream connections, with their defaults.
+//! switch and the bounds on downstream connections (HTTP/2's included), with their
+//! defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
@@ -11,14 +12,15 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::config::model::{AdminToken, Connections, Server};
+use crate::config::model::{AdminToken, Connections, Listener, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::suggest;
+use crate::config::tls;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 16] = [
+pub(crate) const SERVER_KEYS: [&str; 19] = [
     "listen",
     "metrics",
     "limiter_api",
@@ -35,7 +37,19 @@ pub(crate) const SERVER_KEYS: [&str; 16] = [
     "keepalive_timeout",
     "max_connections",
     "max_connections_per_ip",
+    "h2_max_streams",
+    "h2_max_header_list",
+    "h2_max_resets",
 ];
+
+/// The most HTTP/2 streams a connection may be allowed at once (`h2_max_streams`).
+pub(crate) const MAX_H2_STREAMS: u64 = 10_000;
+
+/// The largest HTTP/2 header list a client may be allowed (`h2_max_header_list`): 1 MiB.
+pub(crate) const MAX_H2_HEADER_LIST: u64 = 1 << 20;
+
+/// The most resets per window an HTTP/2 connection may be allowed (`h2_max_resets`).
+pub(crate) const MAX_H2_RESETS: u64 = 1_000_000;
 
 /// The largest connection cap accepted: far above what any fd limit allows, low enough to
 /// catch a typo.
@@ -52,6 +66,8 @@ pub(crate) struct ServerDraft {
     pub server: Server,
     /// Every address tollgate binds, located: `listen` items, `metrics`, `demo_upstream`.
     pub binds: Vec<At<SocketAddr>>,
+    /// The `listen` items as written, located (none when `listen` is absent).
+    pub listeners: Vec<At<Listener>>,
 }
 
 /// The longest admin token accepted: a bearer token is a short secret, and the file is
@@ -62,7 +78,7 @@ const MAX_TOKEN_BYTES: u64 = 4096;
 /// file, whose directory a relative `admin_token_file` starts in.
 pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDraft {
     let mut server = Server {
-        listen: vec![DEFAULT_LISTEN],
+        listen: vec![Listener::plain(DEFAULT_LISTEN)],
         metrics: None,
         threads: 2,
         grace_period: Duration::from_secs(5),
@@ -77,6 +93,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         connections: Connections::default(),
     };
     let mut binds = Vec::new();
+    let mut listeners = Vec::new();
     let entries = node
         .and_then(|n| scalar::map(r, n, "server"))
         .unwrap_or_default();
@@ -96,9 +113,10 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     }
                     for (i, n) in items.iter().enumerate() {
                         let p = item(&path, i);
-                        if let Some(addr) = scalar::socket_addr(r, n, &p) {
-                            server.listen.push(addr);
-                            binds.push(At::new(addr, n.pos, &p));
+                        if let Some(l) = tls::listener(r, n, &p) {
+                            server.listen.push(l.v);
+                            binds.push(At::new(l.v.addr, l.pos, &p));
+                            listeners.push(l);
                         }
                     }
                 }
@@ -183,6 +201,21 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     server.connections.max_connections_per_ip = cap;
                 }
             }
+            "h2_max_streams" => {
+                if let Some(n) = scalar::int(r, v, &path, 1, MAX_H2_STREAMS) {
+                    server.connections.h2_max_streams = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            "h2_max_header_list" => {
+                if let Some(n) = scalar::int(r, v, &path, 1024, MAX_H2_HEADER_LIST) {
+                    server.connections.h2_max_header_list = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            "h2_max_resets" => {
+                if let Some(n) = scalar::int(r, v, &path, 1, MAX_H2_RESETS) {
+                    server.connections.h2_max_resets = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
                     if crate::limits::key::is_header_name(name) {
@@ -203,7 +236,11 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
             ),
         }
     }
-    ServerDraft { server, binds }
+    ServerDraft {
+        server,
+        binds,
+        listeners,
+    }
 }
 
 /// Reads the admin token from `name` (relative to the config file's directory): the

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod certs;
 pub mod fleet;
 pub mod raw;
 pub mod redis;
