@@ -398,7 +398,12 @@ impl StoreCall {
         // Whole seconds as `RL.REDUCE` has always named them (so `RL.PREDUCE k 2 60000`
         // and `RL.REDUCE k 2 60` share a bucket, as they do in-process), else milliseconds.
         let scope = if p.every % NANOS_PER_SEC == 0 {
-            format!("_rl:{}:{}:{}", p.capacity, p.amount, p.every / NANOS_PER_SEC)
+            format!(
+                "_rl:{}:{}:{}",
+                p.capacity,
+                p.amount,
+                p.every / NANOS_PER_SEC
+            )
         } else {
             format!("_rl:{}:{}:{}ms", p.capacity, p.amount, p.every / 1_000_000)
         };
@@ -677,7 +682,11 @@ mod tests {
         ];
         for (line, want) in cases {
             let reduce = line.starts_with("RL.PREDUCE");
-            assert_eq!(call_in(line, reduce, Unit::Millis), Err(want.to_string()), "{line}");
+            assert_eq!(
+                call_in(line, reduce, Unit::Millis),
+                Err(want.to_string()),
+                "{line}"
+            );
         }
     }
 }

@@ -174,7 +174,9 @@ impl EffStore {
             let shown = |u: &String| redact_url(u).into_owned();
             let (url, urls, cluster) = match &r.endpoint {
                 RedisEndpoint::Standalone(u) => (Some(shown(u)), None, false),
-                RedisEndpoint::Cluster(list) => (None, Some(list.iter().map(shown).collect()), true),
+                RedisEndpoint::Cluster(list) => {
+                    (None, Some(list.iter().map(shown).collect()), true)
+                }
             };
             let store = EffStore::Redis {
                 kind: "redis",
@@ -674,16 +676,28 @@ mod tests {
         for secret in ["written-secret", "s2", "from-a-file", "api-secret"] {
             assert!(!yaml.contains(secret), "{secret} printed:\n{yaml}");
         }
-        assert!(yaml.contains("url: redis://:REDACTED@127.0.0.1:6379/0"), "{yaml}");
-        assert!(yaml.contains("- redis://u:REDACTED@127.0.0.1:7000"), "{yaml}");
+        assert!(
+            yaml.contains("url: redis://:REDACTED@127.0.0.1:6379/0"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("- redis://u:REDACTED@127.0.0.1:7000"),
+            "{yaml}"
+        );
         let pw = dir.path().join("redis.pw");
-        assert!(yaml.contains(&format!("password_file: {}", pw.display())), "{yaml}");
+        assert!(
+            yaml.contains(&format!("password_file: {}", pw.display())),
+            "{yaml}"
+        );
         // Still a valid config: the same model but for the passwords written in URLs.
         let again = parse_str(&yaml, "effective.yaml")
             .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
             .config;
         assert_eq!(again.api, config.api);
-        assert_eq!(again.stores[2], config.stores[2], "a password_file round-trips");
+        assert_eq!(
+            again.stores[2], config.stores[2],
+            "a password_file round-trips"
+        );
         assert_eq!(
             again.stores[0].redis.endpoint,
             RedisEndpoint::Standalone("redis://:REDACTED@127.0.0.1:6379/0".into())

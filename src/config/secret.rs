@@ -89,7 +89,9 @@ pub(crate) fn read(
             format!("{what} file `{shown}` is longer than {MAX_SECRET_BYTES} bytes")
         }
         Ok(text) if text.trim().is_empty() => {
-            format!("{what} file `{shown}` is empty: write one into it (e.g. `openssl rand -hex 32`)")
+            format!(
+                "{what} file `{shown}` is empty: write one into it (e.g. `openssl rand -hex 32`)"
+            )
         }
         Ok(text) if !text.trim().bytes().all(|b| b.is_ascii_graphic()) => format!(
             "{what} in `{shown}` must be printable ASCII without spaces (it is sent as {sent_as})"
@@ -194,9 +196,15 @@ mod tests {
     #[test]
     fn passwords_in_urls_are_redacted_and_the_rest_kept() {
         let cases = [
-            ("redis://:secret@127.0.0.1:6379/0", "redis://:REDACTED@127.0.0.1:6379/0"),
+            (
+                "redis://:secret@127.0.0.1:6379/0",
+                "redis://:REDACTED@127.0.0.1:6379/0",
+            ),
             ("redis://user:secret@h:1", "redis://user:REDACTED@h:1"),
-            ("rediss://default:p%40ss@h/2", "rediss://default:REDACTED@h/2"),
+            (
+                "rediss://default:p%40ss@h/2",
+                "rediss://default:REDACTED@h/2",
+            ),
             ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
             ("redis://user@h:1", "redis://user@h:1"),
             (
