@@ -147,7 +147,15 @@ pub(crate) fn redact_written(url: &str) -> Cow<'_, str> {
     }
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme + 3 => {
-            Cow::Owned(format!("{}{REDACTED}{}", &url[..scheme + 3], &url[at..]))
+            // `user:password`: the user is kept; without a colon, the whole user info.
+            let info = &url[scheme + 3..at];
+            let user = info.split_once(':').map_or("", |(user, _)| user);
+            let colon = if info.contains(':') { ":" } else { "" };
+            Cow::Owned(format!(
+                "{}{user}{colon}{REDACTED}{}",
+                &url[..scheme + 3],
+                &url[at..]
+            ))
         }
         _ => Cow::Borrowed(url),
     }
@@ -222,7 +230,15 @@ mod tests {
         }
         assert_eq!(
             redact_written("redis://:secret@[::1:6379"),
-            "redis://REDACTED@[::1:6379"
+            "redis://:REDACTED@[::1:6379"
+        );
+        assert_eq!(
+            redact_written("redis://u:secret@h:port"),
+            "redis://u:REDACTED@h:port"
+        );
+        assert_eq!(
+            redact_written("redis://odd@h:port"),
+            "redis://REDACTED@h:port"
         );
         assert!(has_password("redis://:x@h"));
         assert!(has_password("unix:///s?pass=x"));
