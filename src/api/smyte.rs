@@ -397,7 +397,7 @@ impl StoreCall {
         };
         // Whole seconds as `RL.REDUCE` has always named them (so `RL.PREDUCE k 2 60000`
         // and `RL.REDUCE k 2 60` share a bucket, as they do in-process), else milliseconds.
-        let scope = if p.every % NANOS_PER_SEC == 0 {
+        let scope = if p.every.is_multiple_of(NANOS_PER_SEC) {
             format!(
                 "_rl:{}:{}:{}",
                 p.capacity,
