@@ -230,4 +230,17 @@ async fn a_transaction_waits_on_a_redis_store_command_by_command() {
         .query(&mut con)
         .unwrap();
     assert_eq!(v, 0);
+    // A period in milliseconds that is not whole seconds is named in milliseconds.
+    let v: i64 = redis::cmd("RL.PREDUCE")
+        .arg("p")
+        .arg(2)
+        .arg(1500)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(v, 2);
+    let keys = redis.cmd(&["KEYS", "*_rl:2:2:1500ms*"]);
+    assert!(
+        matches!(keys, redis::Value::Array(ref k) if k.len() == 1),
+        "{keys:?}"
+    );
 }

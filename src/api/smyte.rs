@@ -1,9 +1,18 @@
-//! Smyte's commands on ad-hoc token buckets: `RL.REDUCE` and `RL.GET`.
+//! Smyte's commands on ad-hoc token buckets: `RL.REDUCE` and `RL.GET`, and their
+//! millisecond forms `RL.PREDUCE` and `RL.PGET`.
 //!
 //! ```text
-//! RL.REDUCE key max refill_seconds [REFILL amount] [TAKE n] [AT unix_seconds] [STRICT]
-//! RL.GET    key max refill_seconds [REFILL amount] [AT unix_seconds]
+//! RL.REDUCE  key max refill_seconds [REFILL amount] [TAKE n] [AT unix_seconds] [STRICT]
+//! RL.GET     key max refill_seconds [REFILL amount] [AT unix_seconds]
+//! RL.PREDUCE key max refill_ms [REFILL amount] [TAKE n] [AT unix_ms] [STRICT]
+//! RL.PGET    key max refill_ms [REFILL amount] [AT unix_ms]
 //! ```
+//!
+//! The millisecond forms are the same commands on the same buckets (a bucket's period is
+//! kept in nanoseconds, so `RL.PREDUCE k 2 60000` is `RL.REDUCE k 2 60`'s bucket), their
+//! `AT` with up to 6 decimals. Smyte's `RL.SESSIONIZE` and `RL.PSESSIONIZE` are not served:
+//! they reply the start of the caller's session of limited requests besides the tokens,
+//! which needs a session mark per bucket (in the table and in the Redis scripts).
 //!
 //! `RL.REDUCE` replies the integer count of tokens the bucket held (after due refills)
 //! before this take; the take happened iff the reply is at least `n`. `REFILL` defaults to
@@ -20,13 +29,15 @@
 //! **Numbers.** Decimal digits only: no sign, no spaces, no exponent. `max` and `amount`
 //! are 1 to 2⁶³-1 (replies are RESP integers), `n` 0 to 2⁶³-1, `refill_seconds` 1 to
 //! 18 446 744 073 and `AT` 0 to 18 446 744 073 (so that nanoseconds fit 64 bits: 584
-//! years, past 2554). Anything else is an `-ERR` naming the argument.
+//! years, past 2554); in milliseconds, `refill_ms` 1 to 18 446 744 073 709 and `AT` 0 to
+//! that. Anything else is an `-ERR` naming the argument.
 //!
 //! **Where buckets live.** In the in-process table of `api.max_keys` buckets by default;
 //! with `api.store` naming a Redis store, in Redis, so that a fleet shares them: one
 //! `token_bucket.lua` call per command (`token_bucket_get.lua` for `RL.GET`) at Redis's
 //! clock, or at `AT` (in microseconds). A bucket's parameters stay part of its identity:
-//! they are in its key name, `PREFIX _rl:MAX:AMOUNT:SECONDS:{HASH}:tb`, `HASH` the stable
+//! they are in its key name, `PREFIX _rl:MAX:AMOUNT:SECONDS:{HASH}:tb` (`MSms` for a period
+//! that is not whole seconds), `HASH` the stable
 //! hash of the key's bytes (`crate::store::key`). The scripts compute in doubles, so on a
 //! Redis store `max`, `REFILL` and `TAKE` are at most 2⁵⁰ and `refill_seconds` at most
 //! 1 125 899 906 (2⁵⁰ µs). When the store cannot answer within its budget (or its breaker
