@@ -8,11 +8,9 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/api.rs"]
-mod api;
-mod common;
-#[path = "common/redis.rs"]
-mod harness;
+use crate::common;
+use crate::common::api;
+use crate::common::redis as harness;
 
 use std::net::TcpStream;
 use std::time::Duration;

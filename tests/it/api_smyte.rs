@@ -6,9 +6,8 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/api.rs"]
-mod api;
-mod common;
+use crate::common;
+use crate::common::api;
 
 use api::redis_cli;
 use common::start_api;
