@@ -4,7 +4,10 @@
 //! Every origin lists every limit it really runs, each with every parameter explicit
 //! (defaults filled in), and overrides show only what they change. The output is itself a
 //! valid config that parses back to the same model (a test holds it to that), so it can be
-//! diffed, reviewed, or fed back to `tollgate check`.
+//! diffed, reviewed, or fed back to `tollgate check`. Secrets are never printed: a token or
+//! password read from a file is named by its file, and a password written into a store's
+//! URL is printed as `REDACTED` (`redis://:REDACTED@host`), so such a config parses back
+//! to the same model but for that password.
 
 use std::time::Duration;
 
@@ -13,8 +16,9 @@ use serde::Serialize;
 
 use crate::config::model::{
     Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Listener, Members, Mode,
-    Origin, RedisEndpoint, Server, Tls,
+    Origin, RedisEndpoint, Secret, Server, Tls,
 };
+use crate::config::secret::redact_url;
 use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
 
 /// The effective config as YAML text.
@@ -75,6 +79,7 @@ impl EffConfig {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
                 store: c.api.store.clone(),
+                password_file: c.api.password.as_ref().map(secret_file),
             },
             defaults: c.unmatched.as_ref().map(|o| EffDefaults {
                 unmatched: EffOrigin::of(o),
@@ -139,6 +144,9 @@ enum EffStore {
         prefix: String,
         lease: String,
         deny_cache: usize,
+        /// The file only: the password itself is never printed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        password_file: Option<String>,
     },
 }
 
@@ -164,9 +172,14 @@ impl EffStore {
         }
         for s in &c.stores {
             let r = &s.redis;
+            // A password written into a URL is printed as `REDACTED` (see
+            // `secret::REDACTED`); one in a `password_file` is named by its file.
+            let shown = |u: &String| redact_url(u).into_owned();
             let (url, urls, cluster) = match &r.endpoint {
-                RedisEndpoint::Standalone(u) => (Some(u.clone()), None, false),
-                RedisEndpoint::Cluster(list) => (None, Some(list.clone()), true),
+                RedisEndpoint::Standalone(u) => (Some(shown(u)), None, false),
+                RedisEndpoint::Cluster(list) => {
+                    (None, Some(list.iter().map(shown).collect()), true)
+                }
             };
             let store = EffStore::Redis {
                 kind: "redis",
@@ -187,6 +200,7 @@ impl EffStore {
                 prefix: r.prefix.clone(),
                 lease: span(r.lease),
                 deny_cache: r.deny_cache,
+                password_file: r.password.as_ref().map(secret_file),
             };
             out.push((s.name.clone(), store));
         }
@@ -208,6 +222,14 @@ struct EffApi {
     allow_unconfigured: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<String>,
+    /// The file only: the password itself is never printed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password_file: Option<String>,
+}
+
+/// A secret's file as printed (resolved), never its value.
+fn secret_file(s: &Secret) -> String {
+    s.file.display().to_string()
 }
 
 /// A listener as written: the string form when it is plain HTTP/1.1, else the object.
@@ -331,7 +353,7 @@ impl EffServer {
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
             limiter_api: s.limiter_api.map(|a| a.to_string()),
             admin: s.admin.map(|a| a.to_string()),
-            admin_token_file: s.admin_token.as_ref().map(|t| t.file.display().to_string()),
+            admin_token_file: s.admin_token.as_ref().map(secret_file),
             instance: s.instance.clone(),
             kill_switch: s.kill_switch,
             header_timeout: span(s.connections.header_timeout),
@@ -726,5 +748,45 @@ mod tests {
         assert!(yaml.contains("max: 200"), "{yaml}");
         // An override shows only what it changes.
         assert!(yaml.contains("capacity: 600"), "{yaml}");
+    }
+
+    #[test]
+    fn secrets_are_redacted_and_files_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("redis.pw"), "from-a-file\n").unwrap();
+        std::fs::write(dir.path().join("api.pw"), "api-secret\n").unwrap();
+        let file = dir.path().join("t.yaml");
+        let text = "api:\n  password_file: api.pw\nstores:\n  inline: { url: \"redis://:written-secret@127.0.0.1:6379/0\" }\n  cluster: { urls: [\"redis://u:s2@127.0.0.1:7000\"], cluster: true }\n  filed: { url: \"redis://127.0.0.1:6380/1\", password_file: redis.pw }\norigins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n";
+        let config = parse_str(text, &file.to_string_lossy()).unwrap().config;
+        let yaml = to_yaml(&config).unwrap();
+        for secret in ["written-secret", "s2", "from-a-file", "api-secret"] {
+            assert!(!yaml.contains(secret), "{secret} printed:\n{yaml}");
+        }
+        assert!(
+            yaml.contains("url: redis://:REDACTED@127.0.0.1:6379/0"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("- redis://u:REDACTED@127.0.0.1:7000"),
+            "{yaml}"
+        );
+        let pw = dir.path().join("redis.pw");
+        assert!(
+            yaml.contains(&format!("password_file: {}", pw.display())),
+            "{yaml}"
+        );
+        // Still a valid config: the same model but for the passwords written in URLs.
+        let again = parse_str(&yaml, "effective.yaml")
+            .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+            .config;
+        assert_eq!(again.api, config.api);
+        assert_eq!(
+            again.stores[2], config.stores[2],
+            "a password_file round-trips"
+        );
+        assert_eq!(
+            again.stores[0].redis.endpoint,
+            RedisEndpoint::Standalone("redis://:REDACTED@127.0.0.1:6379/0".into())
+        );
     }
 }

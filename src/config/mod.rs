@@ -8,6 +8,7 @@ pub mod effective;
 pub mod model;
 pub mod parse;
 pub mod schema;
+pub mod secret;
 
 mod api;
 mod bounds;

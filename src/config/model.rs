@@ -12,6 +12,7 @@ use ipnet::IpNet;
 
 use std::path::PathBuf;
 
+pub use crate::config::secret::Secret;
 use crate::limits::{
     KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams, TokenBucketParams,
 };
@@ -106,6 +107,10 @@ pub struct RedisStoreSpec {
     /// Keys a limit remembers as rejected until their `Retry-After` (`deny_cache`, default
     /// 4096; 0 turns it off).
     pub deny_cache: usize,
+    /// The password to log in with (`password_file`), put into each URL when the store
+    /// connects, so that it need not be written in the config; `None`: the URL's own, if
+    /// any.
+    pub password: Option<Secret>,
 }
 
 impl Default for RedisStoreSpec {
@@ -120,6 +125,7 @@ impl Default for RedisStoreSpec {
             prefix: "tollgate:".to_string(),
             lease: Duration::from_secs(10),
             deny_cache: 4096,
+            password: None,
         }
     }
 }
@@ -157,6 +163,10 @@ pub struct Api {
     /// The shared store `RL.*` buckets live in (`api.store`); `None` is the in-process
     /// table of `max_keys` buckets.
     pub store: Option<String>,
+    /// The password every connection must give (`AUTH`, `HELLO ... AUTH`) before any
+    /// other command than `AUTH`, `HELLO`, `PING` and `QUIT` (`api.password_file`, read at
+    /// load and trimmed); `None`: no password asked.
+    pub password: Option<Secret>,
 }
 
 impl Default for Api {
@@ -165,6 +175,7 @@ impl Default for Api {
             max_keys: 100_000,
             allow_unconfigured: false,
             store: None,
+            password: None,
         }
     }
 }
@@ -205,21 +216,9 @@ pub struct Server {
     pub connections: Connections,
 }
 
-/// The admin API's bearer token, read from `server.admin_token_file`. Its `Debug` form
-/// names only the file, so the token never reaches a log line or `check` output.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AdminToken {
-    /// The file it was read from, as resolved (relative to the config file's directory).
-    pub file: std::path::PathBuf,
-    /// The token, trimmed of surrounding whitespace; never empty.
-    pub token: String,
-}
-
-impl fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AdminToken({}, redacted)", self.file.display())
-    }
-}
+/// The admin API's bearer token, read from `server.admin_token_file`: a [`Secret`], whose
+/// `Debug` form names only the file.
+pub type AdminToken = Secret;
 
 /// The bounds on downstream connections (`server.header_timeout`, `keepalive_timeout`,
 /// `max_connections`, `max_connections_per_ip`): what keeps slow or idle clients from

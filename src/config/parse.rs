@@ -190,7 +190,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     tls::check_listeners(r, &server.listeners, &tls);
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
-    let api = api::parse(r, section("api"), &stores);
+    let api = api::parse(r, section("api"), &stores, file);
     let known = Known {
         segments: &segments,
         stores: &stores,

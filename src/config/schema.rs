@@ -312,6 +312,7 @@ fn api(keys: &mut Keys<'_>) -> Value {
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
             "allow_unconfigured" => boolean(),
             "store" => text(),
+            "password_file" => json!({"type": "string", "minLength": 1}),
             _ => return None,
         })
     })
@@ -345,6 +346,7 @@ fn stores(keys: &mut Keys<'_>) -> Value {
             }
             "lease" => duration(("300ms", "1h")),
             "deny_cache" => int(0, 1 << 20),
+            "password_file" => json!({"type": "string", "minLength": 1}),
             _ => return None,
         })
     });

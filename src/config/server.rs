@@ -7,14 +7,13 @@
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
 
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use crate::config::model::{AdminToken, Connections, Listener, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
+use crate::config::secret;
 use crate::config::suggest;
 use crate::config::tls;
 use crate::config::yaml::Node;
@@ -69,10 +68,6 @@ pub(crate) struct ServerDraft {
     /// The `listen` items as written, located (none when `listen` is absent).
     pub listeners: Vec<At<Listener>>,
 }
-
-/// The longest admin token accepted: a bearer token is a short secret, and the file is
-/// read whole at load.
-const MAX_TOKEN_BYTES: u64 = 4096;
 
 /// Reads the `server:` section, or the defaults when it is absent. `file` is the config
 /// file, whose directory a relative `admin_token_file` starts in.
@@ -244,37 +239,10 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
 }
 
 /// Reads the admin token from `name` (relative to the config file's directory): the
-/// whole file, trimmed. An unreadable, empty, oversized or non-UTF-8 file is an error at
-/// the field; the message names the file, never its contents.
+/// whole file, trimmed (see [`secret::read`]).
 fn admin_token(r: &mut Report, v: &Node, path: &str, file: &str, name: &str) -> Option<AdminToken> {
-    let base = Path::new(file).parent().unwrap_or_else(|| Path::new(""));
-    let at = base.join(name);
-    let shown = at.display();
-    let read = std::fs::File::open(&at).and_then(|f| {
-        let mut text = String::new();
-        f.take(MAX_TOKEN_BYTES + 1).read_to_string(&mut text)?;
-        Ok(text)
-    });
-    let message = match read {
-        Err(e) => format!("cannot read the admin token file `{shown}`: {e}"),
-        Ok(text) if text.len() as u64 > MAX_TOKEN_BYTES => {
-            format!("the admin token file `{shown}` is longer than {MAX_TOKEN_BYTES} bytes")
-        }
-        Ok(text) if text.trim().is_empty() => {
-            format!("the admin token file `{shown}` is empty: write a token into it (e.g. `openssl rand -hex 32`)")
-        }
-        Ok(text) if !text.trim().bytes().all(|b| b.is_ascii_graphic()) => format!(
-            "the admin token in `{shown}` must be printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)"
-        ),
-        Ok(text) => {
-            return Some(AdminToken {
-                file: at.clone(),
-                token: text.trim().to_string(),
-            })
-        }
-    };
-    r.error(v.pos, path, message);
-    None
+    let what = ("the admin token", "`Authorization: Bearer TOKEN`");
+    secret::read(r, v, path, file, name, what)
 }
 
 #[cfg(test)]
@@ -350,7 +318,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.admin, Some("127.0.0.1:9180".parse().unwrap()));
         let token = s.admin_token.unwrap();
-        assert_eq!(token.token, "s3cret-token");
+        assert_eq!(token.value, "s3cret-token");
         assert_eq!(token.file, dir.path().join("token"));
         assert!(!format!("{token:?}").contains("s3cret"));
     }

@@ -10,10 +10,13 @@
 mod common;
 
 mod admin;
+mod api_auth;
 mod api_binary;
 mod api_charon;
 mod api_commands;
+mod api_smyte;
 mod api_store;
+mod api_transactions;
 mod architecture;
 mod check_hostile;
 mod cli;
@@ -46,6 +49,7 @@ mod request_limits;
 mod schema;
 mod simulate;
 mod snapshot;
+mod store_secrets;
 mod systemd;
 mod tls;
 mod upgrade_keepalive;
