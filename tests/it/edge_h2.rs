@@ -18,37 +18,6 @@ use std::time::Duration;
 use common::{certs, eventually, free_port, Tollgate, Upstream};
 use tokio::net::TcpStream;
 
-/// h2load's summary: (2xx, 4xx, 5xx, errored, succeeded+failed).
-fn h2load(args: &[&str]) -> (u64, u64, u64, u64, u64, String) {
-    let out = Command::new("h2load")
-        .args(args)
-        .output()
-        .expect("h2load runs");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(',')
-            .find_map(|part| part.trim().strip_suffix(name).map(str::trim))
-            .and_then(|n| n.split_whitespace().last()?.parse().ok())
-            .unwrap_or(u64::MAX)
-    };
-    let codes = text
-        .lines()
-        .find(|l| l.starts_with("status codes:"))
-        .unwrap_or_default();
-    let reqs = text
-        .lines()
-        .find(|l| l.starts_with("requests:"))
-        .unwrap_or_default();
-    (
-        field(codes, "2xx"),
-        field(codes, "4xx"),
-        field(codes, "5xx"),
-        field(reqs, "errored"),
-        field(reqs, "done"),
-        text,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2load_streams_get_their_own_rejections_over_tls_and_h2c() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,7 +44,14 @@ async fn h2load_streams_get_their_own_rejections_over_tls_and_h2c() {
     ] {
         let mut all = vec!["-n", "600", "-c", "3", "-m", "10"];
         all.extend(args);
-        let (ok, too_many, unavailable, errored, done, text) = h2load(&all);
+        let common::h2load::Summary {
+            ok,
+            too_many,
+            unavailable,
+            errored,
+            done,
+            text,
+        } = common::h2load::run(&all);
         assert_eq!(errored, 0, "{name}: no stream or connection error: {text}");
         assert_eq!(done, 600, "{name}: every stream completes: {text}");
         assert_eq!(ok + too_many + unavailable, 600, "{name}: {text}");
