@@ -23,7 +23,11 @@ async fn h2load_streams_get_their_own_rejections_over_tls_and_h2c() {
     let dir = tempfile::tempdir().unwrap();
     let cert = certs::write(dir.path(), "tls", "tls.test", &["tls.test"], 30);
     let (h2c, demo) = (free_port(), free_port());
-    let limits = "    limits:\n      rate: { kind: rate, key: [host], max: 100, per: 1m }\n      inflight: { kind: inflight, key: [host], max: 15 }\n";
+    // Both limits are reached whatever the machine's speed: the demo upstream holds each
+    // request 300 ms while h2load keeps 30 streams open (so more than 15 are in flight),
+    // and h2load's pace (100 requests a second per client, so the run lasts at least 2 s)
+    // lets more than 20 through the inflight limit before the end.
+    let limits = "    limits:\n      rate: { kind: rate, key: [host], max: 20, per: 1m }\n      inflight: { kind: inflight, key: [host], max: 15 }\n";
     let config = format!(
         "server:\n  listen: [{{ addr: \"{{listen}}\", tls: true }}, {{ addr: \"127.0.0.1:{h2c}\", h2c: true }}]\n  metrics: \"{{metrics}}\"\n  grace_period: 0s\n  demo_upstream: \"127.0.0.1:{demo}\"\ntls:\n  certificates:\n    - {{ cert: \"{}\", key: \"{}\" }}\norigins:\n  tls:\n    hosts: [\"tls.test\"]\n    upstreams: [\"127.0.0.1:{demo}\"]\n{limits}  h2c:\n    hosts: [\"h2c.test\"]\n    upstreams: [\"127.0.0.1:{demo}\"]\n{limits}",
         cert.cert.display(),
@@ -35,14 +39,14 @@ async fn h2load_streams_get_their_own_rejections_over_tls_and_h2c() {
             && std::net::TcpStream::connect(("127.0.0.1", h2c)).is_ok()
     })
     .await;
-    let tls_url = format!("https://tls.test:{}/?sleep=20ms", t.listen.port());
+    let tls_url = format!("https://tls.test:{}/?sleep=300ms", t.listen.port());
     let connect_to = format!("--connect-to=127.0.0.1:{}", t.listen.port());
-    let h2c_url = format!("http://127.0.0.1:{h2c}/?sleep=20ms");
+    let h2c_url = format!("http://127.0.0.1:{h2c}/?sleep=300ms");
     for (name, args) in [
         ("tls", vec![tls_url.as_str(), connect_to.as_str()]),
         ("h2c", vec![h2c_url.as_str(), "-H", ":authority: h2c.test"]),
     ] {
-        let mut all = vec!["-n", "600", "-c", "3", "-m", "10"];
+        let mut all = vec!["-n", "600", "-c", "3", "-m", "10", "--rps", "100"];
         all.extend(args);
         let common::h2load::Summary {
             ok,
