@@ -73,6 +73,11 @@ pub enum StoreError {
     /// Redis answered an error, or the connection failed.
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    /// Redis answered an error about the data of a key the call named (another type
+    /// written over it, data no script wrote): that key's failure, not the store's. The
+    /// caller falls back; the key is repaired in the background (`crate::store::redis`).
+    #[error("key error: {0}")]
+    Key(::redis::RedisError),
     /// A reply of an unexpected shape (a script from another version?).
     #[error("unexpected reply: {0}")]
     Reply(String),
