@@ -889,7 +889,8 @@ impl Limiter {
     /// have counted it, as their semantics say; a tiered burst keeps the tiers it entered).
     ///
     /// A local decision completes without waiting; a shared one makes one store call,
-    /// bounded by the store's budget (its fallback decides past it).
+    /// bounded by what is left of the phase's store budget (`crate::store::budget`; its
+    /// fallback decides past it).
     pub async fn decide<F: Facts + Sync + ?Sized>(
         &self,
         key: u64,

@@ -11,8 +11,9 @@
 //! retry within the budget, reconnection is the probe's job (a call never waits for a
 //! reconnect), TCP_NODELAY is on and TCP keepalive probes after 10 s idle.
 //!
-//! **Budget.** Every decision has a budget (`timeout`, default 5 ms). Past it the call
-//! returns [`StoreError::Timeout`] at once, whatever Redis does, and the caller falls back.
+//! **Budget.** Every decision has a budget (`timeout`, default 5 ms), shared by all the
+//! calls of one request phase ([`crate::store::budget`]). Past it the call returns
+//! [`StoreError::Timeout`] at once, whatever Redis does, and the caller falls back.
 //! The budget's timer is registered with the store's runtime, so callers need no timer of
 //! their own. tokio's timers have a 1 ms resolution: a call returns within budget + 1 ms.
 //!
@@ -68,6 +69,7 @@ use crate::limits::verdict::{Grant, Verdict, NEVER};
 use crate::metrics::StoreMetrics;
 use crate::ratelog::{suppressed_note, LogBudget};
 use crate::store::breaker::{Breaker, Transition};
+use crate::store::budget;
 use crate::store::key::{KeyNames, RedisType, StateKind, Variant};
 use crate::store::StoreError;
 
@@ -108,7 +110,8 @@ pub struct RedisStoreConfig {
     pub name: String,
     /// Where Redis is.
     pub endpoint: Endpoint,
-    /// Budget per decision (`timeout`, default 5 ms).
+    /// Budget of one request phase for its calls (`timeout`, default 5 ms; see
+    /// [`crate::store::budget`]), and of each call made outside a phase.
     pub timeout: Duration,
     /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
     pub failures: u32,
@@ -659,9 +662,10 @@ impl RedisStore {
         Ok(scripts::count(scripts::int(&v)?))
     }
 
-    /// The per-decision budget.
+    /// The budget of a decision call: the store's `timeout`, or within a request phase
+    /// what is left of it ([`crate::store::budget`]).
     fn budget(&self) -> Duration {
-        self.inner.config.timeout
+        budget::left(self.inner.config.timeout)
     }
 
     /// The timeout of calls nobody waits for (refunds, releases, renewals): as long as a
@@ -693,6 +697,12 @@ impl RedisStore {
             inner.metrics.breaker_open.inc();
             return Err(StoreError::BreakerOpen);
         };
+        if timeout.is_zero() {
+            // The request phase spent its budget on earlier calls: not sent, and no failure
+            // of the store's.
+            inner.metrics.timeout.inc();
+            return Err(StoreError::Timeout);
+        }
         let at = at.map(Arg::U);
         let evalsha = script_cmd("EVALSHA", &script.sha, keys, args, at);
         let started = Instant::now();
