@@ -406,6 +406,26 @@ impl RedisStore {
         KeyNames::new(&self.inner.config.prefix, origin, limit, variant)
     }
 
+    /// Runs `work` for at most `d`, on the store's timer (usable from any runtime, or none
+    /// with a timer); `None` past it.
+    pub(crate) async fn within<F: std::future::Future>(
+        &self,
+        d: Duration,
+        work: F,
+    ) -> Option<F::Output> {
+        let timed = {
+            let _rt = self.inner.handle.enter();
+            tokio::time::timeout(d, work)
+        };
+        timed.await.ok()
+    }
+
+    /// What a decision call may wait now: the store's budget, or what is left of it in the
+    /// running request phase ([`crate::store::budget`]).
+    pub(crate) fn decision_budget(&self) -> Duration {
+        self.budget()
+    }
+
     /// Sleeps on the store's timer (usable from any runtime, or none with a timer).
     pub(crate) async fn sleep(&self, d: Duration) {
         let sleep = {
