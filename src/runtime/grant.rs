@@ -16,7 +16,7 @@
 //! never requested. A new variant gets its arm in [`Limiter::grant`]: the match is
 //! exhaustive, so the compiler points here.
 
-use crate::limits::{Facts, Grant, Nanos, TieredDecision};
+use crate::limits::{Facts, Grant, Nanos, TieredDecision, TieredParams};
 use crate::runtime::limiter::{ConcurrencyRt, Limiter};
 use crate::store::{Micros, SharedGrant, Source};
 
@@ -157,6 +157,18 @@ impl Limiter {
             | Limiter::Concurrency(_)
             | Limiter::SharedInflight(_)
             | Limiter::SharedConcurrency(_) => None,
+        }
+    }
+}
+
+impl Limiter {
+    /// A tiered limit's parameters (tiers, hard and global limits), in-process or in a
+    /// store alike, for a reply's context; `None` for the other kinds.
+    pub fn tiered_params(&self) -> Option<&TieredParams> {
+        match self {
+            Limiter::Tiered(l) => Some(&l.params),
+            Limiter::SharedTiered(l) => Some(&l.params),
+            _ => None,
         }
     }
 }
