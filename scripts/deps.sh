@@ -10,6 +10,8 @@
 #   systemd-analyze - (Debian package `systemd`) verifies conf/systemd/tollgate.service in tests
 #   python3-redis - redis-py for /usr/bin/python3: the limiter API's Python client example,
 #                run by a test
+#   h2load, curl - (Debian packages `nghttp2-client`, `curl`) real HTTP clients of the proxy's
+#                tests (h2load --h1 pipelines; curl sends what the tests need to see forwarded)
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -24,10 +26,11 @@ declare -A pkg_of=(
   [valgrind]=valgrind
   [redis-benchmark]=redis-tools
   [systemd-analyze]=systemd
+  [h2load]=nghttp2-client
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

@@ -1,8 +1,8 @@
 //! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
-//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), the
-//! per-request context ([`ctx`]), the responses tollgate writes itself ([`problem`]), and
-//! two small HTTP side services: `/metrics` ([`metrics_app`]) and the demo upstream
-//! ([`demo`]). Around the proxy, each downstream connection's life: its caps
+//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what
+//! the request's header becomes upstream ([`forward`]), the per-request context
+//! ([`ctx`]), the responses tollgate writes itself ([`problem`]), and two small HTTP side
+//! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the proxy, each downstream connection's life: its caps
 //! ([`connections`]), its deadlines and draining ([`front`], [`conn`]); and Pingora's own
 //! log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
 //!
@@ -14,6 +14,7 @@ pub mod conn;
 pub mod connections;
 pub mod ctx;
 pub mod demo;
+pub mod forward;
 pub mod front;
 pub mod identity;
 pub mod metrics_app;
