@@ -10,11 +10,9 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "common/fleet.rs"]
-mod fleet;
-#[path = "common/redis.rs"]
-mod harness;
+use crate::common;
+use crate::common::fleet;
+use crate::common::redis as harness;
 
 use std::time::{Duration, Instant};
 
@@ -22,15 +20,17 @@ use common::Upstream;
 use fleet::{config, requests, status, wait_up};
 use harness::RedisServer;
 
-/// The store's budget: long enough that six of them cannot hide in the slack.
-const BUDGET: Duration = Duration::from_millis(200);
-/// What a request may take beyond its budgets: proxying, a debug build, a busy machine.
-const SLACK: Duration = Duration::from_millis(300);
+/// The store's budget: long enough that eight of them (2.4 s, what waiting per limit
+/// costs) cannot hide in the slack.
+const BUDGET: Duration = Duration::from_millis(300);
+/// What a request may take beyond its budgets: proxying, a debug build, timers firing
+/// late on a busy machine, the suite's other tests.
+const SLACK: Duration = Duration::from_millis(900);
 
 /// The budget above, a breaker that never opens (every call must meet the frozen Redis),
 /// the local fallback, no deny cache.
 const STORE: &str =
-    "timeout: 200ms\n    breaker: { failures: 1000, probe_every: 50ms }\n    deny_cache: 0";
+    "timeout: 300ms\n    breaker: { failures: 1000, probe_every: 50ms }\n    deny_cache: 0";
 
 /// Six shared limits decided when the request arrives (token buckets and rates), and two
 /// decided once the upstream is picked (inflight).
@@ -78,7 +78,7 @@ async fn a_frozen_store_costs_one_budget_per_request_phase() {
 
     // Two phases: two budgets at most, whatever the number of limits in them.
     assert!(
-        waited < 2 * BUDGET + Duration::from_millis(100),
+        waited < 2 * BUDGET + SLACK / 2,
         "the store calls waited {waited:?} in all: one budget per phase is {BUDGET:?}"
     );
     assert!(

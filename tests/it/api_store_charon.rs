@@ -15,9 +15,8 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-#[path = "common/redis.rs"]
-mod harness;
+use crate::common;
+use crate::common::redis as harness;
 
 use std::net::TcpStream;
 use std::process::Command;

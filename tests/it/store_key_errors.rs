@@ -12,13 +12,10 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/api.rs"]
-mod api;
-mod common;
-#[path = "common/fleet.rs"]
-mod fleet;
-#[path = "common/redis.rs"]
-mod harness;
+use crate::common;
+use crate::common::api;
+use crate::common::fleet;
+use crate::common::redis as harness;
 
 use api::redis_cli;
 use common::{Tollgate, Upstream};
