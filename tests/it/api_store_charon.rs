@@ -29,6 +29,8 @@ use serde_json::{json, Value};
 const SEARCH: &str = "kind: tiered, hard_limit: 3, global_limit: 1000, tiers: [{ limit: 2, window: 1m, active: 10m, cooldown: 0s }, { limit: 3, window: 1m, active: 10m, cooldown: 0s }]";
 /// The same tiers without a hard limit: 5 grants for a fresh domain.
 const LADDER: &str = "kind: tiered, tiers: [{ limit: 2, window: 1m, active: 10m, cooldown: 0s }, { limit: 3, window: 1m, active: 10m, cooldown: 0s }]";
+/// Three a day.
+const CAPS: &str = "kind: sliding_log, windows: [{ max: 3, per: 1d }]";
 /// One copy per domain, a blacklist group of max 0.
 const SLOTS: &str = "kind: concurrency, max: 1, groups: [{ name: banned, members: { customer: [mallory] }, max: 0 }]";
 
@@ -44,7 +46,12 @@ async fn api(redis: &RedisServer) -> Api {
     let up = Upstream::start("127.0.0.1", "up").await;
     let port = free_port();
     let mut resources = String::from("resources:\n");
-    for (name, spec) in [("search", SEARCH), ("ladder", LADDER), ("slots", SLOTS)] {
+    for (name, spec) in [
+        ("search", SEARCH),
+        ("ladder", LADDER),
+        ("caps", CAPS),
+        ("slots", SLOTS),
+    ] {
         resources.push_str(&format!("  {name}: {{ {spec} }}\n"));
         resources.push_str(&format!("  {name}_s: {{ {spec}, store: shared }}\n"));
     }
@@ -219,6 +226,14 @@ print(json.dumps({
             json!({"never": [0, -1, "hard_limit"], "cut": [3, "hard_limit"]}),
             "MIN 4 above the hard limit of 3 can never pass; 9 cut to 3 by it"
         );
+    }
+    let code = r#"
+capped = ch("CH.REQUEST", RES, "big", 4, "MIN", 4)
+print(json.dumps([capped["granted"], capped["retry_after_ms"]]))
+"#;
+    let (local, store) = both(a.port, "caps", code);
+    for out in [local, store] {
+        assert_eq!(out, json!([0, -1]), "4 never fit in a window of 3");
     }
     let code = r#"
 banned = ch("CH.RESERVE", RES, "mallory", 1)
