@@ -41,6 +41,17 @@ pub struct Metrics {
     /// `tollgate_connection_timeouts_total{timeout}`: connections closed by a timeout
     /// (`header`: the request header did not arrive in time; `keepalive`: idle too long).
     pub connection_timeouts_total: IntCounterVec,
+    /// `tollgate_tls_handshakes_total{result,version}`: TLS handshakes on the proxy's
+    /// listeners, by result (`success`, `failure`, `timeout`) and the version agreed
+    /// (`1.2`, `1.3`; `none` when none was).
+    pub tls_handshakes_total: IntCounterVec,
+    /// `tollgate_h2_reset_closes_total`: HTTP/2 connections closed because they reset
+    /// more streams than `server.h2_max_resets` allows (rapid reset).
+    pub h2_reset_closes_total: IntCounter,
+    /// `tollgate_proxy_protocol_total{result}`: PROXY protocol headers read on
+    /// `proxy_protocol` listeners, by result (`trusted`: its address was used;
+    /// `untrusted`: from a peer outside `trusted_proxies`, ignored; `invalid`: closed).
+    pub proxy_protocol_total: IntCounterVec,
     /// `tollgate_api_commands_total{command,result}`: limiter API commands, by command
     /// (the known names, lower case, or `other`) and result (`ok`, `rejected` when a
     /// limiter said no, `error` for an error reply).
@@ -177,6 +188,30 @@ impl Metrics {
         registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(connections_limited_total.clone()))?;
         registry.register(Box::new(connection_timeouts_total.clone()))?;
+        let tls_handshakes_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_tls_handshakes_total",
+                "TLS handshakes on the proxy's listeners by result (success, failure, timeout) and version agreed (1.2, 1.3, none).",
+            ),
+            &["result", "version"],
+        )?;
+        let h2_reset_closes_total = IntCounter::new(
+            "tollgate_h2_reset_closes_total",
+            "HTTP/2 connections closed for resetting more streams than server.h2_max_resets allows (rapid reset).",
+        )?;
+        let proxy_protocol_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_proxy_protocol_total",
+                "PROXY protocol headers read, by result: trusted (the address is used), untrusted (from a peer outside trusted_proxies, ignored), invalid (connection closed).",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(tls_handshakes_total.clone()))?;
+        registry.register(Box::new(h2_reset_closes_total.clone()))?;
+        registry.register(Box::new(proxy_protocol_total.clone()))?;
+        for result in ["trusted", "untrusted", "invalid"] {
+            proxy_protocol_total.with_label_values(&[result]);
+        }
         let api_commands_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_api_commands_total",
@@ -220,6 +255,9 @@ impl Metrics {
             connections_open,
             connections_limited_total,
             connection_timeouts_total,
+            tls_handshakes_total,
+            h2_reset_closes_total,
+            proxy_protocol_total,
             api_commands_total,
             api_connections,
             api_holds,

@@ -424,15 +424,17 @@ impl Reloader {
     }
 
     /// The stamps (modification time and length) of the running config's segment files,
-    /// in config order; `None` for a file that cannot be read now.
+    /// then of its certificate and key files, in config order; `None` for a file that
+    /// cannot be read now. A certificate rotated on disk reloads like a segment.
     fn segment_stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
-        self.runtime
-            .load()
-            .config
+        let rt = self.runtime.load();
+        rt.config
             .segments
             .iter()
-            .map(|s| {
-                std::fs::metadata(&s.file)
+            .map(|s| s.file.as_path())
+            .chain(crate::tls::files(&rt.config.tls))
+            .map(|file| {
+                std::fs::metadata(file)
                     .ok()
                     .and_then(|m| Some((m.modified().ok()?, m.len())))
             })

@@ -808,9 +808,10 @@ pub fn release(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
 /// `ttl_seconds`: seconds with up to 9 decimals, above 0 and at most a day.
 fn ttl(text: &[u8]) -> Result<Duration, AskError<'_>> {
     let max = MAX_TRANSFER_TTL.as_secs();
-    let bad = AskError::Arg(ArgError::Number {
+    let bad = AskError::Arg(ArgError::Time {
         name: "ttl_seconds",
-        min: 0,
+        unit: super::smyte::Unit::Seconds,
+        positive: true,
         max,
         got: text,
     });

@@ -124,16 +124,26 @@ fn conn_state(stream: &Stream) -> Option<&ConnState> {
 }
 
 /// A downstream stream carrying its [`ConnState`]; every operation goes to the inner one.
+///
+/// A TLS stream cannot peek (Pingora's `SslStream` says so at once), so for one the
+/// one-byte peek of the keep-alive wait reads the byte and keeps it here, to be returned
+/// by the next read: the wait is then bounded on TLS as on plaintext.
 #[derive(Debug)]
 pub struct Conn {
     inner: Stream,
     state: Arc<ConnState>,
+    /// A byte read by a peek on a stream that cannot peek, not yet returned by a read.
+    peeked: Option<u8>,
 }
 
 impl Conn {
     /// Wraps `inner`; the handler keeps `state` to read what the hooks and writes left.
     pub fn new(inner: Stream, state: Arc<ConnState>) -> Self {
-        Self { inner, state }
+        Self {
+            inner,
+            state,
+            peeked: None,
+        }
     }
 }
 
@@ -143,6 +153,14 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(byte) = self.peeked {
+            if buf.remaining() > 0 {
+                buf.put_slice(&[byte]);
+                self.peeked = None;
+                self.state.saw_read(false, true);
+            }
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         self.state
@@ -249,7 +267,23 @@ impl GetSocketDigest for Conn {
 #[async_trait]
 impl Peek for Conn {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        self.inner.try_peek(buf).await
+        if self.inner.get_ssl().is_none() {
+            return self.inner.try_peek(buf).await;
+        }
+        // TLS: one byte at most, read and kept for the next read.
+        if buf.len() != 1 {
+            return Ok(false);
+        }
+        if self.peeked.is_none() {
+            use tokio::io::AsyncReadExt;
+            let mut byte = [0u8; 1];
+            if self.inner.read(&mut byte).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            self.peeked = Some(byte[0]);
+        }
+        buf[0] = self.peeked.unwrap_or_default();
+        Ok(true)
     }
 }
 

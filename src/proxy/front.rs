@@ -62,6 +62,8 @@ use crate::limits::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
 use crate::proxy::conn::{Conn, ConnState};
 use crate::proxy::connections::Connections;
+use crate::proxy::edge::{Edge, Protocol, PREFACE};
+use crate::proxy::h2::{self, Ended};
 use crate::proxy::service::Tollgate;
 use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::Runtime;
@@ -69,6 +71,10 @@ use crate::runtime::Runtime;
 /// The proxy service's application: connection handling around Pingora's `HttpProxy`.
 pub struct Front {
     proxy: Arc<HttpProxy<Tollgate>>,
+    /// What precedes the first request: PROXY header, TLS, the protocol.
+    edge: Edge,
+    /// `tollgate_h2_reset_closes_total`.
+    h2_reset_closes: IntCounter,
     runtime: Arc<ArcSwap<Runtime>>,
     connections: Arc<Connections>,
     header_timeouts: IntCounter,
@@ -100,16 +106,20 @@ enum Next<T> {
 }
 
 impl Front {
-    /// Wraps `proxy`; `connections` counts what the listener's filter admitted.
+    /// Wraps `proxy`; `connections` counts what the listener's filter admitted, `edge`
+    /// knows the listeners.
     pub fn new(
         proxy: HttpProxy<Tollgate>,
         runtime: Arc<ArcSwap<Runtime>>,
         connections: Arc<Connections>,
+        edge: Edge,
         metrics: &Metrics,
     ) -> Self {
         let timeouts = |t: &str| metrics.connection_timeouts_total.with_label_values(&[t]);
         Self {
             proxy: Arc::new(proxy),
+            edge,
+            h2_reset_closes: metrics.h2_reset_closes_total.clone(),
             runtime,
             connections,
             header_timeouts: timeouts("header"),
@@ -291,6 +301,17 @@ impl Front {
         }
     }
 
+    fn refused_h2(&self, peer: Option<IpAddr>, max: u32) {
+        if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
+            log::info!(
+                "closed an HTTP/2 connection from {}: more than {max} stream resets in {:?} (server.h2_max_resets; rapid reset){}",
+                show(peer),
+                crate::config::Connections::H2_RESET_WINDOW,
+                suppressed_note(suppressed)
+            );
+        }
+    }
+
     /// Counts a response Pingora wrote without any hook: a header its parser refused
     /// (400) or a `CONNECT` (405).
     fn refused(&self, peer: Option<IpAddr>, code: u16) {
@@ -308,6 +329,19 @@ impl Front {
             );
         }
     }
+}
+
+/// Whether `stream` (whose first byte has arrived) starts with the HTTP/2 preface: only a
+/// `P` can start one, so an HTTP/1 request other than `POST`, `PUT` or `PATCH` is known at
+/// once; those wait for 24 bytes, at most until `deadline`.
+async fn starts_with_preface(stream: &mut Stream, deadline: Instant) -> bool {
+    let mut first = [0u8; 1];
+    if !matches!(stream.try_peek(&mut first).await, Ok(true)) || first[0] != PREFACE[0] {
+        return false;
+    }
+    let mut buf = [0u8; PREFACE.len()];
+    let peeked = tokio::time::timeout_at(deadline, stream.try_peek(&mut buf)).await;
+    matches!(peeked, Ok(Ok(true))) && buf == *PREFACE
 }
 
 /// Polls `fut` once.
@@ -329,11 +363,39 @@ impl ServerApp for Front {
         let peer = stream
             .get_socket_digest()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let accepted = Instant::now();
         let _slot = self.connections.claim(peer);
-        if stream.get_ssl_digest().is_some() {
-            // TLS (and with it HTTP/2 by ALPN) is Pingora's own loop: tollgate has no TLS
-            // listener today, so this only keeps a future one correct.
-            return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+        let rt = self.runtime.load_full();
+        let opened = self.edge.open(stream, peer, accepted, &rt).await?;
+        let (mut stream, peer) = (opened.stream, opened.peer);
+        let limits = rt.config.server.connections;
+        drop(rt);
+        let h2 = match opened.protocol {
+            Protocol::H2 => true,
+            Protocol::Http1 => false,
+            Protocol::Http1OrH2c => {
+                let deadline = accepted + limits.header_timeout;
+                match self.wait_for_first(&mut stream, deadline).await {
+                    Idle::Request => starts_with_preface(&mut stream, deadline).await,
+                    Idle::HeaderTimeout => {
+                        self.header_timed_out(peer, limits.header_timeout);
+                        return None;
+                    }
+                    Idle::Close => return None,
+                }
+            }
+        };
+        if h2 {
+            let first = accepted + limits.header_timeout;
+            match h2::serve(&self.proxy, stream, &limits, first, shutdown).await {
+                Ended::HandshakeTimeout => self.header_timed_out(peer, limits.header_timeout),
+                Ended::TooManyResets => {
+                    self.h2_reset_closes.inc();
+                    self.refused_h2(peer, limits.h2_max_resets);
+                }
+                Ended::Normally | Ended::Malformed => {}
+            }
+            return None;
         }
         self.serve_http1(stream, peer, shutdown).await;
         None

@@ -19,10 +19,12 @@ use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
+use crate::config::UpstreamProtocol;
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
 use crate::proxy::conn::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::forward;
+use crate::proxy::grpc;
 use crate::proxy::identity::{client_ip, is_trusted, RequestFacts};
 use crate::proxy::pingora_log::redact;
 use crate::proxy::problem::{self, Problem, RejectInfo};
@@ -228,6 +230,7 @@ fn peer_for(ctx: &Ctx, addr: SocketAddr) -> Result<Box<HttpPeer>> {
         peer.options.verify_cert = false;
         peer.options.verify_hostname = false;
     }
+    upstream_http2(&mut peer, origin.upstream_protocol);
     Ok(Box::new(peer))
 }
 
@@ -261,6 +264,19 @@ fn summary(session: &Session) -> String {
     let end = method.len().min(16);
     method.as_bytes()[..end].escape_ascii().to_string()
 }
+
+/// HTTP/2 to the upstream when the origin says so (`upstream_protocol`): ALPN `h2` over
+/// TLS, prior knowledge in plaintext; streams share a connection, up to
+/// [`UPSTREAM_H2_STREAMS`] on one.
+fn upstream_http2(peer: &mut HttpPeer, protocol: UpstreamProtocol) {
+    if protocol != UpstreamProtocol::Http1 {
+        peer.options.set_http_version(2, 2);
+        peer.options.max_h2_streams = UPSTREAM_H2_STREAMS;
+    }
+}
+
+/// Streams one upstream HTTP/2 connection carries before another is opened.
+const UPSTREAM_H2_STREAMS: usize = 100;
 
 /// Builds the facts of the current request; `server` once an upstream is picked. The
 /// customer header is believed only from a trusted proxy (like `X-Forwarded-For`): from
@@ -327,6 +343,9 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: 
 /// connection is closed afterwards, so a keep-alive client never waits on a body nobody
 /// reads (Pingora issues 766 and 540); so it is when `close` says the process drains.
 async fn send(session: &mut Session, problem: &Problem, close: bool) -> Result<()> {
+    if grpc::is_grpc(&session.req_header().headers) {
+        return grpc::send(session, problem).await;
+    }
     let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 2))?;
     resp.insert_header("content-type", "application/problem+json")?;
     resp.insert_header("content-length", problem.body.len().to_string())?;

@@ -15,6 +15,9 @@
 //! - `tollgate_concurrency_max{origin,limit,group}`: the max each of those series is held
 //!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
+//! - `tollgate_tls_certificate_expiry_timestamp_seconds{cert}`: each served certificate's
+//!   `notAfter` (Unix seconds), by certificate file: a replaced certificate's new date shows
+//!   at the next scrape after it is loaded.
 //!
 //! The limiter API's resources are exported like limits, under `origin="_api"`.
 //!
@@ -51,6 +54,8 @@ pub struct RuntimeCollector {
     max: IntGaugeVec,
     /// `tollgate_kill_switch`.
     kill: IntGauge,
+    /// `tollgate_tls_certificate_expiry_timestamp_seconds`.
+    cert_expiry: IntGaugeVec,
 }
 
 /// Counter totals by label values, summed over a limit's variants.
@@ -105,7 +110,15 @@ impl RuntimeCollector {
             "tollgate_kill_switch",
             "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
         )?;
+        let cert_expiry = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_tls_certificate_expiry_timestamp_seconds",
+                "When each certificate tollgate serves expires (its notAfter), in Unix seconds, by certificate file.",
+            ),
+            &["cert"],
+        )?;
         Ok(Self {
+            cert_expiry,
             runtime,
             evictions,
             rate_evictions,
@@ -141,6 +154,7 @@ impl Collector for RuntimeCollector {
         desc.extend(self.in_use.desc());
         desc.extend(self.max.desc());
         desc.extend(self.kill.desc());
+        desc.extend(self.cert_expiry.desc());
         desc
     }
 
@@ -250,6 +264,14 @@ impl Collector for RuntimeCollector {
         families.extend(self.in_use.collect());
         families.extend(self.max.collect());
         families.extend(self.kill.collect());
+        self.cert_expiry.reset();
+        for cert in rt.tls.iter().flat_map(|t| &t.certs) {
+            let file = cert.file.display().to_string();
+            self.cert_expiry
+                .with_label_values(&[file.as_str()])
+                .set(cert.not_after);
+        }
+        families.extend(self.cert_expiry.collect());
         families
     }
 }

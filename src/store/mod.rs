@@ -53,7 +53,7 @@ pub enum StoreError {
     BadUrl {
         /// The store's name.
         store: String,
-        /// The URL as written.
+        /// The URL as written, its password redacted.
         url: String,
         /// What is wrong with it.
         reason: String,

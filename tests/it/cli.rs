@@ -35,6 +35,10 @@ fn example() -> String {
     std::fs::read_to_string(format!("{root}/conf/tollgate.yaml"))
         .unwrap()
         .replace("file: segments/", &format!("file: {root}/conf/segments/"))
+        .replace(
+            " tls/localhost-TEST-ONLY",
+            &format!(" {root}/conf/tls/localhost-TEST-ONLY"),
+        )
 }
 
 /// The example config on free loopback ports (its listen and metrics as the harness's
@@ -48,7 +52,9 @@ fn example_on_free_ports() -> (String, String, u16) {
         .replace("127.0.0.1:9100", "{metrics}")
         .replace("127.0.0.1:8081", &demo)
         .replace("127.0.0.1:9049", &format!("127.0.0.1:{api}"))
-        .replace("127.0.0.1:9180", &format!("127.0.0.1:{}", free_port()));
+        .replace("127.0.0.1:9180", &format!("127.0.0.1:{}", free_port()))
+        .replace("127.0.0.1:8443", &format!("127.0.0.1:{}", free_port()))
+        .replace("127.0.0.1:8082", &format!("127.0.0.1:{}", free_port()));
     (text, demo, api)
 }
 

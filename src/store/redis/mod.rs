@@ -271,7 +271,8 @@ impl RedisStore {
     pub fn new(config: RedisStoreConfig, metrics: StoreMetrics) -> Result<Self, StoreError> {
         let bad = |url: &str, e: &dyn std::fmt::Display| StoreError::BadUrl {
             store: config.name.clone(),
-            url: url.to_string(),
+            // Never the password: the error reaches logs and `check`.
+            url: crate::config::secret::redact_url(url).into_owned(),
             reason: e.to_string(),
         };
         let probe_timeout = config

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod certs;
 pub mod fleet;
 pub mod raw;
 pub mod redis;
@@ -104,6 +105,40 @@ pub async fn hold_as(
     })
     .await;
     task
+}
+
+/// A config with the limiter API on `127.0.0.1:{api}`: the common server section,
+/// `server_extra` (indented server keys), one origin `app` (host `app.test`, never sent
+/// to), then `tail` (top-level sections: api, resources, stores).
+pub fn api_config(api: u16, server_extra: &str, tail: &str) -> String {
+    format!(
+        "{SERVER}  limiter_api: \"127.0.0.1:{api}\"\n{server_extra}origins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"127.0.0.1:1\"]\n{tail}"
+    )
+}
+
+/// Starts tollgate on [`api_config`] with a free port for the API; returns it and the
+/// API's port once the API accepts.
+pub async fn start_api(server_extra: &str, tail: &str) -> (Tollgate, u16) {
+    let port = free_port();
+    let t = Tollgate::start(&api_config(port, server_extra, tail)).await;
+    eventually("the limiter API answers", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    (t, port)
+}
+
+/// Runs `script` with Debian's `/usr/bin/python3` (redis-py from python3-redis, which
+/// scripts/deps.sh installs) and `args`; returns its stdout, asserting it succeeded.
+pub fn python(script: &str, args: &[&str]) -> String {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("/usr/bin/python3 with redis-py (scripts/deps.sh installs python3-redis)");
+    assert!(out.status.success(), "python: {out:?}");
+    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 /// Builds a segment of `ids` at `out` with the real CLI.
