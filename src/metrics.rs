@@ -65,8 +65,9 @@ pub struct Metrics {
     /// `tollgate_store_up{store}`: 1 while a shared store's breaker is closed (decisions
     /// go to it), 0 while it is open (decisions fall back).
     pub store_up: IntGaugeVec,
-    /// `tollgate_store_requests_total{store,result}`, result `ok`, `timeout`, `error` or
-    /// `breaker_open` (not sent: the breaker was open).
+    /// `tollgate_store_requests_total{store,result}`, result `ok`, `timeout`, `error`,
+    /// `key_error` (the store answered an error about one key's data: that key's failure,
+    /// not the store's) or `breaker_open` (not sent: the breaker was open).
     pub store_requests_total: IntCounterVec,
     /// `tollgate_store_latency_seconds{store}`: time of the calls sent to the store,
     /// whatever their result (a timed-out call counts its budget).
@@ -135,7 +136,7 @@ impl Metrics {
         let store_requests_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_store_requests_total",
-                "Calls to a shared store by result (ok, timeout, error, breaker_open).",
+                "Calls to a shared store by result (ok, timeout, error, key_error, breaker_open).",
             ),
             &["store", "result"],
         )?;
@@ -311,6 +312,7 @@ impl Metrics {
             ok: result("ok"),
             timeout: result("timeout"),
             error: result("error"),
+            key_error: result("key_error"),
             breaker_open: result("breaker_open"),
             latency: self.store_latency_seconds.with_label_values(&[store]),
             fallback: self
@@ -377,6 +379,10 @@ pub struct StoreMetrics {
     pub timeout: IntCounter,
     /// `...{result="error"}`: the store answered an error or the connection failed.
     pub error: IntCounter,
+    /// `...{result="key_error"}`: the store answered an error about the data of a key the
+    /// call named (another type written over it, data no script wrote): the key's
+    /// decision fell back and the key was repaired; the breaker took no note.
+    pub key_error: IntCounter,
     /// `...{result="breaker_open"}`: not sent, the breaker was open.
     pub breaker_open: IntCounter,
     /// `tollgate_store_latency_seconds{store}`.

@@ -89,7 +89,8 @@ pub enum Fallback {
 pub struct RedisStoreSpec {
     /// Standalone or Cluster.
     pub endpoint: RedisEndpoint,
-    /// Budget per decision (`timeout`, default 5 ms): past it the decision falls back.
+    /// Budget of one request phase for all its calls to the store (`timeout`, default
+    /// 5 ms): past it the phase's remaining shared limits fall back.
     pub timeout: Duration,
     /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
     pub failures: u32,
