@@ -175,6 +175,14 @@ wait_tls "$tollgate_pid" "$t_tls" tollgate
 wait_tls "$nginx_pid" "$n_tls" nginx
 log "upstream :$up_port; tollgate TLS :$t_tls h2c :$t_h2c; nginx TLS :$n_tls h2c :$n_h2c"
 
+# What a handshake agrees with each (s_client): version and cipher, key exchange.
+declare -A agreed
+for v in t n; do
+  agreed[$v]=$(openssl s_client -connect "127.0.0.1:${tls[$v]}" -servername "$host" </dev/null 2>&1 |
+    awk '/^New, / { sub(/^New, /, ""); printf "%s%s", sep, $0; sep = ", " }
+         /^Server Temp Key:/ { sub(/^Server Temp Key: /, ""); printf "%skey exchange %s", sep, $0; sep = ", " }')
+done
+
 clk_tck=$(getconf CLK_TCK)
 results=$tmp/results.tsv
 failed=0
@@ -286,6 +294,7 @@ echo
 echo "## The edge against nginx: one worker each, loopback, same certificate (ECDSA P-256) and limits"
 echo
 echo "$("$bin" --version) links OpenSSL 3.6 (vendored); nginx $(nginx -v 2>&1 | sed 's/.*nginx\///') links $(openssl version | cut -d' ' -f1-2)."
+echo "Handshakes agreed: tollgate ${agreed[t]}; nginx ${agreed[n]}."
 echo "Medians over $rounds round(s); CPU = the proxy's utime+stime (nginx: master + worker) / work done."
 echo
 awk -F'\t' '
