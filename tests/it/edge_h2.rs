@@ -3,8 +3,8 @@
 //! rejection answers on its stream, every other stream completes, no connection error, the
 //! inflight gauge back to 0), units given back when a stream is reset or its connection
 //! dies (the `h2` crate as the client, holding requests at a real upstream), and rapid
-//! reset: the abusive connection is closed before the origin sees more than the reset
-//! budget, while another client is served.
+//! reset for 6 s by reconnecting attackers: each abusive connection is closed before the
+//! origin sees more than its reset budget, while a normal client is served throughout.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -2,8 +2,9 @@
 //! write: curl over TLS with HTTP/1.1 and HTTP/2 by ALPN, `openssl s_client` for the
 //! certificate SNI picks (exact, wildcard, default, none), Python's `ssl` for the old
 //! versions refused, a silent TCP client cut at the handshake deadline while a normal one
-//! is served, certificates rotated on disk (a broken one kept out), and the handshake and
-//! expiry metrics. Certificates are made at test time.
+//! is served, certificates rotated on disk (a broken one kept out; and under h2load traffic,
+//! no request failing), and the handshake and expiry metrics. Certificates are made at test
+//! time.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
