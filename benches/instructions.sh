@@ -12,6 +12,8 @@
 # the instructions by N. Prints each and its ratio to (a).
 #
 # Run:   benches/instructions.sh            (N=2000 requests; a few minutes)
+#        INSTR_PROTO=h2 benches/instructions.sh   the same over HTTP/2 (prior-knowledge h2c
+#        on an `h2c: true` listener, h2load -c1 -m1 as the client): (a) and (b) only
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
 #        INSTR_ONLY_TOP=1 measures (a), (b) and (b') only: the cost of top_keys
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
@@ -20,6 +22,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 requests=${INSTR_REQUESTS:-2000}
+proto=${INSTR_PROTO:-http1}
+[[ $proto == http1 || $proto == h2 ]] || { echo "INSTR_PROTO is http1 or h2" >&2; exit 2; }
 "$root/scripts/deps.sh" nginx valgrind
 if [[ -n ${TOLLGATE_BIN:-} ]]; then
   bin=$TOLLGATE_BIN
@@ -44,8 +48,15 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# N keep-alive GETs with Host: bench.local; fails unless every one is a 200.
+# N keep-alive GETs with Host: bench.local (over h2: N streams one after another on one
+# connection); fails unless every one is a 200.
 load() {
+  if [[ $proto == h2 ]]; then
+    local out
+    out=$(h2load -n "$2" -c 1 -m 1 -H ":authority: bench.local" "http://127.0.0.1:$1/" 2>&1)
+    grep -q "^status codes: $2 2xx" <<<"$out" || { echo "h2load: $out" >&2; exit 1; }
+    return
+  fi
   python3 - "$1" "$2" <<'PY'
 import http.client, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
@@ -94,7 +105,7 @@ measure() {
   metrics=$(free_port)
   cat >"$tmp/$name.yaml" <<YAML
 server:
-  listen: ["127.0.0.1:$port"]
+  listen: [{ addr: "127.0.0.1:$port", h2c: $([[ $proto == h2 ]] && echo true || echo false) }]
   metrics: "127.0.0.1:$metrics"
   threads: 1
   grace_period: 0s
@@ -133,10 +144,23 @@ b=$(measure limits "    limits:
       tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s } }")
 
 # The same three limits, each keeping its 20 heaviest keys for the admin API (top_keys).
-h=$(measure top_keys "    limits:
+[[ $proto == h2 ]] || h=$(measure top_keys "    limits:
       conc: { kind: inflight, max: 100000, top_keys: 20 }
       per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s, top_keys: 20 }
       tokens: { kind: token_bucket, key: [client_ip], capacity: 100000000, refill: { amount: 100000000, every: 1s }, top_keys: 20 }")
+
+if [[ $proto == h2 ]]; then
+  awk -v a="$a" -v b="$b" -v n="$requests" 'BEGIN {
+    if (a <= 0 || b <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+    printf "## Instructions per request over h2c (callgrind, %d streams on one connection, 1 proxy thread)\n\n", n
+    printf "| tollgate | instructions/request | / no limits |\n|---|---:|---:|\n"
+    printf "| no limits | %.0f | 1 |\n", a / n
+    printf "| inflight + rate + token bucket | %.0f | %.4f |\n\n", b / n, b / a
+    r = b / a
+    printf "- with three limits / without: %.4f (%s: budget <= 1.02)\n", r, r <= 1.02 ? "PASS" : "MISS"
+  }'
+  exit 0
+fi
 
 if [[ -n ${INSTR_ONLY_TOP:-} ]]; then
   awk -v a="$a" -v b="$b" -v h="$h" -v n="$requests" 'BEGIN {

@@ -2,7 +2,8 @@
 //! service over h2c as the origin (`upstream_protocol: h2c`), a client on an `h2c: true`
 //! listener. A unary and a server-streaming call pass with their trailers; a call a rate
 //! limit rejects gets `RESOURCE_EXHAUSTED` from a trailers-only reply that still carries
-//! `retry-after`; an inflight rejection is `UNAVAILABLE`.
+//! `retry-after`; a call an inflight limit rejects (another call held at the origin) gets
+//! `UNAVAILABLE`.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,8 +16,10 @@ use common::{eventually, free_port, Tollgate};
 
 /// An echo service without generated code: methods take and return raw bytes.
 const SERVER: &str = r#"
-import sys, time, grpc
+import sys, threading, grpc
 from concurrent import futures
+
+holding, released = threading.Event(), threading.Event()
 
 def unary(req, ctx):
     ctx.set_trailing_metadata((("x-echo-trailer", "unary"),))
@@ -28,13 +31,23 @@ def stream(req, ctx):
     ctx.set_trailing_metadata((("x-echo-trailer", "stream"),))
 
 def hold(req, ctx):
-    time.sleep(3)
+    holding.set()
+    released.wait(timeout=60)
+    return req
+
+def held(req, ctx):
+    return b"yes" if holding.is_set() else b"no"
+
+def release(req, ctx):
+    released.set()
     return req
 
 handler = grpc.method_handlers_generic_handler("echo.Echo", {
     "Unary": grpc.unary_unary_rpc_method_handler(unary),
     "Stream": grpc.unary_stream_rpc_method_handler(stream),
     "Hold": grpc.unary_unary_rpc_method_handler(hold),
+    "Release": grpc.unary_unary_rpc_method_handler(release),
+    "Held": grpc.unary_unary_rpc_method_handler(held),
 })
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
 server.add_generic_rpc_handlers((handler,))
@@ -44,6 +57,7 @@ print("ready", flush=True)
 server.wait_for_termination(timeout=60)
 "#;
 
+/// The client: `argv[1]` is tollgate's h2c port, `argv[2]` the origin's.
 const CLIENT: &str = r#"
 import sys, grpc, threading
 target = "127.0.0.1:" + sys.argv[1]
@@ -60,6 +74,22 @@ try:
 except grpc.RpcError as e:
     md = dict(e.initial_metadata() or ()) | dict(e.trailing_metadata() or ())
     print("limited", e.code().name, "retry-after" in md, e.details())
+# busy.test has an inflight max of 1: a call held at the origin takes it, and another call
+# is refused until it ends. The origin is asked directly whether the call arrived.
+busy = grpc.insecure_channel(target, options=[("grpc.default_authority", "busy.test")])
+origin = grpc.insecure_channel("127.0.0.1:" + sys.argv[2])
+held = busy.unary_unary("/echo.Echo/Hold").future(b"held", timeout=30)
+for _ in range(500):
+    if held.done() or origin.unary_unary("/echo.Echo/Held")(b"", timeout=10) == b"yes":
+        break
+    threading.Event().wait(0.02)
+try:
+    busy.unary_unary("/echo.Echo/Unary")(b"busy", timeout=10)
+    print("busy not refused")
+except grpc.RpcError as e:
+    print("busy", e.code().name)
+origin.unary_unary("/echo.Echo/Release")(b"go", timeout=10)
+print("held", held.result().decode())
 "#;
 
 fn python(script: &str, arg: &str) -> Command {
@@ -91,18 +121,21 @@ async fn echo_origin() -> (Origin, u16) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_calls_pass_with_trailers_and_a_limited_call_is_resource_exhausted() {
+async fn grpc_calls_pass_with_trailers_and_limited_calls_get_grpc_statuses() {
     let (_origin, port) = echo_origin().await;
     let h2c = free_port();
     let config = format!(
-        "server:\n  listen: [\"{{listen}}\", {{ addr: \"127.0.0.1:{h2c}\", h2c: true }}]\n  metrics: \"{{metrics}}\"\n  grace_period: 0s\norigins:\n  grpc:\n    hosts: [\"grpc.test\"]\n    upstreams: [\"127.0.0.1:{port}\"]\n    upstream_protocol: h2c\n    limits:\n      calls: {{ kind: rate, key: [host], max: 2, per: 1m }}\n"
+        "server:\n  listen: [\"{{listen}}\", {{ addr: \"127.0.0.1:{h2c}\", h2c: true }}]\n  metrics: \"{{metrics}}\"\n  grace_period: 0s\norigins:\n  grpc:\n    hosts: [\"grpc.test\"]\n    upstreams: [\"127.0.0.1:{port}\"]\n    upstream_protocol: h2c\n    limits:\n      calls: {{ kind: rate, key: [host], max: 2, per: 1m }}\n  busy:\n    hosts: [\"busy.test\"]\n    upstreams: [\"127.0.0.1:{port}\"]\n    upstream_protocol: h2c\n    limits:\n      one: {{ kind: inflight, key: [host], max: 1 }}\n"
     );
     let t = Tollgate::start(&config).await;
     eventually("the h2c listener accepts", 250, || async {
         std::net::TcpStream::connect(("127.0.0.1", h2c)).is_ok()
     })
     .await;
-    let out = python(CLIENT, &h2c.to_string()).output().unwrap();
+    let out = python(CLIENT, &h2c.to_string())
+        .arg(port.to_string())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{text}{err}\n{}", t.log_text());
@@ -118,9 +151,13 @@ async fn grpc_calls_pass_with_trailers_and_a_limited_call_is_resource_exhausted(
         limited.starts_with("limited RESOURCE_EXHAUSTED True"),
         "{text}{err}"
     );
+    assert_eq!(lines.get(3), Some(&"busy UNAVAILABLE"), "{text}{err}");
+    assert_eq!(lines.get(4), Some(&"held held"), "{text}{err}");
     t.wait_metric(
         "tollgate_limit_decisions_total{decision=\"rejected\",kind=\"rate\",limit=\"calls\",origin=\"grpc\"}",
         1.0,
     )
     .await;
+    t.wait_metric("tollgate_inflight_requests{origin=\"busy\"}", 0.0)
+        .await;
 }

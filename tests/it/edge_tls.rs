@@ -2,8 +2,9 @@
 //! write: curl over TLS with HTTP/1.1 and HTTP/2 by ALPN, `openssl s_client` for the
 //! certificate SNI picks (exact, wildcard, default, none), Python's `ssl` for the old
 //! versions refused, a silent TCP client cut at the handshake deadline while a normal one
-//! is served, certificates rotated on disk (a broken one kept out), and the handshake and
-//! expiry metrics. Certificates are made at test time.
+//! is served, certificates rotated on disk (a broken one kept out; and under h2load traffic,
+//! no request failing), and the handshake and expiry metrics. Certificates are made at test
+//! time.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -229,9 +230,11 @@ async fn a_silent_client_is_cut_at_the_handshake_deadline() {
         curl(&t, "app.test", &c.cert, &["--http1.1"]),
         ("200".into(), "1.1".into())
     );
+    // One deadline for all: the 500 are cut together, at 1 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     for s in &mut silent {
         let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(20), s.read(&mut byte)).await;
+        let read = tokio::time::timeout_at(deadline, s.read(&mut byte)).await;
         assert!(
             matches!(read, Ok(Ok(0)) | Ok(Err(_))),
             "a silent client is closed by the server, not left open: {read:?}"
@@ -323,6 +326,99 @@ print(get(), sock.getpeercert()["subject"][0][0][1], flush=True)
         "the old connection, with its old certificate"
     );
     assert!(held.wait().unwrap().success());
+}
+
+/// Certificate rotation under h2load traffic over TLS and h2: h2load runs back to back
+/// (each run makes new connections, so handshakes go on throughout) from before the files
+/// are rewritten until a run started after new handshakes presented the new certificate
+/// has finished. No request of any run fails and no handshake fails, though the key and
+/// the certificate are rewritten one after the other (in between they do not match).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotation_under_h2load_fails_no_request() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs::write(dir.path(), "app", "first", &["app.test"], 30);
+    let t = Tollgate::start(&config(
+        up.addr,
+        &format!("  certificates:\n{}", cert_entry(&c)),
+    ))
+    .await;
+    let url = format!("https://app.test:{}/", t.listen.port());
+    let connect_to = format!("--connect-to=127.0.0.1:{}", t.listen.port());
+    let stop = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let traffic = {
+        let (stop, finished) = (stop.clone(), finished.clone());
+        std::thread::spawn(move || {
+            let mut runs = Vec::new();
+            // Bounded: each run is 200 requests; at most 300 runs.
+            while !stop.load(Ordering::SeqCst) && runs.len() < 300 {
+                let args = ["-n", "200", "-c", "4", "-m", "10", &url, &connect_to];
+                runs.push(common::h2load::run(&args));
+                finished.fetch_add(1, Ordering::SeqCst);
+            }
+            runs
+        })
+    };
+    let runs_done = |n: usize| {
+        let finished = finished.clone();
+        async move { finished.load(Ordering::SeqCst) >= n }
+    };
+    eventually("a first h2load run finishes", 1500, || runs_done(1)).await;
+    // The harness's readiness probe (a TCP connect, no hello) counts as one failure.
+    let failed = "tollgate_tls_handshakes_total{result=\"failure\",version=\"none\"}";
+    let failed_before = t.metric(failed).await;
+    assert_eq!(
+        presented_cn(t.listen, Some("app.test")).as_deref(),
+        Some("first")
+    );
+
+    let next = certs::write(dir.path(), "next", "second", &["app.test"], 60);
+    std::fs::write(&c.key, std::fs::read(&next.key).unwrap()).unwrap();
+    std::fs::write(&c.cert, std::fs::read(&next.cert).unwrap()).unwrap();
+    eventually(
+        "new handshakes present the new certificate",
+        500,
+        || async { presented_cn(t.listen, Some("app.test")).as_deref() == Some("second") },
+    )
+    .await;
+    // The run under way now, then one wholly after the rotation.
+    let seen = finished.load(Ordering::SeqCst);
+    eventually("two more h2load runs finish", 1500, || runs_done(seen + 2)).await;
+    stop.store(true, Ordering::SeqCst);
+    let runs = traffic.join().unwrap();
+
+    assert!(runs.len() >= 3, "{} runs", runs.len());
+    for run in &runs {
+        assert!(
+            run.text.contains("Application protocol: h2"),
+            "{}",
+            run.text
+        );
+        assert_eq!(
+            (run.done, run.ok, run.errored),
+            (200, 200, 0),
+            "no request fails across the rotation: {}",
+            run.text
+        );
+    }
+    let text = t.metrics_text().await;
+    assert_eq!(
+        common::sample(&text, failed),
+        failed_before,
+        "no handshake fails across the rotation: {}",
+        t.log_text()
+    );
+    assert!(
+        common::sample(
+            &text,
+            "tollgate_tls_handshakes_total{result=\"success\",version=\"1.3\"}"
+        ) >= (runs.len() * 4) as f64,
+        "{text}"
+    );
 }
 
 /// `tollgate check` loads every certificate: a key that does not match, a file that is not

@@ -16,10 +16,11 @@
 use crate::common;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use common::{eventually, free_port, hold_as, Tollgate, Upstream, SERVER};
+use common::{certs, eventually, free_port, hold_as, Tollgate, Upstream, SERVER};
 
 /// An origin on `app.test` (and `127.0.0.1`, the host h2load sends) whose upstream is
 /// `up`, with `limits` (indented YAML under `limits:`), trusting 127.0.0.1 as a proxy.
@@ -46,13 +47,17 @@ enum Read {
 }
 
 /// Reads responses off one socket with Python's `http.client`, the way a pipelining
-/// client does: `bytes` in one write, then up to `n` responses in order.
+/// client does: `bytes` in one write, then up to `n` responses in order. With a CA file as
+/// the third argument the socket is TLS (`ssl`, SNI `app.test`). Bytes holding NUL are
+/// parts sent one at a time instead: part i is written before response i is read.
 const PIPELINE: &str = r#"
-import http.client, json, socket, sys
+import http.client, json, socket, ssl, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
 data = sys.stdin.buffer.read()
+parts = data.split(b"\0") if b"\0" in data else [data]
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
-s.sendall(data)
+if len(sys.argv) > 3:
+    s = ssl.create_default_context(cafile=sys.argv[3]).wrap_socket(s, server_hostname="app.test")
 class Shared:
     """One buffered reader for every response: a response's close must not close it."""
     def __init__(self, f):
@@ -66,7 +71,9 @@ class Sock:
     def makefile(self, *args, **kwargs):
         return f
 out = []
-for _ in range(n):
+for i in range(n):
+    if i < len(parts):
+        s.sendall(parts[i])
     r = http.client.HTTPResponse(Sock(), method="GET")
     try:
         r.begin()
@@ -84,9 +91,15 @@ print(json.dumps(out))
 
 /// Sends `bytes` in one write to `addr` and reads up to `n` responses (see [`PIPELINE`]).
 fn pipeline(addr: SocketAddr, bytes: &[u8], n: usize) -> Vec<Read> {
+    pipeline_on(addr, None, bytes, n)
+}
+
+/// [`pipeline`], over TLS trusting `ca` when given.
+fn pipeline_on(addr: SocketAddr, ca: Option<&Path>, bytes: &[u8], n: usize) -> Vec<Read> {
     use std::io::Write;
     let mut child = Command::new("/usr/bin/python3")
         .args(["-c", PIPELINE, &addr.port().to_string(), &n.to_string()])
+        .args(ca)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -284,6 +297,65 @@ async fn pipelined_requests_are_answered_in_order() {
         "pipelined requests were lost:\n{}",
         run.output
     );
+}
+
+/// Items 1 and 2 on a TLS listener (Python's `ssl`): pipelined requests are answered in
+/// order, and a 503 keeps the connection for the next request, whether pipelined behind it
+/// or sent once the 503 was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelining_and_a_503_keep_a_tls_connection() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cert = certs::write(dir.path(), "app", "app.test", &["app.test"], 30);
+    let tls = free_port();
+    let limits = "    limits:\n      busy: { kind: inflight, max: 1, key: [origin] }\n";
+    let text = config(&up.addr.to_string(), limits).replace(
+        "listen: [\"{listen}\"]",
+        &format!("listen: [\"{{listen}}\", {{ addr: \"127.0.0.1:{tls}\", tls: true }}]"),
+    ) + &format!(
+        "tls:\n  certificates:\n    - {{ cert: \"{}\", key: \"{}\" }}\n",
+        cert.cert.display(),
+        cert.key.display()
+    );
+    let t = Tollgate::start(&text).await;
+    eventually("the TLS listener accepts", 250, || async {
+        std::net::TcpStream::connect(("127.0.0.1", tls)).is_ok()
+    })
+    .await;
+    let addr: SocketAddr = format!("127.0.0.1:{tls}").parse().unwrap();
+    let ca = Some(cert.cert.as_path());
+
+    let bytes = format!("{}{}{}", get("/1"), get("/2?x=2"), get_close("/3"));
+    assert_eq!(
+        pipeline_on(addr, ca, bytes.as_bytes(), 4),
+        vec![
+            ok("/1", "keep-alive"),
+            ok("/2?x=2", "keep-alive"),
+            ok("/3", "close"),
+            Read::Closed
+        ]
+    );
+    let bytes = format!("{}\0{}", get("/a"), get_close("/b"));
+    assert_eq!(
+        pipeline_on(addr, ca, bytes.as_bytes(), 3),
+        vec![ok("/a", "keep-alive"), ok("/b", "close"), Read::Closed]
+    );
+    assert_eq!(up.requests(), 5);
+
+    // The inflight limit's one unit held: every request is a 503 that keeps the connection.
+    let held = hold_as(&t, &up, "acme").await;
+    let pipelined = format!("{}{}", get("/c"), get_close("/d"));
+    let one_by_one = format!("{}\0{}\0{}", get("/e"), get("/f"), get_close("/g"));
+    for (bytes, kept) in [(pipelined, 1), (one_by_one, 2)] {
+        let reads = pipeline_on(addr, ca, bytes.as_bytes(), 4);
+        let mut want = vec![(503, "keep-alive".to_string()); kept];
+        want.push((503, "close".to_string()));
+        want.push((0, "Closed".to_string()));
+        assert_eq!(status_of(&reads), want, "{bytes:?}: {reads:?}");
+    }
+    up.release();
+    held.await.unwrap().unwrap();
+    assert_eq!(up.requests(), 6, "a rejected request reached the upstream");
 }
 
 /// A GET through tollgate with curl; the response's headers, lower-cased names.

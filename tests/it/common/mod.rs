@@ -9,6 +9,7 @@
 pub mod api;
 pub mod certs;
 pub mod fleet;
+pub mod h2load;
 pub mod raw;
 pub mod redis;
 pub mod smyte;

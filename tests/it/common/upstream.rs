@@ -1,7 +1,8 @@
 //! A real HTTP upstream for the tests (hyper on loopback) whose requests can be held open
 //! for as long as a test wants.
 //!
-//! - `/hold...` waits until the test calls [`Upstream::release`].
+//! - `/hold...` waits until the test calls [`Upstream::release`], or until its connection's
+//!   client closes (hyper alone does not always notice that while a handler runs).
 //! - `/status/NNN` answers NNN.
 //! - anything else answers 200 with the upstream's name, echoing the `X-Forwarded-For` it
 //!   received as `x-seen-forwarded-for` (its first line) and `x-seen-forwarded-for-lines`
@@ -10,9 +11,12 @@
 //!   `x-seen-body-bytes`.
 
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -21,12 +25,15 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 struct Shared {
     name: String,
     requests: AtomicUsize,
+    /// Requests to `/hold...` received.
+    holds: AtomicUsize,
     held: AtomicUsize,
     /// Bumped on each release; holders wait for it to change.
     release: watch::Sender<u64>,
@@ -50,6 +57,7 @@ impl Upstream {
         let shared = Arc::new(Shared {
             name: name.to_string(),
             requests: AtomicUsize::new(0),
+            holds: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             release,
         });
@@ -60,8 +68,10 @@ impl Upstream {
                     continue;
                 };
                 let s = s.clone();
+                let (closed, watch_closed) = watch::channel(false);
+                let stream = Watched { stream, closed };
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(s.clone(), req));
+                    let svc = service_fn(move |req| handle(s.clone(), watch_closed.clone(), req));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -74,6 +84,11 @@ impl Upstream {
     /// Requests received so far.
     pub fn requests(&self) -> usize {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests to `/hold...` received so far (held or not any more).
+    pub fn holds(&self) -> usize {
+        self.shared.holds.load(Ordering::SeqCst)
     }
 
     /// Requests currently held.
@@ -103,8 +118,50 @@ impl Drop for HeldGuard {
     }
 }
 
+/// A connection that says when its client closed it: a read found the end of the stream
+/// or failed.
+struct Watched {
+    stream: TcpStream,
+    closed: watch::Sender<bool>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        let eof = matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() == before;
+        if eof || matches!(polled, Poll::Ready(Err(_))) {
+            self.closed.send_replace(true);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 async fn handle(
     s: Arc<Shared>,
+    mut closed: watch::Receiver<bool>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     s.requests.fetch_add(1, Ordering::SeqCst);
@@ -112,11 +169,21 @@ async fn handle(
     if path.starts_with("/hold") {
         let mut rx = s.release.subscribe();
         let start = *rx.borrow();
+        s.holds.fetch_add(1, Ordering::SeqCst);
         s.held.fetch_add(1, Ordering::SeqCst);
         let _guard = HeldGuard(s.clone());
-        while *rx.borrow() == start {
-            if rx.changed().await.is_err() {
-                break;
+        let released = async {
+            while *rx.borrow() == start {
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            () = released => {}
+            // The client (tollgate) closed the connection: nobody waits for the answer.
+            _ = closed.wait_for(|closed| *closed) => {
+                return Ok(Response::new(Full::new(Bytes::new())));
             }
         }
     }
