@@ -184,6 +184,75 @@ async fn a_small_rate_table_evicts_says_so_and_rejects_no_new_key() {
     assert_eq!(send("k39".into()).await, 429);
 }
 
+/// Item 15 of the adversarial run: a flood of fresh keys used to reset sliding-log and
+/// tiered caps, since eviction took the key whose state empties soonest, the capped idle
+/// one. Now the victim is the key furthest from its cap, so a user capped at 3 a day stays
+/// capped however many fresh keys come (with the old choice: after about 16 with
+/// `max_keys: 16`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_fresh_keys_never_frees_a_capped_key() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let config = format!(
+        r#"
+{SERVER}origins:
+  caps:
+    hosts: ["caps.test"]
+    upstreams: ["{up}"]
+    limits:
+      daily:
+        kind: sliding_log
+        key: [header:x-user-id]
+        windows: [{{ max: 3, per: 1d }}]
+        max_keys: 16
+  tiers:
+    hosts: ["tiers.test"]
+    upstreams: ["{up}"]
+    limits:
+      daily:
+        kind: tiered
+        key: [header:x-user-id]
+        tiers: [{{ limit: 3, window: 1d, active: 1d, cooldown: 0s }}]
+        max_keys: 16
+"#,
+        up = up.addr
+    );
+    let t = Tollgate::start(&config).await;
+    let http = client();
+    let send = |host: &'static str, user: String| {
+        let req = http.get(t.url("/")).header("host", host);
+        async move { req.header("x-user-id", user).send().await.unwrap().status() }
+    };
+    for host in ["caps.test", "tiers.test"] {
+        for _ in 0..3 {
+            assert_eq!(send(host, "capped".into()).await, 200, "{host}");
+        }
+        assert_eq!(send(host, "capped".into()).await, 429, "{host}");
+        // 300 fresh keys, one request each: 18 times the table.
+        for i in 0..300 {
+            assert_eq!(
+                send(host, format!("fresh-{i}")).await,
+                200,
+                "{host} fresh-{i}"
+            );
+        }
+        assert_eq!(
+            send(host, "capped".into()).await,
+            429,
+            "{host}: the flood freed it"
+        );
+    }
+    let evictions = |origin: &str, kind: &str| {
+        format!(
+            "tollgate_limit_evictions_total{{kind=\"{kind}\",limit=\"daily\",origin=\"{origin}\"}}"
+        )
+    };
+    let text = t.metrics_text().await;
+    for (origin, kind) in [("caps", "sliding_log"), ("tiers", "tiered")] {
+        let n = common::sample(&text, &evictions(origin, kind));
+        assert!(n >= 280.0, "{origin}: {n} evictions\n{text}");
+    }
+}
+
 #[test]
 fn a_rate_table_survives_a_reload_only_with_the_same_per_and_max_keys() {
     let params = |max, per, max_keys| LimitParams::Rate {
