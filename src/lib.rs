@@ -18,6 +18,7 @@
 //! - [`store`]: shared state in Redis and the shared limiters with their fallbacks.
 //! - [`config`]: YAML → validated model (no network; reads the admin token file).
 //! - [`segments`]: roaring-bitmap ID sets and their files.
+//! - [`files`]: opening the files an operator names: regular files only, never blocking.
 //! - [`ratelog`]: per-second budgets for the log lines clients can cause.
 //! - [`metrics`]: the Prometheus registry and its families.
 //! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
@@ -26,6 +27,7 @@ pub mod admin;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod files;
 pub mod limits;
 pub mod metrics;
 pub mod problem;

@@ -39,7 +39,7 @@ use crate::proxy::demo::DemoUpstream;
 use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
-use crate::reload::{unix_now, Reloader, Snapshot};
+use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::{BuildError, Runtime};
 use crate::snapshot::service::SnapshotWriter;
@@ -101,6 +101,15 @@ impl Started {
 /// listeners in hand (from the old process in an upgrade) and the local-state snapshot
 /// loaded.
 pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
+    // First, so that a SIGHUP from now on is applied (once the reloader runs), never lost
+    // nor fatal (its default action ends the process).
+    let hangup = match Hangup::listen() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            log::error!("cannot listen for SIGHUP, reload on signal is off: {e}");
+            None
+        }
+    };
     // Before anything else: a predecessor's upgrade snapshot is written after this.
     let started_at = snapshot::unix_nanos();
     // Read once, as the reloader reads: it compares later reads with this one.
@@ -217,7 +226,13 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     }
     server.add_service(background_service(
         "config reloader",
-        Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
+        Reloader::new(
+            opts.config.clone(),
+            runtime,
+            metrics,
+            Some(snapshot),
+            hangup,
+        ),
     ));
     server.add_service(background_service(
         "snapshot writer",

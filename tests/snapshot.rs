@@ -312,11 +312,16 @@ async fn the_snapshot_is_rewritten_every_period_with_the_traffic() {
         async move { grown }
     })
     .await;
-    assert!(
+    // The file is renamed into place before the write is counted and its keys gauged.
+    eventually("two writes are counted", 1_500, || async {
         t.metric("tollgate_snapshot_writes_total{result=\"ok\"}")
             .await
             >= 2.0
-    );
+            && t.metric("tollgate_snapshot_keys{kind=\"sliding_log\"}")
+                .await
+                == 1.0
+    })
+    .await;
     assert_eq!(
         t.metric("tollgate_snapshot_writes_total{result=\"error\"}")
             .await,

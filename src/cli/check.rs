@@ -1,11 +1,21 @@
 //! `tollgate check`: validate a config as a start or a reload would, without starting
 //! anything; optionally print the effective config.
+//!
+//! Beyond the config's own checks it does what a start does with the world: resolves every
+//! upstream name, loads every segment file, and builds (then drops) the runtime, so a file
+//! a start would refuse is refused here too. Only what needs the running process is left
+//! out: binding the listeners (a running tollgate holds them while `check` validates its
+//! next config) and loading the snapshot (a bad one is a warning at start, never a
+//! refusal).
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::config::{self, effective, ConfigError};
+use crate::config::{self, effective, Config, ConfigError};
+use crate::metrics::Metrics;
 use crate::runtime::upstreams::Upstreams;
+use crate::runtime::Runtime;
+use crate::segments::Segment;
 
 /// Validates the file at `path`. Exit code 0: usable; 1: errors; 2: warnings only, with
 /// `strict`. With `print_effective`, stdout is the effective config as YAML alone.
@@ -23,8 +33,23 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
                     unresolved += 1;
                 }
             }
+            // And load every segment file, as the runtime build does.
+            for spec in &loaded.config.segments {
+                if let Err(e) = Segment::load(&spec.file) {
+                    eprintln!("{}: segment `{}`: {e}", path.display(), spec.name);
+                    unresolved += 1;
+                }
+            }
             if unresolved > 0 {
                 eprintln!("{}: {unresolved} error(s)", path.display());
+                return ExitCode::from(1);
+            }
+            // Then build the runtime a start would build (limiter tables, stores, resources)
+            // and drop it: whatever a start refuses, check refuses. Its tables are zeroed
+            // allocations the build never touches, so this costs little memory.
+            if let Err(e) = build(&loaded.config) {
+                eprintln!("{}: {e}", path.display());
+                eprintln!("{}: 1 error(s)", path.display());
                 return ExitCode::from(1);
             }
             if print_effective {
@@ -75,4 +100,13 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Builds the runtime `config` would start with, in a registry of its own, and drops it.
+fn build(config: &Config) -> Result<(), String> {
+    let metrics = Metrics::new().map_err(|e| e.to_string())?;
+    let config = std::sync::Arc::new(config.clone());
+    Runtime::build(config, None, &metrics)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

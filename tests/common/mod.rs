@@ -127,6 +127,16 @@ impl Tollgate {
     /// [`Tollgate::start`], letting `configure` adjust the command first (e.g. limits).
     pub async fn start_with(config: &str, configure: impl FnOnce(&mut Command)) -> Tollgate {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, config, configure).await
+    }
+
+    /// [`Tollgate::start_with`] with the config written into `dir`, which may already hold
+    /// files the config names by a relative path (segments, a token).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        config: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Tollgate {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let text = config
