@@ -20,10 +20,10 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, Tollgate, Upstream};
+use common::{eventually, Tollgate, Upstream};
 use fleet::{
-    assert_no_5xx_within, burst, config, fleet, no_fallback, status, wait_up, Traffic, FALLBACK,
-    ROOMY, SHARED, UP,
+    assert_no_5xx_within, burst, config, fleet, hold, hold_admitted, no_fallback, status, wait_up,
+    Traffic, FALLBACK, ROOMY, SHARED, UP,
 };
 use harness::RedisServer;
 
@@ -39,45 +39,6 @@ fn concurrency(store_line: &str) -> String {
           - {{ name: big, members: {{ customer: [bigco] }}, max: 2 }}
 {store_line}"
     )
-}
-
-/// Starts a request to `/hold` as `who` through `t`; it answers once the upstream is
-/// released (or fails if `t` dies).
-fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<u16>> {
-    let (url, who) = (t.url("/hold"), who.to_string());
-    tokio::spawn(async move {
-        client()
-            .get(url)
-            .header("host", "app.test")
-            .header("x-customer-id", who)
-            .send()
-            .await
-            .ok()
-            .map(|r| r.status().as_u16())
-    })
-}
-
-/// A request to `/hold` as `who` through `t`, sent again while it is refused, until the
-/// upstream holds `n` requests.
-async fn hold_admitted(
-    t: &Tollgate,
-    up: &Upstream,
-    who: &str,
-    n: usize,
-) -> tokio::task::JoinHandle<Option<u16>> {
-    for _ in 0..50 {
-        let task = hold(t, who);
-        let mut tries = 0;
-        while up.held() < n && !task.is_finished() && tries < 500 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            tries += 1;
-        }
-        if up.held() == n {
-            return task;
-        }
-        assert_eq!(task.await.unwrap(), Some(503), "{who}: refused, or held");
-    }
-    panic!("{who} was never admitted");
 }
 
 async fn held(up: &Upstream, n: usize) {
