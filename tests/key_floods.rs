@@ -19,7 +19,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{client, Tollgate, Upstream, SERVER};
+use common::{client, hold_as, Tollgate, Upstream, SERVER};
 use tollgate::config::LimitParams;
 use tollgate::limits::{
     Fact, Facts, InflightLimiter, KeyPart, KeySpec, RateLimiter, RateParams, SketchSize,
@@ -250,6 +250,60 @@ async fn a_flood_of_fresh_keys_never_frees_a_capped_key() {
     for (origin, kind) in [("caps", "sliding_log"), ("tiers", "tiered")] {
         let n = common::sample(&text, &evictions(origin, kind));
         assert!(n >= 280.0, "{origin}: {n} evictions\n{text}");
+    }
+}
+
+/// Item 20 of the adversarial run: a concurrency limit whose table is full admits keys
+/// untracked (never evicting a holding key), and their own `max` goes unchecked: 24 of 40
+/// second copies over a max of 1 got through with `max_keys: 16`, and nothing said so.
+/// Now it is counted in `tollgate_concurrency_untracked_total`, and `check` warns that
+/// `max_keys` is below what the connection cap can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_concurrency_table_counts_its_untracked_admissions() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let config = format!(
+        r#"{SERVER}  trusted_proxies: ["127.0.0.1/32"]
+  customer_header: x-customer-id
+origins:
+  app:
+    hosts: ["app.test"]
+    upstreams: ["{}"]
+    limits:
+      slots:
+        kind: concurrency
+        key: [customer]
+        max: 1
+        max_keys: 16
+"#,
+        up.addr
+    );
+    let t = Tollgate::start(&config).await;
+    let check = std::process::Command::new(common::binary())
+        .args(["check", "--config"])
+        .arg(&t.config_path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        err.contains("origins.app.limits.slots.max_keys: warning: max_keys 16 is fewer keys than the requests the connection cap (at most 4096) can hold at once"),
+        "{err}"
+    );
+    // 40 customers hold a copy each: at most 16 fit the table (2 sets of 8 slots).
+    let mut held = Vec::new();
+    for i in 0..40 {
+        held.push(hold_as(&t, &up, &format!("c{i}")).await);
+    }
+    let series = "tollgate_concurrency_untracked_total{limit=\"slots\",origin=\"app\"}";
+    let untracked = t.metric(series).await;
+    assert!((24.0..=40.0).contains(&untracked), "{untracked}");
+    assert_eq!(
+        t.metric("tollgate_concurrency_in_use{group=\"_all\",limit=\"slots\",origin=\"app\"}")
+            .await,
+        40.0
+    );
+    up.release();
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status(), 200);
     }
 }
 
