@@ -11,6 +11,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::cli::print_out;
 use crate::config::{self, effective, Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::runtime::upstreams::Upstreams;
@@ -54,7 +55,11 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
             }
             if print_effective {
                 match effective::to_yaml(&loaded.config) {
-                    Ok(yaml) => print!("{yaml}"),
+                    Ok(yaml) => {
+                        if print_out(&yaml) != ExitCode::SUCCESS {
+                            return ExitCode::from(1);
+                        }
+                    }
                     Err(e) => {
                         eprintln!("{}: cannot print the effective config: {e}", path.display());
                         return ExitCode::from(1);
@@ -83,10 +88,10 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
             // With --print-effective stdout is the YAML alone, so it can be piped.
             if print_effective {
                 eprintln!("{ok}");
+                ExitCode::SUCCESS
             } else {
-                println!("{ok}");
+                print_out(&format!("{ok}\n"))
             }
-            ExitCode::SUCCESS
         }
         Err(ConfigError::Invalid(diags)) => {
             for d in &diags {
