@@ -5,6 +5,8 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/api.rs"]
+mod api;
 mod common;
 
 use std::process::Command;
@@ -196,7 +198,8 @@ async fn example_config_serves_200_then_503_over_inflight_max() {
     .await;
     let log = t.log_text();
     assert!(
-        !log.lines().any(|l| l.contains(" WARN ") || l.contains(" ERROR ")),
+        !log.lines()
+            .any(|l| l.contains(" WARN ") || l.contains(" ERROR ")),
         "{log}"
     );
     let get = |path: &'static str| client().get(t.url(path)).header("host", "localhost").send();
@@ -473,6 +476,53 @@ fn a_closed_stdout_is_no_panic() {
             out.status.success() && !err.contains("panicked"),
             "{args:?}: {}\n{err}",
             out.status
+        );
+    }
+}
+
+/// Item 21 of the adversarial run: `check` passed 9 990 origins that took 3.75 GB to
+/// start and said nothing of memory. Now it prints an estimate, which must be within a
+/// factor of 2 of what the started binary holds, for generated configs: many origins with
+/// no limits (the per-origin cost), and with an inflight limit (its 256 KiB sketch) and a
+/// rate limit each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_memory_estimate_is_within_twice_what_the_process_holds() {
+    let defaults = "defaults:\n  limits:\n    busy: { kind: inflight, max: 1000 }\n    per_ip: { kind: rate, max: 10, per: 1s, max_keys: 2000 }\n";
+    for (origins, defaults) in [(3_000, ""), (1_500, defaults)] {
+        let mut text = format!("{}{defaults}origins:\n", common::SERVER);
+        for i in 0..origins {
+            text.push_str(&format!(
+                "  o{i}:\n    hosts: [\"o{i}.test\"]\n    upstreams: [\"127.0.0.1:9\"]\n"
+            ));
+        }
+        let t = Tollgate::start(&text).await;
+        let out = Command::new(common::binary())
+            .args(["check", "--config"])
+            .arg(&t.config_path)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let estimate = stdout
+            .split("about ")
+            .nth(1)
+            .and_then(|rest| rest.split(" of memory").next())
+            .unwrap_or_else(|| panic!("no estimate in {stdout}"));
+        let (value, unit) = estimate.split_once(' ').unwrap();
+        let scale = match unit {
+            "KiB" => 1u64 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            other => panic!("unit {other}"),
+        };
+        let estimate_kib = (value.parse::<f64>().unwrap() * scale as f64 / 1024.0) as u64;
+        eventually("every service started", 1_500, || async {
+            t.log_text().contains("config reloader ready")
+        })
+        .await;
+        let rss = api::rss_kib_of(t.child.id());
+        assert!(
+            rss <= 2 * estimate_kib && estimate_kib <= 2 * rss,
+            "{origins} origins: estimate {estimate_kib} KiB, resident {rss} KiB"
         );
     }
 }
