@@ -16,7 +16,7 @@
 // A benchmark or example may unwrap: a failure aborts the measurement, not a user's request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/common/redis.rs"]
+#[path = "../tests/it/common/redis.rs"]
 mod harness;
 
 use std::future::Future;

@@ -10,6 +10,12 @@
 #   systemd-analyze - (Debian package `systemd`) verifies conf/systemd/tollgate.service in tests
 #   python3-redis - redis-py for /usr/bin/python3: the limiter API's Python client example,
 #                run by a test
+#   h2load, curl - (Debian packages `nghttp2-client`, `curl`) real HTTP clients of the proxy's
+#                tests (h2load --h1 pipelines, HTTP/2 load over TLS and h2c in the edge tests;
+#                curl sends what the tests need to see forwarded)
+#   python3-grpcio, python3-websockets - gRPC and WebSocket ends for /usr/bin/python3 in the
+#                edge tests (an echo service and its client on each protocol)
+#   testssl   - (Debian package `testssl.sh`) audits a TLS listener (benches/testssl.sh)
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -24,10 +30,12 @@ declare -A pkg_of=(
   [valgrind]=valgrind
   [redis-benchmark]=redis-tools
   [systemd-analyze]=systemd
+  [h2load]=nghttp2-client
+  [testssl]=testssl.sh
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
@@ -39,6 +47,12 @@ fi
 # Debian's python3 (a pyenv or venv python3 earlier in PATH would not see the package).
 if ! /usr/bin/python3 -c 'import redis' >/dev/null 2>&1; then
   missing+=(python3-redis)
+fi
+if ! /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1; then
+  missing+=(python3-grpcio)
+fi
+if ! /usr/bin/python3 -c 'import websockets' >/dev/null 2>&1; then
+  missing+=(python3-websockets)
 fi
 
 if ((${#missing[@]})); then

@@ -16,6 +16,7 @@
 //! - [`problem`]: the RFC 9457 answers the HTTP front ends share.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`store`]: shared state in Redis and the shared limiters with their fallbacks.
+//! - [`tls`]: the certificate store (PEM files, SNI by SAN) and the TLS acceptor.
 //! - [`config`]: YAML → validated model (no network; reads the admin token file).
 //! - [`segments`]: roaring-bitmap ID sets and their files.
 //! - [`files`]: opening the files an operator names: regular files only, never blocking.
@@ -40,3 +41,4 @@ pub mod server;
 pub mod simulate;
 pub mod snapshot;
 pub mod store;
+pub mod tls;

@@ -41,6 +41,17 @@ pub struct Metrics {
     /// `tollgate_connection_timeouts_total{timeout}`: connections closed by a timeout
     /// (`header`: the request header did not arrive in time; `keepalive`: idle too long).
     pub connection_timeouts_total: IntCounterVec,
+    /// `tollgate_tls_handshakes_total{result,version}`: TLS handshakes on the proxy's
+    /// listeners, by result (`success`, `failure`, `timeout`) and the version agreed
+    /// (`1.2`, `1.3`; `none` when none was).
+    pub tls_handshakes_total: IntCounterVec,
+    /// `tollgate_h2_reset_closes_total`: HTTP/2 connections closed because they reset
+    /// more streams than `server.h2_max_resets` allows (rapid reset).
+    pub h2_reset_closes_total: IntCounter,
+    /// `tollgate_proxy_protocol_total{result}`: PROXY protocol headers read on
+    /// `proxy_protocol` listeners, by result (`trusted`: its address was used;
+    /// `untrusted`: from a peer outside `trusted_proxies`, ignored; `invalid`: closed).
+    pub proxy_protocol_total: IntCounterVec,
     /// `tollgate_api_commands_total{command,result}`: limiter API commands, by command
     /// (the known names, lower case, or `other`) and result (`ok`, `rejected` when a
     /// limiter said no, `error` for an error reply).
@@ -54,8 +65,9 @@ pub struct Metrics {
     /// `tollgate_store_up{store}`: 1 while a shared store's breaker is closed (decisions
     /// go to it), 0 while it is open (decisions fall back).
     pub store_up: IntGaugeVec,
-    /// `tollgate_store_requests_total{store,result}`, result `ok`, `timeout`, `error` or
-    /// `breaker_open` (not sent: the breaker was open).
+    /// `tollgate_store_requests_total{store,result}`, result `ok`, `timeout`, `error`,
+    /// `key_error` (the store answered an error about one key's data: that key's failure,
+    /// not the store's) or `breaker_open` (not sent: the breaker was open).
     pub store_requests_total: IntCounterVec,
     /// `tollgate_store_latency_seconds{store}`: time of the calls sent to the store,
     /// whatever their result (a timed-out call counts its budget).
@@ -124,7 +136,7 @@ impl Metrics {
         let store_requests_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_store_requests_total",
-                "Calls to a shared store by result (ok, timeout, error, breaker_open).",
+                "Calls to a shared store by result (ok, timeout, error, key_error, breaker_open).",
             ),
             &["store", "result"],
         )?;
@@ -176,6 +188,30 @@ impl Metrics {
         registry.register(Box::new(connections_open.clone()))?;
         registry.register(Box::new(connections_limited_total.clone()))?;
         registry.register(Box::new(connection_timeouts_total.clone()))?;
+        let tls_handshakes_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_tls_handshakes_total",
+                "TLS handshakes on the proxy's listeners by result (success, failure, timeout) and version agreed (1.2, 1.3, none).",
+            ),
+            &["result", "version"],
+        )?;
+        let h2_reset_closes_total = IntCounter::new(
+            "tollgate_h2_reset_closes_total",
+            "HTTP/2 connections closed for resetting more streams than server.h2_max_resets allows (rapid reset).",
+        )?;
+        let proxy_protocol_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_proxy_protocol_total",
+                "PROXY protocol headers read, by result: trusted (the address is used), untrusted (from a peer outside trusted_proxies, ignored), invalid (connection closed).",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(tls_handshakes_total.clone()))?;
+        registry.register(Box::new(h2_reset_closes_total.clone()))?;
+        registry.register(Box::new(proxy_protocol_total.clone()))?;
+        for result in ["trusted", "untrusted", "invalid"] {
+            proxy_protocol_total.with_label_values(&[result]);
+        }
         let api_commands_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_api_commands_total",
@@ -219,6 +255,9 @@ impl Metrics {
             connections_open,
             connections_limited_total,
             connection_timeouts_total,
+            tls_handshakes_total,
+            h2_reset_closes_total,
+            proxy_protocol_total,
             api_commands_total,
             api_connections,
             api_holds,
@@ -273,6 +312,7 @@ impl Metrics {
             ok: result("ok"),
             timeout: result("timeout"),
             error: result("error"),
+            key_error: result("key_error"),
             breaker_open: result("breaker_open"),
             latency: self.store_latency_seconds.with_label_values(&[store]),
             fallback: self
@@ -339,6 +379,10 @@ pub struct StoreMetrics {
     pub timeout: IntCounter,
     /// `...{result="error"}`: the store answered an error or the connection failed.
     pub error: IntCounter,
+    /// `...{result="key_error"}`: the store answered an error about the data of a key the
+    /// call named (another type written over it, data no script wrote): the key's
+    /// decision fell back and the key was repaired; the breaker took no note.
+    pub key_error: IntCounter,
     /// `...{result="breaker_open"}`: not sent, the breaker was open.
     pub breaker_open: IntCounter,
     /// `tollgate_store_latency_seconds{store}`.

@@ -1,6 +1,6 @@
-//! Every response tollgate writes itself: rejections (429/503), unknown hosts (404) and
-//! bad requests (400) of the proxy, and the admin API's errors, as RFC 9457
-//! `application/problem+json`.
+//! Every response tollgate writes itself: rejections (429/503), unknown hosts (404), bad
+//! requests (400) and headers that cannot be forwarded (431) of the proxy, and the admin
+//! API's errors, as RFC 9457 `application/problem+json`.
 //!
 //! Rejections carry `Retry-After` (whole seconds, rounded up, at least 1) and the
 //! draft-ietf-httpapi-ratelimit-headers-11 fields (see [`crate::runtime::policy`]). A
@@ -118,6 +118,19 @@ pub fn unknown_host(host: &str) -> Problem {
 /// 400 for a request tollgate cannot attribute (bad Host, bad X-Forwarded-For, bad cost).
 pub fn bad_request(detail: String) -> Problem {
     plain(400, "Bad Request", detail)
+}
+
+/// 431 for a request whose header would reach the upstream with more than `max` fields
+/// (RFC 6585 §5): the upstream would refuse it, and it is the client's to shrink.
+pub fn too_many_fields(fields: usize, max: usize) -> Problem {
+    plain(
+        431,
+        "Request Header Fields Too Large",
+        format!(
+            "the request would reach the upstream with {fields} header fields (with the \
+             X-Forwarded-For field tollgate adds); at most {max} can be forwarded"
+        ),
+    )
 }
 
 /// A problem of `status` with a `title` and a `detail`, `type` `about:blank` (RFC 9457

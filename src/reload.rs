@@ -30,8 +30,8 @@
 //! the directory watch, which starts only with the services, begins by reading the file
 //! once more: neither a signal nor an edit made while the process starts is lost.
 //!
-//! **Segment files** live anywhere and are polled: each is compared with the stamp of the
-//! version the running runtime loaded ([`crate::files::Stamp`], taken from the open file
+//! **Segment, certificate and key files** live anywhere and are polled: each is compared
+//! with the stamp of the version the running runtime loaded ([`crate::files::Stamp`], taken
 //! before reading it), so a file replaced, moved over or rewritten in place is seen whatever
 //! else happens in between; it is read once it stayed the same for one more poll.
 //!
@@ -441,17 +441,23 @@ impl Reloader {
         }
     }
 
-    /// The segment files as they are on disk now, in config order, if any differs from the
-    /// version the running runtime loaded (its [`Segment::stamp`](crate::segments::Segment::stamp)):
-    /// a replaced, rewritten, removed or new file. `None` when every one is as loaded.
-    fn changed_segments(&self) -> Option<Vec<Option<Stamp>>> {
+    /// The segment files, then the certificate and key files, as they are on disk now, in
+    /// config order, if any differs from the version the running runtime loaded (its
+    /// [`Segment::stamp`](crate::segments::Segment::stamp), its TLS store's stamps): a
+    /// replaced, rewritten, removed or new file. `None` when every one is as loaded. A
+    /// certificate rotated on disk reloads like a segment.
+    fn changed_files(&self) -> Option<Vec<Option<Stamp>>> {
         let rt = self.runtime.load();
-        let now: Vec<Option<Stamp>> = (rt.config.segments.iter())
-            .map(|s| Stamp::read(&s.file))
-            .collect();
+        let files = (rt.config.segments.iter())
+            .map(|s| s.file.as_path())
+            .chain(crate::tls::files(&rt.config.tls));
+        let now: Vec<Option<Stamp>> = files.map(Stamp::read).collect();
+        let certs = rt.tls.as_ref().map_or(&[][..], |t| t.stamps());
         let loaded = (rt.config.segments.iter())
-            .map(|s| rt.segments.get(&s.name).and_then(|set| set.stamp()));
-        let same = now.iter().zip(loaded).all(|(now, loaded)| *now == loaded);
+            .map(|s| rt.segments.get(&s.name).and_then(|set| set.stamp()))
+            .chain(certs.iter().copied());
+        let mut loaded = loaded.chain(std::iter::repeat(None));
+        let same = now.iter().all(|now| loaded.next() == Some(*now));
         (!same).then_some(now)
     }
 
@@ -645,7 +651,7 @@ impl BackgroundService for Reloader {
                     }
                 }
                 _ = poll.tick() => {
-                    match self.changed_segments() {
+                    match self.changed_files() {
                         None => pending = None,
                         Some(now) if pending.as_ref() == Some(&now) => {
                             pending = None;

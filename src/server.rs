@@ -36,6 +36,7 @@ use crate::metrics::{Metrics, MetricsError};
 use crate::proxy::conn::Drain;
 use crate::proxy::connections::{AcceptFilter, Caps, Connections};
 use crate::proxy::demo::DemoUpstream;
+use crate::proxy::edge::Edge;
 use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
@@ -181,11 +182,14 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         ),
         runtime.clone(),
         connections.clone(),
+        Edge::new(&server_cfg.listen, &metrics),
         &metrics,
     );
     let mut proxy = Service::new("tollgate proxy".to_string(), front);
-    for addr in &server_cfg.listen {
-        proxy.add_tcp(&addr.to_string());
+    // Every listener is plain TCP to Pingora: TLS, h2c and the PROXY protocol are the
+    // connection handler's (see `proxy::edge`), so that they are bounded and counted.
+    for listener in &server_cfg.listen {
+        proxy.add_tcp(&listener.addr.to_string());
     }
     proxy.set_connection_filter(Arc::new(AcceptFilter(connections)));
     server.add_service(proxy);

@@ -7,7 +7,7 @@
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/api.rs"]
+#[path = "it/common/api.rs"]
 mod api;
 
 use std::io::{ErrorKind, Write};

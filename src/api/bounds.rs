@@ -8,7 +8,8 @@
 //! [`DEFAULT_MAX_OUTPUT_BUFFER`] plus one reply. An idle connection holds a few KiB. The
 //! copies a connection holds (`CH.RESERVE`) are entries of at most [`MAX_DOMAIN_LEN`]
 //! bytes of domain each, at most [`MAX_HOLDS_PER_CONNECTION`] per connection and
-//! [`MAX_HOLDS`] in the process, pending transfers included.
+//! [`MAX_HOLDS`] in the process, pending transfers included. A transaction (`MULTI`) queues
+//! at most [`MAX_QUEUED_COMMANDS`] commands and [`MAX_QUEUED_BYTES`] bytes.
 
 use std::time::Duration;
 
@@ -25,6 +26,16 @@ pub const MAX_ARGS: usize = 1024;
 /// buffer's bound: the parser copies arguments out as they complete, so at most this much
 /// of one command is ever held.
 pub const MAX_COMMAND_BYTES: usize = 1024 * 1024;
+
+/// Most commands one transaction may queue between `MULTI` and `EXEC`: 4096. The next one
+/// is refused with an error and the transaction is discarded at `EXEC` (`EXECABORT`), so
+/// nothing of it runs.
+pub const MAX_QUEUED_COMMANDS: usize = 4096;
+
+/// Most bytes one transaction's queue may hold: 1 MiB, counting each argument's bytes plus
+/// 16 for its place in the queue (so a queue of empty arguments is bounded too). Past it,
+/// as past [`MAX_QUEUED_COMMANDS`], the transaction is discarded at `EXEC`.
+pub const MAX_QUEUED_BYTES: usize = 1024 * 1024;
 
 /// Longest inline command line: 64 KiB, as Redis's `PROTO_INLINE_MAX_SIZE`.
 pub const MAX_INLINE_LEN: usize = 64 * 1024;

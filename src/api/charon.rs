@@ -23,7 +23,9 @@
 //! `retry_after_ms` (-1: never), `reset_after_ms`, `kind`, `source` (`local`, `store`,
 //! `fallback`, `deny_cache`), `shadow_rejected`, and for a tiered resource `tier`,
 //! `tier_limit`, `hard_limit`, `global_limit` and `decided_by` (`tier`, `no_tier`,
-//! `hard_limit`, `global_limit`: whether a hard or global limit applied). `CH.RESERVE`:
+//! `hard_limit`, `global_limit`: which limit refused it or cut its grant), in-process or
+//! in a store alike, `limit` being the current tier's. A request that can never succeed
+//! (`MIN` above a limit, a group of `max: 0`) gets `retry_after_ms` -1. `CH.RESERVE`:
 //! `granted`, `groups` (the groups the copies were taken from, which `CH.RELEASE` may
 //! name), `held` (this connection's copies of the resource for the domain), `in_use` (the
 //! domain's copies over every holder), `limit`, `global`, `retry_after_ms`,
@@ -416,11 +418,11 @@ async fn decide_request(
             },
         )
         .int("shadow_rejected", u64::from(shadow));
-    if let (Some(d), Limiter::Tiered(t)) = (g.tiered, limiter) {
+    if let (Some(d), Some(t)) = (g.tiered, limiter.tiered_params()) {
         f.int("tier", d.tier as u64)
             .opt("tier_limit", tier_limit)
-            .opt("hard_limit", t.params.hard_limit)
-            .opt("global_limit", t.params.global_limit)
+            .opt("hard_limit", t.hard_limit)
+            .opt("global_limit", t.global_limit)
             .text(
                 "decided_by",
                 match d.decided_by {
@@ -434,14 +436,13 @@ async fn decide_request(
     Ok((f, outcome))
 }
 
-/// The limit of tier `tier` (1-based; 0 is the fake tier, limit 0) of a tiered limiter.
+/// The limit of tier `tier` (1-based; 0 is the fake tier, limit 0) of a tiered limiter,
+/// in-process or in a store.
 fn tier_limit(limiter: &Limiter, tier: usize) -> Option<u64> {
-    let Limiter::Tiered(t) = limiter else {
-        return None;
-    };
+    let t = limiter.tiered_params()?;
     match tier.checked_sub(1) {
         None => Some(0),
-        Some(i) => t.params.tiers.get(i).map(|t| t.limit),
+        Some(i) => t.tiers.get(i).map(|t| t.limit),
     }
 }
 
@@ -570,7 +571,7 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         .signed(
             "retry_after_ms",
             match (&rejection, forced) {
-                (Some(rej), 0) => millis(rej.verdict().retry_after),
+                (Some(rej), 0) => millis(c.params.refusal(rej, mask).retry_after),
                 _ => 0,
             },
         )
@@ -704,7 +705,7 @@ async fn reserve_in_store(
         .signed(
             "retry_after_ms",
             match (&rejection, forced) {
-                (Some(rej), 0) => millis(rej.verdict().retry_after),
+                (Some(rej), 0) => millis(c.params.refusal(rej, mask).retry_after),
                 _ => 0,
             },
         )
@@ -807,9 +808,10 @@ pub fn release(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
 /// `ttl_seconds`: seconds with up to 9 decimals, above 0 and at most a day.
 fn ttl(text: &[u8]) -> Result<Duration, AskError<'_>> {
     let max = MAX_TRANSFER_TTL.as_secs();
-    let bad = AskError::Arg(ArgError::Number {
+    let bad = AskError::Arg(ArgError::Time {
         name: "ttl_seconds",
-        min: 0,
+        unit: super::smyte::Unit::Seconds,
+        positive: true,
         max,
         got: text,
     });

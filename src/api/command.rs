@@ -19,12 +19,15 @@
 
 use std::fmt::{self, Write as _};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 
 use bytes::BytesMut;
 
+use super::auth;
 use super::charon;
 use super::holds::Ledger;
+use super::multi::{self, Exec, Transaction};
 use super::reply::{Quoted, Reply};
 use super::resp::Args;
 use super::service::ApiService;
@@ -173,6 +176,43 @@ pub struct Spec {
     pub run: Handler,
 }
 
+impl Spec {
+    /// Whether `argc` arguments (the name included) fit the arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let argc = argc as i64;
+        if self.arity > 0 {
+            argc == self.arity
+        } else {
+            argc >= -self.arity
+        }
+    }
+}
+
+/// A connection command (`MULTI`, `AUTH`, ...): no key, O(1).
+const fn conn(
+    name: &'static str,
+    label: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    run: Handler,
+) -> Spec {
+    Spec {
+        name,
+        label,
+        arity,
+        flags,
+        first_key: 0,
+        last_key: 0,
+        key_step: 0,
+        acl: &["@fast", "@connection"],
+        group: "connection",
+        summary: "",
+        complexity: "O(1)",
+        args: &[],
+        run,
+    }
+}
+
 const fn ch(name: &'static str, label: &'static str, arity: i64) -> Spec {
     Spec {
         name,
@@ -200,52 +240,88 @@ const GROUPS: ArgDoc = ArgDoc {
     ..opt_token("GROUPS", "group", "string")
 };
 
+/// `RL.REDUCE`, which `RL.PREDUCE` copies.
+const REDUCE: Spec = Spec {
+    name: "RL.REDUCE",
+    label: "rl.reduce",
+    arity: -4,
+    flags: &["write", "fast"],
+    first_key: 1,
+    last_key: 1,
+    key_step: 1,
+    acl: &["@write", "@fast"],
+    group: "tollgate",
+    summary: "Takes tokens from an ad-hoc token bucket; replies the tokens it held before the take, which happened iff the reply is at least the take.",
+    complexity: "O(1)",
+    args: &[
+        arg("key", "key"),
+        arg("max", "integer"),
+        arg("refill_seconds", "integer"),
+        opt_token("REFILL", "amount", "integer"),
+        opt_token("TAKE", "n", "integer"),
+        opt_token("AT", "unix_seconds", "unix-time"),
+        opt_token("STRICT", "strict", "pure-token"),
+    ],
+    run: smyte::reduce,
+};
+
+/// `RL.GET`, which `RL.PGET` copies.
+const GET: Spec = Spec {
+    name: "RL.GET",
+    label: "rl.get",
+    arity: -4,
+    flags: &["readonly", "fast"],
+    first_key: 1,
+    last_key: 1,
+    key_step: 1,
+    acl: &["@read", "@fast"],
+    group: "tollgate",
+    summary: "Replies the tokens an ad-hoc token bucket holds, without taking any.",
+    complexity: "O(1)",
+    args: &[
+        arg("key", "key"),
+        arg("max", "integer"),
+        arg("refill_seconds", "integer"),
+        opt_token("REFILL", "amount", "integer"),
+        opt_token("AT", "unix_seconds", "unix-time"),
+    ],
+    run: smyte::get,
+};
+
 /// Every command the API answers; the index is the metrics slot, and [`COMMANDS`]`.len()`
 /// is the slot of `other`. The limiter commands come first: dispatch scans in order.
-pub static COMMANDS: [Spec; 17] = [
+pub static COMMANDS: [Spec; 25] = [
+    REDUCE,
+    GET,
     Spec {
-        name: "RL.REDUCE",
-        label: "rl.reduce",
-        arity: -4,
-        flags: &["write", "fast"],
-        first_key: 1,
-        last_key: 1,
-        key_step: 1,
-        acl: &["@write", "@fast"],
-        group: "tollgate",
-        summary: "Takes tokens from an ad-hoc token bucket; replies the tokens it held before the take, which happened iff the reply is at least the take.",
-        complexity: "O(1)",
+        name: "RL.PREDUCE",
+        label: "rl.preduce",
+        summary: "RL.REDUCE with its times in milliseconds: refill_ms and AT in Unix milliseconds (Smyte's RL.PREDUCE).",
         args: &[
             arg("key", "key"),
             arg("max", "integer"),
-            arg("refill_seconds", "integer"),
+            arg("refill_ms", "integer"),
             opt_token("REFILL", "amount", "integer"),
             opt_token("TAKE", "n", "integer"),
-            opt_token("AT", "unix_seconds", "unix-time"),
+            opt_token("AT", "unix_ms", "unix-time"),
             opt_token("STRICT", "strict", "pure-token"),
         ],
-        run: smyte::reduce,
+        run: smyte::preduce,
+        ..REDUCE
     },
     Spec {
-        name: "RL.GET",
-        label: "rl.get",
-        arity: -4,
-        flags: &["readonly", "fast"],
-        first_key: 1,
-        last_key: 1,
-        key_step: 1,
-        acl: &["@read", "@fast"],
-        group: "tollgate",
-        summary: "Replies the tokens an ad-hoc token bucket holds, without taking any.",
-        complexity: "O(1)",
+        name: "RL.PGET",
+        label: "rl.pget",
+        summary: "RL.GET with its times in milliseconds: refill_ms and AT in Unix milliseconds (Smyte's RL.PGET).",
         args: &[
             arg("key", "key"),
             arg("max", "integer"),
-            arg("refill_seconds", "integer"),
+            arg("refill_ms", "integer"),
             opt_token("REFILL", "amount", "integer"),
-            opt_token("AT", "unix_seconds", "unix-time"),
+            opt_token("AT", "unix_ms", "unix-time"),
         ],
-        run: smyte::get,
+        run: smyte::pget,
+        ..GET
     },
     Spec {
         summary: "Takes the largest count in [MIN, copies] that a rate-like resource (token_bucket, rate, sliding_log, tiered) has room for, or none; replies the grant with the limits that decided it.",
@@ -278,10 +354,40 @@ pub static COMMANDS: [Spec; 17] = [
         ..ch("CH.SEIZE", "ch.seize", 2)
     },
     Spec {
+        summary: "Logs the connection in with the password of api.password_file (user `default`, the only one).",
+        args: &[opt("username", "string"), arg("password", "string")],
+        ..conn("AUTH", "auth", -2, &["fast", "stale", "no-auth"], auth::auth)
+    },
+    Spec {
+        summary: "Starts a transaction: the commands that follow are queued, and run at EXEC.",
+        ..conn("MULTI", "multi", 1, &["fast", "stale"], multi::multi)
+    },
+    Spec {
+        summary: "Runs the queued commands of a transaction and replies their replies; EXECABORT if one was refused when queued.",
+        complexity: "O(N) where N is the number of queued commands",
+        ..conn("EXEC", "exec", 1, &["stale"], multi::exec)
+    },
+    Spec {
+        summary: "Drops the queued commands of a transaction.",
+        ..conn("DISCARD", "discard", 1, &["fast", "stale"], multi::discard)
+    },
+    Spec {
+        summary: "Refused: the limiter API has no keys to watch, and a transaction always runs.",
+        args: &[ArgDoc {
+            multiple: true,
+            ..arg("key", "key")
+        }],
+        ..conn("WATCH", "watch", -2, &["fast", "stale"], multi::watch)
+    },
+    Spec {
+        summary: "Forgets watched keys: there are none, so it only replies OK.",
+        ..conn("UNWATCH", "unwatch", 1, &["fast", "stale"], multi::unwatch)
+    },
+    Spec {
         name: "PING",
         label: "ping",
         arity: -1,
-        flags: &["fast", "stale"],
+        flags: &["fast", "stale", "no-auth"],
         first_key: 0,
         last_key: 0,
         key_step: 0,
@@ -456,6 +562,15 @@ pub struct Session {
     pub name: Option<Box<[u8]>>,
     /// Copies of resources this connection holds (`CH.RESERVE`, `CH.SEIZE`).
     pub ledger: Ledger,
+    /// The peer's address, for log lines only.
+    pub peer: Option<SocketAddr>,
+    /// Whether the connection gave the password (`AUTH`, `HELLO ... AUTH`); see
+    /// [`auth`].
+    pub authenticated: bool,
+    /// The transaction `MULTI` opened, until `EXEC` or `DISCARD`.
+    pub multi: Option<Transaction>,
+    /// The transaction `EXEC` is running: its commands run before the next one read.
+    pub exec: Option<Exec>,
     /// Commands counted since the last flush to the metrics: `[slot][result]`.
     counts: [[u32; 3]; OTHER + 1],
     /// Bit `slot` set when `counts[slot]` is not all zero.
@@ -470,6 +585,10 @@ impl Session {
             resp3: false,
             name: None,
             ledger: Ledger::default(),
+            peer: None,
+            authenticated: false,
+            multi: None,
+            exec: None,
             counts: [[0; 3]; OTHER + 1],
             dirty: 0,
         }
@@ -530,6 +649,8 @@ pub fn execute(
     let found = COMMANDS
         .iter()
         .position(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name));
+    let spec = found.map(|slot| &COMMANDS[slot]);
+    let slot = found.unwrap_or(OTHER);
     let resp3 = session.resp3;
     let mut deferred = None;
     let mut cx = Ctx {
@@ -539,27 +660,24 @@ pub fn execute(
         out: Reply::new(out, resp3),
         deferred: &mut deferred,
     };
-    let Some(slot) = found else {
-        let mut rest = String::new();
-        for a in args.iter_from(1).take(8) {
-            let _ = write!(rest, "'{}' ", Quoted(a));
-        }
-        let outcome = cx.error(format_args!(
-            "ERR unknown command '{}', with args beginning with: {rest}",
-            Quoted(name)
-        ));
-        cx.session.count(OTHER, outcome);
-        return (outcome, None);
-    };
-    let spec = &COMMANDS[slot];
-    let argc = args.len() as i64;
-    let outcome = if (spec.arity > 0 && argc != spec.arity) || argc < -spec.arity {
-        cx.error(format_args!(
-            "ERR wrong number of arguments for '{}' command",
-            spec.label
-        ))
+    let outcome = if !auth::allowed(&cx, spec) {
+        // As Redis's rejections, this aborts an open transaction.
+        multi::abort(&mut cx);
+        cx.error(format_args!("{}", auth::NOAUTH))
+    } else if cx.session.multi.is_some() && !spec.is_some_and(multi::runs_inside) {
+        multi::enqueue(&mut cx, spec, args)
     } else {
-        (spec.run)(&mut cx, args)
+        match spec {
+            None => {
+                let message = unknown_message(args);
+                cx.error(format_args!("{message}"))
+            }
+            Some(spec) if !spec.arity_ok(args.len()) => cx.error(format_args!(
+                "ERR wrong number of arguments for '{}' command",
+                spec.label
+            )),
+            Some(spec) => (spec.run)(&mut cx, args),
+        }
     };
     cx.session.count(slot, outcome);
     match (outcome, deferred) {
@@ -574,6 +692,38 @@ pub fn execute(
         }
         (outcome, _) => (outcome, None),
     }
+}
+
+/// Runs the next command of the transaction `EXEC` is running, if any (`None`: there is
+/// none, read the next command). The connection calls it before reading each command, so
+/// a transaction's commands run in order, before anything sent after `EXEC`, and one that
+/// waits on a store resumes the rest once finished.
+pub fn resume(
+    service: &ApiService,
+    runtime: Option<&Runtime>,
+    session: &mut Session,
+    out: &mut BytesMut,
+) -> Option<(Outcome, Option<(usize, Deferred)>)> {
+    let mut exec = session.exec.take()?;
+    let args = exec.queue.get(exec.next)?;
+    exec.next += 1;
+    let result = execute(service, runtime, session, &args, out);
+    if exec.next < exec.queue.len() {
+        session.exec = Some(exec);
+    }
+    Some(result)
+}
+
+/// Redis's reply to an unknown command, quoting at most 8 of its arguments.
+pub fn unknown_message(args: &Args<'_>) -> String {
+    let mut rest = String::new();
+    for a in args.iter_from(1).take(8) {
+        let _ = write!(rest, "'{}' ", Quoted(a));
+    }
+    format!(
+        "ERR unknown command '{}', with args beginning with: {rest}",
+        Quoted(args.at(0))
+    )
 }
 
 /// Finishes a deferred command of metrics slot `slot` once its work produced `finish`:
@@ -692,11 +842,10 @@ fn hello(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         }
         i = 2;
     }
-    let mut name = None;
+    let (mut name, mut credentials) = (None, None);
     while let Some(option) = args.get(i) {
         if option.eq_ignore_ascii_case(b"AUTH") && args.len() > i + 2 {
-            // No authentication: any credentials are accepted, as Redis does for its
-            // default `nopass` user. Bind the API to a trusted network.
+            credentials = Some((args.at(i + 1), args.at(i + 2)));
             i += 3;
         } else if option.eq_ignore_ascii_case(b"SETNAME") && args.len() > i + 1 {
             let value = args.at(i + 1);
@@ -713,6 +862,18 @@ fn hello(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
                 Quoted(option)
             ));
         }
+    }
+    // Credentials first: a HELLO that fails to log in changes nothing (see `auth`).
+    match credentials {
+        Some((user, pass)) => {
+            if let Err(outcome) = auth::login(cx, Some(user), pass) {
+                return outcome;
+            }
+        }
+        None if !auth::logged_in(cx) => {
+            return cx.error(format_args!("{}", auth::NOAUTH_HELLO));
+        }
+        None => {}
     }
     if let Some(name) = name {
         cx.session.name = Some(name.into());

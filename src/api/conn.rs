@@ -63,6 +63,7 @@ pub async fn serve<S>(
     let mut wbuf = BytesMut::new();
     let mut parser = Parser::new();
     let mut session = Session::new(service.next_client_id());
+    session.peer = peer;
     // A shutdown watch whose sender is gone can never fire; stop polling it.
     let mut watching = true;
     let mut last_io = Instant::now();
@@ -146,8 +147,9 @@ enum Step {
     End(End),
 }
 
-/// Runs every complete command in `rbuf` against the current runtime (read once for the
-/// batch), until one must wait on a store or the connection must end.
+/// Runs every complete command in `rbuf` (and first what remains of a transaction `EXEC`
+/// started) against the current runtime (read once for the batch), until one must wait on
+/// a store or the connection must end.
 fn execute(
     service: &ApiService,
     session: &mut Session,
@@ -160,30 +162,33 @@ fn execute(
     let runtime = runtime.as_deref().map(|rt| &**rt);
     let mut step = Step::More;
     loop {
-        match parser.parse(rbuf) {
-            Ok(true) => {
-                match command::execute(service, runtime, session, &parser.args(), wbuf) {
-                    (Outcome::Close, _) => {
-                        step = Step::End(End::Client);
-                        break;
-                    }
-                    (_, Some((slot, deferred))) => {
-                        step = Step::Wait(slot, deferred);
-                        break;
-                    }
-                    _ => {}
-                }
-                if wbuf.len() > limit {
-                    step = Step::End(End::Overflow);
+        // The rest of a transaction `EXEC` started runs before the next command is read.
+        let ran = match command::resume(service, runtime, session, wbuf) {
+            Some(ran) => ran,
+            None => match parser.parse(rbuf) {
+                Ok(true) => command::execute(service, runtime, session, &parser.args(), wbuf),
+                Ok(false) => break,
+                Err(e) => {
+                    Reply::new(wbuf, session.resp3).error(format_args!("ERR {e}"));
+                    step = Step::End(End::Protocol(e));
                     break;
                 }
-            }
-            Ok(false) => break,
-            Err(e) => {
-                Reply::new(wbuf, session.resp3).error(format_args!("ERR {e}"));
-                step = Step::End(End::Protocol(e));
+            },
+        };
+        match ran {
+            (Outcome::Close, _) => {
+                step = Step::End(End::Client);
                 break;
             }
+            (_, Some((slot, deferred))) => {
+                step = Step::Wait(slot, deferred);
+                break;
+            }
+            _ => {}
+        }
+        if wbuf.len() > limit {
+            step = Step::End(End::Overflow);
+            break;
         }
     }
     session.flush_counts(service);

@@ -9,13 +9,16 @@
 //! - [`reply`]: RESP2/RESP3 reply writing;
 //! - [`bounds`]: the documented limits on what one client may make the process hold;
 //! - [`command`]: the command table, per-connection [`Session`] state and dispatch;
-//! - [`smyte`]: `RL.REDUCE` and `RL.GET` over [`AdhocBuckets`](crate::limits::AdhocBuckets),
+//! - [`smyte`]: `RL.REDUCE` and `RL.GET` (and `RL.PREDUCE`, `RL.PGET` in milliseconds) over
+//!   [`AdhocBuckets`](crate::limits::AdhocBuckets),
 //!   or over a Redis store (`api.store`);
 //! - [`conn`]: one connection's loop, generic over `AsyncRead + AsyncWrite`;
 //! - [`service`]: [`ApiService`] (shared state, tokio accept loop) and [`ApiApp`], the
 //!   Pingora `ServerApp` that runs it beside the proxy;
 //! - [`charon`]: Charon's `CH.*` commands on the configured resources of the live runtime;
-//! - [`holds`]: the copies a connection holds ([`holds::Ledger`]) and pending transfers.
+//! - [`holds`]: the copies a connection holds ([`holds::Ledger`]) and pending transfers;
+//! - [`multi`]: transactions (`MULTI`, `EXEC`, `DISCARD`);
+//! - [`auth`]: `AUTH` and `HELLO ... AUTH` against `api.password_file`.
 //!
 //! **Protocol.** RESP2 by default; `HELLO 3` switches a connection to RESP3 (maps, nulls).
 //! Pipelining is natural: every complete command in a read is executed in order and the
@@ -47,11 +50,13 @@
 //! decisions through the same [`Limiter`](crate::runtime::limiter::Limiter)s
 //! (`docs/architecture.md`, "The limiter API").
 
+pub mod auth;
 pub mod bounds;
 pub mod charon;
 pub mod command;
 pub mod conn;
 pub mod holds;
+pub mod multi;
 pub mod reply;
 pub mod resp;
 pub mod service;

@@ -319,6 +319,12 @@ fn split_inline(
 }
 
 impl<'a> Args<'a> {
+    /// The arguments `args` (each a `(start, end)` range of `data`) of a command kept
+    /// elsewhere than in a parser: a transaction's queue. Every range must lie in `data`.
+    pub(crate) fn from_parts(data: &'a [u8], args: &'a [(usize, usize)]) -> Self {
+        Self { data, args }
+    }
+
     /// The number of arguments, the command's name included.
     pub fn len(&self) -> usize {
         self.args.len()

@@ -45,7 +45,7 @@ use super::command::{COMMANDS, OTHER, RESULTS};
 use super::conn;
 use super::holds::{HoldBudget, Transfers};
 use super::resp::ProtocolError;
-use crate::config::{API_ORIGIN, UNCONFIGURED};
+use crate::config::{Secret, API_ORIGIN, UNCONFIGURED};
 use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
 use crate::metrics::{DecisionCounters, Metrics, MetricsError};
 use crate::runtime::Runtime;
@@ -68,6 +68,10 @@ pub struct ApiConfig {
     pub idle_timeout: Duration,
     /// Bytes of replies waiting for a client that does not read, before it is dropped.
     pub max_output_buffer: usize,
+    /// `api.password_file` for a service that follows no runtime: the password every
+    /// connection must give (`AUTH`). A service following a runtime reads the runtime's
+    /// config instead, so a reload changes it.
+    pub password: Option<Secret>,
 }
 
 impl Default for ApiConfig {
@@ -78,6 +82,7 @@ impl Default for ApiConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_output_buffer: DEFAULT_MAX_OUTPUT_BUFFER,
+            password: None,
         }
     }
 }
@@ -111,7 +116,7 @@ pub struct ApiService {
     /// `tollgate_api_commands_total` children, `[slot][result]`, resolved once.
     commands: Box<[[IntCounter; 3]]>,
     connections_gauge: IntGauge,
-    throttles: [Throttle; 3],
+    throttles: [Throttle; 4],
 }
 
 /// Log lines a client can trigger at will, written at most once per
@@ -124,6 +129,8 @@ pub enum Throttled {
     Overflow,
     /// A connection was refused at the cap.
     MaxClients,
+    /// `AUTH` or `HELLO ... AUTH` with wrong credentials.
+    WrongPass,
 }
 
 /// At most one line per kind per this period.
@@ -220,6 +227,15 @@ impl ApiService {
         runtime.map_or(self.config.allow_unconfigured, |rt| {
             rt.config.api.allow_unconfigured
         })
+    }
+
+    /// The password connections must give: the runtime's `api.password_file`, or the
+    /// service's own without a runtime.
+    pub fn password<'a>(&'a self, runtime: Option<&'a Runtime>) -> Option<&'a Secret> {
+        match runtime {
+            Some(rt) => rt.config.api.password.as_ref(),
+            None => self.config.password.as_ref(),
+        }
     }
 
     /// The clock of in-process resource decisions (monotonic, from the service's start).
@@ -418,6 +434,7 @@ impl ApiService {
             Throttled::Protocol(_) => 0,
             Throttled::Overflow => 1,
             Throttled::MaxClients => 2,
+            Throttled::WrongPass => 3,
         };
         let throttle = &self.throttles[index];
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -445,6 +462,9 @@ impl ApiService {
             Throttled::MaxClients => log::warn!(
                 "limiter API: refused connection from {peer}: {} connections open, the maximum ({suppressed} more since the last such line)",
                 self.config.max_connections
+            ),
+            Throttled::WrongPass => log::info!(
+                "limiter API: wrong credentials from {peer} ({suppressed} more since the last such line)"
             ),
         }
     }

@@ -1,9 +1,18 @@
-//! Smyte's commands on ad-hoc token buckets: `RL.REDUCE` and `RL.GET`.
+//! Smyte's commands on ad-hoc token buckets: `RL.REDUCE` and `RL.GET`, and their
+//! millisecond forms `RL.PREDUCE` and `RL.PGET`.
 //!
 //! ```text
-//! RL.REDUCE key max refill_seconds [REFILL amount] [TAKE n] [AT unix_seconds] [STRICT]
-//! RL.GET    key max refill_seconds [REFILL amount] [AT unix_seconds]
+//! RL.REDUCE  key max refill_seconds [REFILL amount] [TAKE n] [AT unix_seconds] [STRICT]
+//! RL.GET     key max refill_seconds [REFILL amount] [AT unix_seconds]
+//! RL.PREDUCE key max refill_ms [REFILL amount] [TAKE n] [AT unix_ms] [STRICT]
+//! RL.PGET    key max refill_ms [REFILL amount] [AT unix_ms]
 //! ```
+//!
+//! The millisecond forms are the same commands on the same buckets (a bucket's period is
+//! kept in nanoseconds, so `RL.PREDUCE k 2 60000` is `RL.REDUCE k 2 60`'s bucket), their
+//! `AT` with up to 6 decimals. Smyte's `RL.SESSIONIZE` and `RL.PSESSIONIZE` are not served:
+//! they reply the start of the caller's session of limited requests besides the tokens,
+//! which needs a session mark per bucket (in the table and in the Redis scripts).
 //!
 //! `RL.REDUCE` replies the integer count of tokens the bucket held (after due refills)
 //! before this take; the take happened iff the reply is at least `n`. `REFILL` defaults to
@@ -20,13 +29,15 @@
 //! **Numbers.** Decimal digits only: no sign, no spaces, no exponent. `max` and `amount`
 //! are 1 to 2⁶³-1 (replies are RESP integers), `n` 0 to 2⁶³-1, `refill_seconds` 1 to
 //! 18 446 744 073 and `AT` 0 to 18 446 744 073 (so that nanoseconds fit 64 bits: 584
-//! years, past 2554). Anything else is an `-ERR` naming the argument.
+//! years, past 2554); in milliseconds, `refill_ms` 1 to 18 446 744 073 709 and `AT` 0 to
+//! that. Anything else is an `-ERR` naming the argument.
 //!
 //! **Where buckets live.** In the in-process table of `api.max_keys` buckets by default;
 //! with `api.store` naming a Redis store, in Redis, so that a fleet shares them: one
 //! `token_bucket.lua` call per command (`token_bucket_get.lua` for `RL.GET`) at Redis's
 //! clock, or at `AT` (in microseconds). A bucket's parameters stay part of its identity:
-//! they are in its key name, `PREFIX _rl:MAX:AMOUNT:SECONDS:{HASH}:tb`, `HASH` the stable
+//! they are in its key name, `PREFIX _rl:MAX:AMOUNT:SECONDS:{HASH}:tb` (`MSms` for a period
+//! that is not whole seconds), `HASH` the stable
 //! hash of the key's bytes (`crate::store::key`). The scripts compute in doubles, so on a
 //! Redis store `max`, `REFILL` and `TAKE` are at most 2⁵⁰ and `refill_seconds` at most
 //! 1 125 899 906 (2⁵⁰ µs). When the store cannot answer within its budget (or its breaker
@@ -101,6 +112,8 @@ pub struct BucketCall<'a> {
     pub strict: bool,
     /// `AT` in nanoseconds since the Unix epoch, if given.
     pub at: Option<Nanos>,
+    /// The unit the command's times were given in.
+    pub unit: Unit,
 }
 
 /// Why a call's arguments are refused; displayed as the `-ERR` reply.
@@ -113,6 +126,20 @@ pub enum ArgError<'a> {
         /// The smallest value allowed.
         min: u64,
         /// The largest value allowed.
+        max: u64,
+        /// What was sent.
+        got: &'a [u8],
+    },
+    /// A time (digits, then optionally `.` and decimals down to the nanosecond) that is
+    /// not one, or out of its range: `AT` and `CH.TRANSFER`'s `ttl_seconds`.
+    Time {
+        /// The argument's name.
+        name: &'static str,
+        /// Its unit.
+        unit: Unit,
+        /// Whether 0 is refused (the smallest value is then just above it).
+        positive: bool,
+        /// The largest value allowed, in whole seconds.
         max: u64,
         /// What was sent.
         got: &'a [u8],
@@ -136,6 +163,23 @@ impl fmt::Display for ArgError<'_> {
             } => write!(
                 f,
                 "ERR invalid '{name}': expected an integer from {min} to {max}, got '{}'",
+                Quoted(got)
+            ),
+            Self::Time {
+                name,
+                unit,
+                positive,
+                max,
+                got,
+            } => write!(
+                f,
+                "ERR invalid '{name}': expected {} {} to {max}, with up to {} decimal places, got '{}'",
+                match unit {
+                    Unit::Seconds => "seconds",
+                    Unit::Millis => "milliseconds",
+                },
+                if *positive { "above 0 and up" } else { "from 0" },
+                unit.decimals(),
                 Quoted(got)
             ),
             Self::UnknownOption(command, option) => write!(
@@ -186,35 +230,89 @@ pub(crate) fn number<'a>(
     Ok(value)
 }
 
-/// Unix seconds with an optional fraction of up to 9 digits, in nanoseconds.
-fn unix_time(text: &[u8]) -> Result<Nanos, ArgError<'_>> {
-    let bad = ArgError::Number {
+/// The unit of a command's times (`refill` and `AT`): seconds for `RL.REDUCE` and `RL.GET`,
+/// milliseconds for Smyte's `RL.PREDUCE` and `RL.PGET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Seconds: `AT` may carry up to 9 decimals.
+    Seconds,
+    /// Milliseconds: `AT` may carry up to 6 decimals.
+    Millis,
+}
+
+impl Unit {
+    /// Nanoseconds in one unit.
+    const fn nanos(self) -> u64 {
+        match self {
+            Unit::Seconds => NANOS_PER_SEC,
+            Unit::Millis => 1_000_000,
+        }
+    }
+
+    /// Decimal places below one unit that still count whole nanoseconds.
+    const fn decimals(self) -> usize {
+        match self {
+            Unit::Seconds => 9,
+            Unit::Millis => 6,
+        }
+    }
+
+    /// The largest count of units whose nanoseconds fit a `u64`.
+    pub const fn max(self) -> u64 {
+        u64::MAX / self.nanos()
+    }
+
+    /// The name of a refill period in this unit, as errors quote it.
+    const fn refill_name(self) -> &'static str {
+        match self {
+            Unit::Seconds => "refill_seconds",
+            Unit::Millis => "refill_ms",
+        }
+    }
+}
+
+/// A time in `unit`s (Unix time for `AT`) with an optional fraction down to the
+/// nanosecond, in nanoseconds.
+fn unix_time(text: &[u8], unit: Unit) -> Result<Nanos, ArgError<'_>> {
+    let bad = ArgError::Time {
         name: "AT",
-        min: 0,
-        max: MAX_SECONDS,
+        unit,
+        positive: false,
+        max: unit.max(),
         got: text,
     };
     let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
         Some(dot) => (&text[..dot], &text[dot + 1..]),
         None => (text, &b""[..]),
     };
-    let seconds = number("AT", whole, 0, MAX_SECONDS).map_err(|_| bad.clone())?;
-    if fraction.len() > 9 || !fraction.iter().all(u8::is_ascii_digit) {
+    let units = number("AT", whole, 0, unit.max()).map_err(|_| bad.clone())?;
+    let places = unit.decimals();
+    if fraction.len() > places || !fraction.iter().all(u8::is_ascii_digit) {
         return Err(bad);
     }
     let mut nanos: u64 = 0;
-    for i in 0..9 {
+    for i in 0..places {
         nanos = nanos * 10 + fraction.get(i).map_or(0, |&d| u64::from(d - b'0'));
     }
-    // MAX_SECONDS · 10⁹ + 999 999 999 may pass u64::MAX by under a second: saturate.
-    Ok((seconds * NANOS_PER_SEC).saturating_add(nanos))
+    // max · unit + the largest fraction may pass u64::MAX by under a unit: saturate.
+    Ok((units * unit.nanos()).saturating_add(nanos))
 }
 
-/// Parses `RL.REDUCE` (`reduce`) or `RL.GET` arguments (`args[0]` is the name).
-pub fn parse<'a>(args: &Args<'a>, reduce: bool) -> Result<BucketCall<'a>, ArgError<'a>> {
-    let command = if reduce { "RL.REDUCE" } else { "RL.GET" };
+/// Parses `RL.REDUCE` (`reduce`) or `RL.GET` arguments (`args[0]` is the name), or with
+/// [`Unit::Millis`] those of `RL.PREDUCE` and `RL.PGET`.
+pub fn parse<'a>(
+    args: &Args<'a>,
+    reduce: bool,
+    unit: Unit,
+) -> Result<BucketCall<'a>, ArgError<'a>> {
+    let command = match (reduce, unit) {
+        (true, Unit::Seconds) => "RL.REDUCE",
+        (false, Unit::Seconds) => "RL.GET",
+        (true, Unit::Millis) => "RL.PREDUCE",
+        (false, Unit::Millis) => "RL.PGET",
+    };
     let capacity = number("max", args.at(2), 1, MAX_COUNT)?;
-    let seconds = number("refill_seconds", args.at(3), 1, MAX_SECONDS)?;
+    let period = number(unit.refill_name(), args.at(3), 1, unit.max())?;
     let (mut amount, mut take, mut at, mut strict) = (None, None, None, false);
     let mut i = 4;
     while let Some(option) = args.get(i) {
@@ -239,7 +337,7 @@ pub fn parse<'a>(args: &Args<'a>, reduce: bool) -> Result<BucketCall<'a>, ArgErr
         let (slot, parsed) = match name {
             "REFILL" => (&mut amount, number("REFILL", value, 1, MAX_COUNT)?),
             "TAKE" => (&mut take, number("TAKE", value, 0, MAX_COUNT)?),
-            _ => (&mut at, unix_time(value)?),
+            _ => (&mut at, unix_time(value, unit)?),
         };
         if slot.replace(parsed).is_some() {
             return Err(ArgError::Duplicate(name));
@@ -251,11 +349,12 @@ pub fn parse<'a>(args: &Args<'a>, reduce: bool) -> Result<BucketCall<'a>, ArgErr
         params: AdhocParams {
             capacity,
             amount: amount.unwrap_or(capacity),
-            every: seconds * NANOS_PER_SEC,
+            every: period * unit.nanos(),
         },
         take: if reduce { take.unwrap_or(1) } else { 0 },
         strict,
         at,
+        unit,
     })
 }
 
@@ -265,17 +364,17 @@ fn api_store(cx: &Ctx<'_>) -> Option<RedisStore> {
     rt.stores.get(rt.config.api.store.as_deref()?).cloned()
 }
 
-/// The largest `refill_seconds` a Redis store keeps exactly: 2⁵⁰ µs.
-const STORE_MAX_SECONDS: u64 = SCRIPT_MAX / 1_000_000;
-
-/// Refuses what the Redis scripts cannot compute exactly (module doc).
+/// Refuses what the Redis scripts cannot compute exactly (module doc): the refill period
+/// at most 2⁵⁰ µs (1 125 899 906 s, 1 125 899 906 842 ms).
 fn store_bounds(call: &BucketCall<'_>) -> Result<(), String> {
-    let seconds = call.params.every / NANOS_PER_SEC;
+    let unit = call.unit.nanos();
+    let period = call.params.every / unit;
+    let max_period = SCRIPT_MAX / (unit / 1_000);
     let too_big = [
         ("max", call.params.capacity, SCRIPT_MAX),
         ("REFILL", call.params.amount, SCRIPT_MAX),
         ("TAKE", call.take, SCRIPT_MAX),
-        ("refill_seconds", seconds, STORE_MAX_SECONDS),
+        (call.unit.refill_name(), period, max_period),
     ];
     match too_big.iter().find(|(_, v, max)| v > max) {
         Some((name, v, max)) => Err(format!(
@@ -307,12 +406,18 @@ impl StoreCall {
             every: p.every,
             strict: call.strict,
         };
-        let scope = format!(
-            "_rl:{}:{}:{}",
-            p.capacity,
-            p.amount,
-            p.every / NANOS_PER_SEC
-        );
+        // Whole seconds as `RL.REDUCE` has always named them (so `RL.PREDUCE k 2 60000`
+        // and `RL.REDUCE k 2 60` share a bucket, as they do in-process), else milliseconds.
+        let scope = if p.every.is_multiple_of(NANOS_PER_SEC) {
+            format!(
+                "_rl:{}:{}:{}",
+                p.capacity,
+                p.amount,
+                p.every / NANOS_PER_SEC
+            )
+        } else {
+            format!("_rl:{}:{}:{}ms", p.capacity, p.amount, p.every / 1_000_000)
+        };
         let names = KeyNames::scoped(&store.config().prefix, &scope);
         let share = local_bucket_share(params, store.config().instances);
         let local = AdhocParams {
@@ -417,7 +522,27 @@ fn on_store(
 
 /// `RL.REDUCE`: replies the tokens held before the take.
 pub fn reduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
-    let call = match parse(args, true) {
+    take(cx, args, Unit::Seconds)
+}
+
+/// `RL.PREDUCE`: `RL.REDUCE` with its times in milliseconds.
+pub fn preduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    take(cx, args, Unit::Millis)
+}
+
+/// `RL.GET`: replies the tokens the bucket holds.
+pub fn get(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    read(cx, args, Unit::Seconds)
+}
+
+/// `RL.PGET`: `RL.GET` with its times in milliseconds.
+pub fn pget(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
+    read(cx, args, Unit::Millis)
+}
+
+/// `RL.REDUCE` or `RL.PREDUCE`.
+fn take(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
+    let call = match parse(args, true, unit) {
         Ok(call) => call,
         Err(e) => return cx.error(format_args!("{e}")),
     };
@@ -444,9 +569,9 @@ pub fn reduce(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     }
 }
 
-/// `RL.GET`: replies the tokens the bucket holds.
-pub fn get(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
-    let call = match parse(args, false) {
+/// `RL.GET` or `RL.PGET`.
+fn read(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
+    let call = match parse(args, false, unit) {
         Ok(call) => call,
         Err(e) => return cx.error(format_args!("{e}")),
     };
@@ -467,19 +592,23 @@ mod tests {
     use bytes::BytesMut;
 
     fn call(line: &str, reduce: bool) -> Result<BucketCall<'static>, String> {
+        call_in(line, reduce, Unit::Seconds)
+    }
+
+    fn call_in(line: &str, reduce: bool, unit: Unit) -> Result<BucketCall<'static>, String> {
         let mut p = Parser::new();
         let mut buf = BytesMut::from(format!("{line}\r\n").as_bytes());
         assert!(p.parse(&mut buf).unwrap());
         // Leak the parser so the call can borrow it for the test's duration.
         let p: &'static Parser = Box::leak(Box::new(p));
-        parse(&p.args(), reduce).map_err(|e| e.to_string())
+        parse(&p.args(), reduce, unit).map_err(|e| e.to_string())
     }
 
     #[test]
     fn defaults_and_options() {
         let c = call("RL.REDUCE k 2 60", true).unwrap();
         assert_eq!(
-            (c.key, c.params, c.take, c.strict, c.at),
+            (c.key, c.params, c.take, c.strict, c.at, c.unit),
             (
                 &b"k"[..],
                 AdhocParams {
@@ -489,7 +618,8 @@ mod tests {
                 },
                 1,
                 false,
-                None
+                None,
+                Unit::Seconds
             )
         );
         let c = call(
@@ -517,9 +647,10 @@ mod tests {
             ("RL.REDUCE k 2 1.5", "ERR invalid 'refill_seconds': expected an integer from 1 to 18446744073, got '1.5'"),
             ("RL.REDUCE k 2 60 TAKE -1", "ERR invalid 'TAKE': expected an integer from 0 to 9223372036854775807, got '-1'"),
             ("RL.REDUCE k 2 60 REFILL 0", "ERR invalid 'REFILL': expected an integer from 1 to 9223372036854775807, got '0'"),
-            ("RL.REDUCE k 2 60 AT -5", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '-5'"),
-            ("RL.REDUCE k 2 60 AT 1.1234567891", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '1.1234567891'"),
-            ("RL.REDUCE k 2 60 AT 1.x", "ERR invalid 'AT': expected an integer from 0 to 18446744073, got '1.x'"),
+            ("RL.REDUCE k 2 60 AT -5", "ERR invalid 'AT': expected seconds from 0 to 18446744073, with up to 9 decimal places, got '-5'"),
+            ("RL.REDUCE k 2 60 AT 1.1234567891", "ERR invalid 'AT': expected seconds from 0 to 18446744073, with up to 9 decimal places, got '1.1234567891'"),
+            ("RL.REDUCE k 2 60 AT 1.x", "ERR invalid 'AT': expected seconds from 0 to 18446744073, with up to 9 decimal places, got '1.x'"),
+            ("RL.REDUCE k 2 60 AT 18446744074", "ERR invalid 'AT': expected seconds from 0 to 18446744073, with up to 9 decimal places, got '18446744074'"),
             ("RL.REDUCE k 2 60 TAKE", "ERR syntax error: option 'TAKE' needs a value"),
             ("RL.REDUCE k 2 60 TAKE 1 TAKE 2", "ERR syntax error: option 'TAKE' given twice"),
             ("RL.REDUCE k 2 60 STRICT STRICT", "ERR syntax error: option 'STRICT' given twice"),
@@ -542,5 +673,31 @@ mod tests {
         .unwrap();
         assert_eq!(c.params.every, MAX_SECONDS * NANOS_PER_SEC);
         assert_eq!(c.at, Some(u64::MAX));
+    }
+
+    #[test]
+    fn millisecond_commands_read_their_times_in_milliseconds() {
+        let c = call_in("RL.PREDUCE k 2 1500 AT 1700000000123.5", true, Unit::Millis).unwrap();
+        assert_eq!(c.params.every, 1_500_000_000);
+        assert_eq!(c.at, Some(1_700_000_000_123_500_000));
+        // The same bucket as the seconds command with the same period.
+        let s = call("RL.REDUCE k 2 60", true).unwrap();
+        let m = call_in("RL.PREDUCE k 2 60000", true, Unit::Millis).unwrap();
+        assert_eq!(s.params, m.params);
+        let g = call_in("RL.PGET k 2 10 AT 5", false, Unit::Millis).unwrap();
+        assert_eq!((g.take, g.at), (0, Some(5_000_000)));
+        let cases = [
+            ("RL.PREDUCE k 2 0", "ERR invalid 'refill_ms': expected an integer from 1 to 18446744073709, got '0'"),
+            ("RL.PREDUCE k 2 1 AT 1.1234567", "ERR invalid 'AT': expected milliseconds from 0 to 18446744073709, with up to 6 decimal places, got '1.1234567'"),
+            ("RL.PGET k 2 1 TAKE 1", "ERR syntax error: unknown option 'TAKE' for 'RL.PGET'"),
+        ];
+        for (line, want) in cases {
+            let reduce = line.starts_with("RL.PREDUCE");
+            assert_eq!(
+                call_in(line, reduce, Unit::Millis),
+                Err(want.to_string()),
+                "{line}"
+            );
+        }
     }
 }

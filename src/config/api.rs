@@ -5,15 +5,17 @@ use crate::config::bounds;
 use crate::config::model::{Api, StoreSpec};
 use crate::config::report::{child, Report};
 use crate::config::scalar;
+use crate::config::secret;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys `api:` takes.
-pub(crate) const API_KEYS: [&str; 3] = ["max_keys", "allow_unconfigured", "store"];
+pub(crate) const API_KEYS: [&str; 4] = ["max_keys", "allow_unconfigured", "store", "password_file"];
 
 /// Reads the `api:` section, or its defaults when absent. `stores` are the configured
-/// shared stores `api.store` may name (besides `local`).
-pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec]) -> Api {
+/// shared stores `api.store` may name (besides `local`); `file` is the config file, whose
+/// directory a relative `password_file` starts in.
+pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec], file: &str) -> Api {
     let mut api = Api::default();
     let entries = node
         .and_then(|n| scalar::map(r, n, "api"))
@@ -26,6 +28,12 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec]) -
                 let n = scalar::int(r, v, &path, 1, bounds::MAX_KEYS as u64);
                 if let Some(n) = n.and_then(|n| usize::try_from(n).ok()) {
                     api.max_keys = n;
+                }
+            }
+            "password_file" => {
+                if let Some(name) = scalar::text(r, v, &path) {
+                    let what = ("the limiter API password", "`AUTH PASSWORD`");
+                    api.password = secret::read(r, v, &path, file, name, what);
                 }
             }
             "allow_unconfigured" => {

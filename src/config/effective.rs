@@ -4,7 +4,10 @@
 //! Every origin lists every limit it really runs, each with every parameter explicit
 //! (defaults filled in), and overrides show only what they change. The output is itself a
 //! valid config that parses back to the same model (a test holds it to that), so it can be
-//! diffed, reviewed, or fed back to `tollgate check`.
+//! diffed, reviewed, or fed back to `tollgate check`. Secrets are never printed: a token or
+//! password read from a file is named by its file, and a password written into a store's
+//! URL is printed as `REDACTED` (`redis://:REDACTED@host`), so such a config parses back
+//! to the same model but for that password.
 
 use std::time::Duration;
 
@@ -12,9 +15,10 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::config::model::{
-    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Members, Mode, Origin,
-    RedisEndpoint, Server,
+    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Listener, Members, Mode,
+    Origin, RedisEndpoint, Secret, Server, Tls,
 };
+use crate::config::secret::redact_url;
 use crate::limits::{MatchValue, Matcher, Nanos, SketchSize};
 
 /// The effective config as YAML text.
@@ -52,6 +56,8 @@ fn span(d: Duration) -> String {
 #[derive(Serialize)]
 struct EffConfig {
     server: EffServer,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<EffTls>,
     api: EffApi,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
     stores: Ordered<EffStore>,
@@ -68,10 +74,12 @@ impl EffConfig {
     fn of(c: &Config) -> Self {
         Self {
             server: EffServer::of(&c.server),
+            tls: EffTls::of(&c.tls),
             api: EffApi {
                 max_keys: c.api.max_keys,
                 allow_unconfigured: c.api.allow_unconfigured,
                 store: c.api.store.clone(),
+                password_file: c.api.password.as_ref().map(secret_file),
             },
             defaults: c.unmatched.as_ref().map(|o| EffDefaults {
                 unmatched: EffOrigin::of(o),
@@ -136,6 +144,9 @@ enum EffStore {
         prefix: String,
         lease: String,
         deny_cache: usize,
+        /// The file only: the password itself is never printed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        password_file: Option<String>,
     },
 }
 
@@ -161,9 +172,14 @@ impl EffStore {
         }
         for s in &c.stores {
             let r = &s.redis;
+            // A password written into a URL is printed as `REDACTED` (see
+            // `secret::REDACTED`); one in a `password_file` is named by its file.
+            let shown = |u: &String| redact_url(u).into_owned();
             let (url, urls, cluster) = match &r.endpoint {
-                RedisEndpoint::Standalone(u) => (Some(u.clone()), None, false),
-                RedisEndpoint::Cluster(list) => (None, Some(list.clone()), true),
+                RedisEndpoint::Standalone(u) => (Some(shown(u)), None, false),
+                RedisEndpoint::Cluster(list) => {
+                    (None, Some(list.iter().map(shown).collect()), true)
+                }
             };
             let store = EffStore::Redis {
                 kind: "redis",
@@ -184,6 +200,7 @@ impl EffStore {
                 prefix: r.prefix.clone(),
                 lease: span(r.lease),
                 deny_cache: r.deny_cache,
+                password_file: r.password.as_ref().map(secret_file),
             };
             out.push((s.name.clone(), store));
         }
@@ -205,11 +222,94 @@ struct EffApi {
     allow_unconfigured: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<String>,
+    /// The file only: the password itself is never printed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password_file: Option<String>,
+}
+
+/// A secret's file as printed (resolved), never its value.
+fn secret_file(s: &Secret) -> String {
+    s.file.display().to_string()
+}
+
+/// A listener as written: the string form when it is plain HTTP/1.1, else the object.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EffListener {
+    Plain(String),
+    Object {
+        addr: String,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        tls: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        h2c: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        proxy_protocol: bool,
+    },
+}
+
+impl EffListener {
+    fn of(l: &Listener) -> Self {
+        if l.is_plain() {
+            return EffListener::Plain(l.addr.to_string());
+        }
+        EffListener::Object {
+            addr: l.addr.to_string(),
+            tls: l.tls,
+            h2c: l.h2c,
+            proxy_protocol: l.proxy_protocol,
+        }
+    }
+}
+
+/// A certificate's files, as resolved.
+#[derive(Serialize)]
+struct EffCert {
+    cert: String,
+    key: String,
+}
+
+/// `tls:`, printed only when it has certificates.
+#[derive(Serialize)]
+struct EffTls {
+    certificates: Vec<EffCert>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default: Option<String>,
+    min_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ciphers: Option<String>,
+    handshake_timeout: String,
+}
+
+impl EffTls {
+    fn of(t: &Tls) -> Option<Self> {
+        if t.certificates.is_empty() {
+            return None;
+        }
+        let shown = |p: &std::path::Path| p.display().to_string();
+        Some(Self {
+            certificates: t
+                .certificates
+                .iter()
+                .map(|c| EffCert {
+                    cert: shown(&c.cert),
+                    key: shown(&c.key),
+                })
+                .collect(),
+            default: t
+                .default
+                .and_then(|i| t.certificates.get(i))
+                .map(|c| shown(&c.cert)),
+            min_version: t.min_version.name(),
+            ciphers: t.ciphers.clone(),
+            handshake_timeout: span(t.handshake_timeout),
+        })
+    }
 }
 
 #[derive(Serialize)]
 struct EffServer {
-    listen: Vec<String>,
+    listen: Vec<EffListener>,
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics: Option<String>,
     threads: usize,
@@ -236,12 +336,15 @@ struct EffServer {
     max_connections: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections_per_ip: Option<u32>,
+    h2_max_streams: u32,
+    h2_max_header_list: u32,
+    h2_max_resets: u32,
 }
 
 impl EffServer {
     fn of(s: &Server) -> Self {
         Self {
-            listen: s.listen.iter().map(ToString::to_string).collect(),
+            listen: s.listen.iter().map(EffListener::of).collect(),
             metrics: s.metrics.map(|a| a.to_string()),
             threads: s.threads,
             grace_period: span(s.grace_period),
@@ -250,13 +353,16 @@ impl EffServer {
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
             limiter_api: s.limiter_api.map(|a| a.to_string()),
             admin: s.admin.map(|a| a.to_string()),
-            admin_token_file: s.admin_token.as_ref().map(|t| t.file.display().to_string()),
+            admin_token_file: s.admin_token.as_ref().map(secret_file),
             instance: s.instance.clone(),
             kill_switch: s.kill_switch,
             header_timeout: span(s.connections.header_timeout),
             keepalive_timeout: span(s.connections.keepalive_timeout),
             max_connections: s.connections.max_connections,
             max_connections_per_ip: s.connections.max_connections_per_ip,
+            h2_max_streams: s.connections.h2_max_streams,
+            h2_max_header_list: s.connections.h2_max_header_list,
+            h2_max_resets: s.connections.h2_max_resets,
         }
     }
 }
@@ -274,6 +380,7 @@ struct EffOrigin {
     customer: Option<String>,
     connect_timeout: String,
     read_timeout: String,
+    upstream_protocol: &'static str,
     limits: Ordered<EffLimit>,
 }
 
@@ -288,6 +395,7 @@ impl EffOrigin {
             customer: o.customer.clone(),
             connect_timeout: span(o.connect_timeout),
             read_timeout: span(o.read_timeout),
+            upstream_protocol: o.upstream_protocol.name(),
             limits: Ordered(
                 o.limits
                     .iter()
@@ -640,5 +748,45 @@ mod tests {
         assert!(yaml.contains("max: 200"), "{yaml}");
         // An override shows only what it changes.
         assert!(yaml.contains("capacity: 600"), "{yaml}");
+    }
+
+    #[test]
+    fn secrets_are_redacted_and_files_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("redis.pw"), "from-a-file\n").unwrap();
+        std::fs::write(dir.path().join("api.pw"), "api-secret\n").unwrap();
+        let file = dir.path().join("t.yaml");
+        let text = "api:\n  password_file: api.pw\nstores:\n  inline: { url: \"redis://:written-secret@127.0.0.1:6379/0\" }\n  cluster: { urls: [\"redis://u:s2@127.0.0.1:7000\"], cluster: true }\n  filed: { url: \"redis://127.0.0.1:6380/1\", password_file: redis.pw }\norigins:\n  a:\n    hosts: [a.test]\n    upstreams: [\"127.0.0.1:1\"]\n";
+        let config = parse_str(text, &file.to_string_lossy()).unwrap().config;
+        let yaml = to_yaml(&config).unwrap();
+        for secret in ["written-secret", "s2", "from-a-file", "api-secret"] {
+            assert!(!yaml.contains(secret), "{secret} printed:\n{yaml}");
+        }
+        assert!(
+            yaml.contains("url: redis://:REDACTED@127.0.0.1:6379/0"),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("- redis://u:REDACTED@127.0.0.1:7000"),
+            "{yaml}"
+        );
+        let pw = dir.path().join("redis.pw");
+        assert!(
+            yaml.contains(&format!("password_file: {}", pw.display())),
+            "{yaml}"
+        );
+        // Still a valid config: the same model but for the passwords written in URLs.
+        let again = parse_str(&yaml, "effective.yaml")
+            .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+            .config;
+        assert_eq!(again.api, config.api);
+        assert_eq!(
+            again.stores[2], config.stores[2],
+            "a password_file round-trips"
+        );
+        assert_eq!(
+            again.stores[0].redis.endpoint,
+            RedisEndpoint::Standalone("redis://:REDACTED@127.0.0.1:6379/0".into())
+        );
     }
 }

@@ -8,6 +8,7 @@ pub mod effective;
 pub mod model;
 pub mod parse;
 pub mod schema;
+pub mod secret;
 
 mod api;
 mod bounds;
@@ -27,6 +28,7 @@ mod spec;
 mod stores;
 mod suggest;
 mod text;
+mod tls;
 mod validate;
 mod yaml;
 

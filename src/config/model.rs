@@ -12,6 +12,7 @@ use ipnet::IpNet;
 
 use std::path::PathBuf;
 
+pub use crate::config::secret::Secret;
 use crate::limits::{
     KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams, TokenBucketParams,
 };
@@ -29,6 +30,8 @@ pub struct Config {
     pub stores: Vec<StoreSpec>,
     /// The in-process store's options (`stores.local`).
     pub local_store: LocalStore,
+    /// TLS for the listeners that ask for it (`tls:`): certificates and handshake settings.
+    pub tls: Tls,
     /// Origins in file order.
     pub origins: Vec<Origin>,
     /// `defaults.unmatched`: the origin (named `_unmatched`) that serves hosts no origin
@@ -86,7 +89,8 @@ pub enum Fallback {
 pub struct RedisStoreSpec {
     /// Standalone or Cluster.
     pub endpoint: RedisEndpoint,
-    /// Budget per decision (`timeout`, default 5 ms): past it the decision falls back.
+    /// Budget of one request phase for all its calls to the store (`timeout`, default
+    /// 5 ms): past it the phase's remaining shared limits fall back.
     pub timeout: Duration,
     /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
     pub failures: u32,
@@ -104,6 +108,10 @@ pub struct RedisStoreSpec {
     /// Keys a limit remembers as rejected until their `Retry-After` (`deny_cache`, default
     /// 4096; 0 turns it off).
     pub deny_cache: usize,
+    /// The password to log in with (`password_file`), put into each URL when the store
+    /// connects, so that it need not be written in the config; `None`: the URL's own, if
+    /// any.
+    pub password: Option<Secret>,
 }
 
 impl Default for RedisStoreSpec {
@@ -118,6 +126,7 @@ impl Default for RedisStoreSpec {
             prefix: "tollgate:".to_string(),
             lease: Duration::from_secs(10),
             deny_cache: 4096,
+            password: None,
         }
     }
 }
@@ -155,6 +164,10 @@ pub struct Api {
     /// The shared store `RL.*` buckets live in (`api.store`); `None` is the in-process
     /// table of `max_keys` buckets.
     pub store: Option<String>,
+    /// The password every connection must give (`AUTH`, `HELLO ... AUTH`) before any
+    /// other command than `AUTH`, `HELLO`, `PING` and `QUIT` (`api.password_file`, read at
+    /// load and trimmed); `None`: no password asked.
+    pub password: Option<Secret>,
 }
 
 impl Default for Api {
@@ -163,6 +176,7 @@ impl Default for Api {
             max_keys: 100_000,
             allow_unconfigured: false,
             store: None,
+            password: None,
         }
     }
 }
@@ -170,8 +184,8 @@ impl Default for Api {
 /// The `server:` section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Server {
-    /// HTTP listeners (`server.listen`). Default `["0.0.0.0:8080"]`.
-    pub listen: Vec<SocketAddr>,
+    /// HTTP listeners (`server.listen`). Default `["0.0.0.0:8080"]`, plaintext HTTP/1.1.
+    pub listen: Vec<Listener>,
     /// The `/metrics` listener (`server.metrics`); `None` disables it.
     pub metrics: Option<SocketAddr>,
     /// Proxy worker threads (`server.threads`). Default 2.
@@ -203,21 +217,9 @@ pub struct Server {
     pub connections: Connections,
 }
 
-/// The admin API's bearer token, read from `server.admin_token_file`. Its `Debug` form
-/// names only the file, so the token never reaches a log line or `check` output.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AdminToken {
-    /// The file it was read from, as resolved (relative to the config file's directory).
-    pub file: std::path::PathBuf,
-    /// The token, trimmed of surrounding whitespace; never empty.
-    pub token: String,
-}
-
-impl fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AdminToken({}, redacted)", self.file.display())
-    }
-}
+/// The admin API's bearer token, read from `server.admin_token_file`: a [`Secret`], whose
+/// `Debug` form names only the file.
+pub type AdminToken = Secret;
 
 /// The bounds on downstream connections (`server.header_timeout`, `keepalive_timeout`,
 /// `max_connections`, `max_connections_per_ip`): what keeps slow or idle clients from
@@ -243,12 +245,27 @@ pub struct Connections {
     /// closed at once. `None` (the default): no per-IP cap, since clients behind one NAT or
     /// load balancer share an address.
     pub max_connections_per_ip: Option<u32>,
+    /// HTTP/2 streams a client may have open at once on one connection
+    /// (`h2_max_streams`, SETTINGS_MAX_CONCURRENT_STREAMS). Default 100 (nginx's
+    /// `http2_max_concurrent_streams`).
+    pub h2_max_streams: u32,
+    /// The largest decoded request header list an HTTP/2 client may send
+    /// (`h2_max_header_list`, SETTINGS_MAX_HEADER_LIST_SIZE), in bytes. Default 64 KiB.
+    pub h2_max_header_list: u32,
+    /// Stream resets (RST_STREAM) one HTTP/2 connection may send per
+    /// [`Connections::H2_RESET_WINDOW`] (`h2_max_resets`); past it the connection is closed
+    /// (rapid reset, CVE-2023-44487). Default 100.
+    pub h2_max_resets: u32,
 }
 
 impl Connections {
     /// The ceiling of the derived `max_connections`: at the ~90 KB a connection costs,
     /// about 370 MB.
     pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+
+    /// The window `h2_max_resets` counts over: a token bucket of `h2_max_resets` resets
+    /// refilled over this time.
+    pub const H2_RESET_WINDOW: Duration = Duration::from_secs(10);
 }
 
 impl Default for Connections {
@@ -258,6 +275,120 @@ impl Default for Connections {
             keepalive_timeout: Duration::from_secs(75),
             max_connections: None,
             max_connections_per_ip: None,
+            h2_max_streams: 100,
+            h2_max_header_list: 64 * 1024,
+            h2_max_resets: 100,
+        }
+    }
+}
+
+/// One `server.listen` entry: a string is plaintext HTTP/1.1; the object form adds TLS,
+/// prior-knowledge h2c and the PROXY protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Listener {
+    /// Where it binds.
+    pub addr: SocketAddr,
+    /// TLS, with ALPN `h2` and `http/1.1` (`tls: true`); certificates from `tls:`.
+    pub tls: bool,
+    /// Prior-knowledge HTTP/2 on a plaintext listener, beside HTTP/1.1 (`h2c: true`).
+    pub h2c: bool,
+    /// A PROXY protocol (v1 or v2) header precedes every connection (`proxy_protocol:
+    /// true`); its client address is believed only from `trusted_proxies`.
+    pub proxy_protocol: bool,
+}
+
+impl Listener {
+    /// A plaintext HTTP/1.1 listener on `addr`.
+    pub fn plain(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            tls: false,
+            h2c: false,
+            proxy_protocol: false,
+        }
+    }
+
+    /// Whether it is the string form: nothing but an address.
+    pub fn is_plain(&self) -> bool {
+        !self.tls && !self.h2c && !self.proxy_protocol
+    }
+}
+
+impl fmt::Display for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.addr)?;
+        for (on, what) in [
+            (self.tls, " tls"),
+            (self.h2c, " h2c"),
+            (self.proxy_protocol, " proxy_protocol"),
+        ] {
+            if on {
+                f.write_str(what)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The lowest TLS version a listener accepts (`tls.min_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TlsVersion {
+    /// TLS 1.2 (the default): every client of the last decade.
+    V1_2,
+    /// TLS 1.3 only.
+    V1_3,
+}
+
+impl TlsVersion {
+    /// As written in the config: `1.2` or `1.3`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsVersion::V1_2 => "1.2",
+            TlsVersion::V1_3 => "1.3",
+        }
+    }
+}
+
+/// One `tls.certificates` entry: a PEM certificate chain (leaf first) and its PEM private
+/// key, relative paths resolved against the config file's directory. Which names it serves
+/// comes from the certificate's own SAN, read when the runtime is built.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CertSpec {
+    /// The certificate chain file.
+    pub cert: PathBuf,
+    /// The private key file.
+    pub key: PathBuf,
+}
+
+/// The `tls:` section.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tls {
+    /// The certificates, matched by SNI against their SAN names (`tls.certificates`).
+    pub certificates: Vec<CertSpec>,
+    /// The index in `certificates` of the one served to clients that send no SNI or an
+    /// unknown name (`tls.default`, naming its `cert` file); `None` refuses such handshakes.
+    pub default: Option<usize>,
+    /// The lowest TLS version accepted (`tls.min_version`, default 1.2); 1.0 and 1.1 are
+    /// never accepted.
+    pub min_version: TlsVersion,
+    /// The TLS 1.2 cipher list, in OpenSSL's syntax (`tls.ciphers`); `None`: the modern
+    /// default (ECDHE with AES-GCM or ChaCha20-Poly1305 only). TLS 1.3's suites are
+    /// OpenSSL's, all AEAD.
+    pub ciphers: Option<String>,
+    /// The whole TLS handshake (and a PROXY protocol header before it) must be done within
+    /// this time from the accept (`tls.handshake_timeout`, default 10 s); the connection is
+    /// closed otherwise.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        Self {
+            certificates: Vec::new(),
+            default: None,
+            min_version: TlsVersion::V1_2,
+            ciphers: None,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -285,8 +416,32 @@ pub struct Origin {
     /// How long an upstream response may stall before tollgate answers 504
     /// (`read_timeout`, default 60 s).
     pub read_timeout: Duration,
+    /// The HTTP version spoken to the upstreams (`upstream_protocol`, default `http1`).
+    pub upstream_protocol: UpstreamProtocol,
     /// Limits in the order they run: defaults first (in their order), then the origin's own.
     pub limits: Vec<Limit>,
+}
+
+/// The HTTP version tollgate speaks to an origin's upstreams (`upstream_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (the default), over TLS when `tls` is on.
+    #[default]
+    Http1,
+    /// HTTP/2 over TLS, negotiated by ALPN (needs `tls: true`); streams share connections.
+    H2,
+    /// HTTP/2 in plaintext with prior knowledge (gRPC services without TLS).
+    H2c,
+}
+
+impl UpstreamProtocol {
+    /// The names `upstream_protocol` takes, in variant order.
+    pub const NAMES: [&'static str; 3] = ["http1", "h2", "h2c"];
+
+    /// As written in the config.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 /// An upstream server as written: an address, or a name that the runtime resolves when it

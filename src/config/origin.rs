@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::bounds;
 use crate::config::limit::parse_limits;
-use crate::config::model::Upstream;
+use crate::config::model::{Upstream, UpstreamProtocol};
 use crate::config::names::{is_label, label_message};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
@@ -19,7 +19,7 @@ use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 
 /// The keys an origin takes.
-pub(crate) const ORIGIN_KEYS: [&str; 9] = [
+pub(crate) const ORIGIN_KEYS: [&str; 10] = [
     "hosts",
     "upstreams",
     "tls",
@@ -28,6 +28,7 @@ pub(crate) const ORIGIN_KEYS: [&str; 9] = [
     "customer",
     "connect_timeout",
     "read_timeout",
+    "upstream_protocol",
     "limits",
 ];
 
@@ -57,6 +58,8 @@ pub(crate) struct OriginDraft {
     pub connect_timeout: Duration,
     /// `read_timeout`.
     pub read_timeout: Duration,
+    /// `upstream_protocol`.
+    pub upstream_protocol: UpstreamProtocol,
     /// The origin's own `limits:`, unmerged.
     pub limits: Vec<LimitSpec>,
 }
@@ -108,6 +111,7 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
         tls_verify: true,
         connect_timeout: Duration::from_secs(5),
         read_timeout: Duration::from_secs(60),
+        upstream_protocol: UpstreamProtocol::Http1,
         limits: Vec::new(),
     };
     if !unmatched && !is_label(&entry.key) {
@@ -126,7 +130,7 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
     let Some(fields) = scalar::map(r, &entry.value, &path) else {
         return o;
     };
-    let (mut sni, mut tls_pos) = (None, None);
+    let (mut sni, mut tls_pos, mut protocol_pos) = (None, None, None);
     for e in fields {
         let sub = child(&path, &e.key);
         let v = &e.value;
@@ -165,6 +169,15 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
                     *slot = d;
                 }
             }
+            "upstream_protocol" => {
+                let names = UpstreamProtocol::NAMES;
+                o.upstream_protocol = match scalar::choice(r, v, &sub, "protocol", &names) {
+                    Some(1) => UpstreamProtocol::H2,
+                    Some(2) => UpstreamProtocol::H2c,
+                    _ => UpstreamProtocol::Http1,
+                };
+                protocol_pos = Some((v.pos, sub));
+            }
             "limits" => o.limits = parse_limits(r, v, &sub),
             other => r.error(
                 e.key_pos,
@@ -188,6 +201,21 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
         }
     }
     tls_and_sni(r, &mut o, sni, tls_pos);
+    if let Some((pos, path)) = protocol_pos {
+        match (o.upstream_protocol, o.tls) {
+            (UpstreamProtocol::H2, false) => r.error(
+                pos,
+                &path,
+                "`h2` is HTTP/2 over TLS: set `tls: true`, or use `h2c` for plaintext HTTP/2",
+            ),
+            (UpstreamProtocol::H2c, true) => r.error(
+                pos,
+                &path,
+                "`h2c` is plaintext HTTP/2: use `h2` with `tls: true`",
+            ),
+            _ => {}
+        }
+    }
     o
 }
 

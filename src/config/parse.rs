@@ -24,12 +24,14 @@ use crate::config::spec::LimitSpec;
 use crate::config::stores;
 use crate::config::suggest;
 use crate::config::text;
+use crate::config::tls;
 use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-pub(crate) const TOP_KEYS: [&str; 7] = [
+pub(crate) const TOP_KEYS: [&str; 8] = [
     "server",
+    "tls",
     "api",
     "stores",
     "segments",
@@ -184,9 +186,11 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         );
     }
     let server = server::parse(r, section("server"), file);
+    let tls = tls::parse(r, section("tls"), file);
+    tls::check_listeners(r, &server.listeners, &tls);
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
-    let api = api::parse(r, section("api"), &stores);
+    let api = api::parse(r, section("api"), &stores, file);
     let known = Known {
         segments: &segments,
         stores: &stores,
@@ -257,6 +261,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             tls_verify: d.tls_verify,
             connect_timeout: d.connect_timeout,
             read_timeout: d.read_timeout,
+            upstream_protocol: d.upstream_protocol,
         })
         .collect();
     let unmatched = origins
@@ -270,6 +275,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         segments,
         stores,
         local_store,
+        tls,
         origins,
         unmatched,
         resources: resources.into_iter().map(|l| l.v).collect(),

@@ -22,17 +22,20 @@ use strum::IntoEnumIterator;
 use crate::config::api::API_KEYS;
 use crate::config::bounds;
 use crate::config::limit::GROUP_KEYS;
-use crate::config::model::Kind;
+use crate::config::model::{Kind, UpstreamProtocol};
 use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
 use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
-use crate::config::server::{MAX_CONNECTIONS, SERVER_KEYS};
+use crate::config::server::{
+    MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, SERVER_KEYS,
+};
 use crate::config::spec::{
     ignored_fields, limit_keys, own_fields, required_fields, COMMON, OVERRIDE_KEYS,
 };
 use crate::config::stores::{BREAKER_KEYS, LOCAL_KEYS, MAX_STORES, REDIS_KEYS};
+use crate::config::tls::{CERT_KEYS, LISTENER_KEYS, MAX_CERTIFICATES, TLS_KEYS};
 use crate::limits::concurrency::MAX_GROUPS;
 use crate::limits::tiered::{MAX_GLOBAL_LIMIT, MAX_LIMIT};
 use crate::limits::KeyPart;
@@ -111,6 +114,7 @@ pub fn schema() -> Result<Value, SchemaError> {
     defs.insert("unmatched_origin".to_string(), origin(&mut keys, true));
     let sections = [
         ("server", server(&mut keys)),
+        ("tls", tls(&mut keys)),
         ("api", api(&mut keys)),
         ("stores", stores(&mut keys)),
         ("segments", segments(&mut keys)),
@@ -242,9 +246,23 @@ fn key_part(plain: &[&str], args: &[&str]) -> Value {
 // ---- sections ---------------------------------------------------------------------------
 
 fn server(keys: &mut Keys<'_>) -> Value {
+    let mut listener = keys.object("server.listen[]", &LISTENER_KEYS, |key| {
+        Some(match key {
+            "addr" => socket_addr(),
+            "tls" | "h2c" | "proxy_protocol" => boolean(),
+            _ => return None,
+        })
+    });
+    listener["type"] = json!("object");
+    listener["required"] = json!(["addr"]);
+    listener["not"] = json!({
+        "required": ["tls", "h2c"],
+        "properties": {"tls": {"const": true}, "h2c": {"const": true}},
+    });
+    let listen_item = json!({"oneOf": [socket_addr(), listener]});
     keys.object("server", &SERVER_KEYS, |key| {
         Some(match key {
-            "listen" => list(socket_addr(), 1, None),
+            "listen" => list(listen_item.clone(), 1, None),
             "metrics" | "limiter_api" | "demo_upstream" | "admin" => socket_addr(),
             "admin_token_file" => json!({"type": "string", "minLength": 1}),
             "instance" => json!({
@@ -258,6 +276,31 @@ fn server(keys: &mut Keys<'_>) -> Value {
             "trusted_proxies" => list(json!({"type": "string"}), 0, None),
             "customer_header" => json!({"type": "string", "pattern": format!("^{HEADER_NAME}$")}),
             "max_connections" | "max_connections_per_ip" => int(1, MAX_CONNECTIONS),
+            "h2_max_streams" => int(1, MAX_H2_STREAMS),
+            "h2_max_header_list" => int(1024, MAX_H2_HEADER_LIST),
+            "h2_max_resets" => int(1, MAX_H2_RESETS),
+            _ => return None,
+        })
+    })
+}
+
+fn tls(keys: &mut Keys<'_>) -> Value {
+    let file = json!({"type": "string", "minLength": 1, "maxLength": 4096});
+    let mut cert = keys.object("tls.certificates[]", &CERT_KEYS, |key| {
+        Some(match key {
+            "cert" | "key" => file.clone(),
+            _ => return None,
+        })
+    });
+    cert["type"] = json!("object");
+    cert["required"] = json!(["cert", "key"]);
+    keys.object("tls", &TLS_KEYS, |key| {
+        Some(match key {
+            "certificates" => list(cert.clone(), 0, Some(MAX_CERTIFICATES)),
+            "default" => file.clone(),
+            "min_version" => json!({"enum": ["1.2", "1.3", 1.2, 1.3]}),
+            "ciphers" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
+            "handshake_timeout" => duration(("100ms", "5m")),
             _ => return None,
         })
     })
@@ -269,6 +312,7 @@ fn api(keys: &mut Keys<'_>) -> Value {
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
             "allow_unconfigured" => boolean(),
             "store" => text(),
+            "password_file" => json!({"type": "string", "minLength": 1}),
             _ => return None,
         })
     })
@@ -302,6 +346,7 @@ fn stores(keys: &mut Keys<'_>) -> Value {
             }
             "lease" => duration(("300ms", "1h")),
             "deny_cache" => int(0, 1 << 20),
+            "password_file" => json!({"type": "string", "minLength": 1}),
             _ => return None,
         })
     });
@@ -411,6 +456,7 @@ fn origin(keys: &mut Keys<'_>, unmatched: bool) -> Value {
             "tls" | "tls_verify" => boolean(),
             "sni" | "customer" => text(),
             "connect_timeout" | "read_timeout" => duration(("1ms", "1h")),
+            "upstream_protocol" => json!({"enum": UpstreamProtocol::NAMES}),
             "limits" => limits("origin_limit"),
             _ => return None,
         })

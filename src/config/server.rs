@@ -1,24 +1,25 @@
-//! The `server:` section: listeners (proxy, metrics, limiter API, admin API, demo
-//! upstream) and the admin token, threads,
+//! The `server:` section: listeners (proxy, in their string or object form, metrics,
+//! limiter API, admin API, demo upstream) and the admin token, threads,
 //! shutdown window, trusted proxies, the customer header, the instance name, the kill
-//! switch and the bounds on downstream connections, with their defaults.
+//! switch and the bounds on downstream connections (HTTP/2's included), with their
+//! defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
 
-use std::io::Read;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
-use crate::config::model::{AdminToken, Connections, Server};
+use crate::config::model::{AdminToken, Connections, Listener, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
+use crate::config::secret;
 use crate::config::suggest;
+use crate::config::tls;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 16] = [
+pub(crate) const SERVER_KEYS: [&str; 19] = [
     "listen",
     "metrics",
     "limiter_api",
@@ -35,7 +36,19 @@ pub(crate) const SERVER_KEYS: [&str; 16] = [
     "keepalive_timeout",
     "max_connections",
     "max_connections_per_ip",
+    "h2_max_streams",
+    "h2_max_header_list",
+    "h2_max_resets",
 ];
+
+/// The most HTTP/2 streams a connection may be allowed at once (`h2_max_streams`).
+pub(crate) const MAX_H2_STREAMS: u64 = 10_000;
+
+/// The largest HTTP/2 header list a client may be allowed (`h2_max_header_list`): 1 MiB.
+pub(crate) const MAX_H2_HEADER_LIST: u64 = 1 << 20;
+
+/// The most resets per window an HTTP/2 connection may be allowed (`h2_max_resets`).
+pub(crate) const MAX_H2_RESETS: u64 = 1_000_000;
 
 /// The largest connection cap accepted: far above what any fd limit allows, low enough to
 /// catch a typo.
@@ -52,17 +65,15 @@ pub(crate) struct ServerDraft {
     pub server: Server,
     /// Every address tollgate binds, located: `listen` items, `metrics`, `demo_upstream`.
     pub binds: Vec<At<SocketAddr>>,
+    /// The `listen` items as written, located (none when `listen` is absent).
+    pub listeners: Vec<At<Listener>>,
 }
-
-/// The longest admin token accepted: a bearer token is a short secret, and the file is
-/// read whole at load.
-const MAX_TOKEN_BYTES: u64 = 4096;
 
 /// Reads the `server:` section, or the defaults when it is absent. `file` is the config
 /// file, whose directory a relative `admin_token_file` starts in.
 pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDraft {
     let mut server = Server {
-        listen: vec![DEFAULT_LISTEN],
+        listen: vec![Listener::plain(DEFAULT_LISTEN)],
         metrics: None,
         threads: 2,
         grace_period: Duration::from_secs(5),
@@ -77,6 +88,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         connections: Connections::default(),
     };
     let mut binds = Vec::new();
+    let mut listeners = Vec::new();
     let entries = node
         .and_then(|n| scalar::map(r, n, "server"))
         .unwrap_or_default();
@@ -96,9 +108,10 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     }
                     for (i, n) in items.iter().enumerate() {
                         let p = item(&path, i);
-                        if let Some(addr) = scalar::socket_addr(r, n, &p) {
-                            server.listen.push(addr);
-                            binds.push(At::new(addr, n.pos, &p));
+                        if let Some(l) = tls::listener(r, n, &p) {
+                            server.listen.push(l.v);
+                            binds.push(At::new(l.v.addr, l.pos, &p));
+                            listeners.push(l);
                         }
                     }
                 }
@@ -183,6 +196,21 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     server.connections.max_connections_per_ip = cap;
                 }
             }
+            "h2_max_streams" => {
+                if let Some(n) = scalar::int(r, v, &path, 1, MAX_H2_STREAMS) {
+                    server.connections.h2_max_streams = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            "h2_max_header_list" => {
+                if let Some(n) = scalar::int(r, v, &path, 1024, MAX_H2_HEADER_LIST) {
+                    server.connections.h2_max_header_list = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
+            "h2_max_resets" => {
+                if let Some(n) = scalar::int(r, v, &path, 1, MAX_H2_RESETS) {
+                    server.connections.h2_max_resets = u32::try_from(n).unwrap_or(u32::MAX);
+                }
+            }
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
                     if crate::limits::key::is_header_name(name) {
@@ -203,41 +231,18 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
             ),
         }
     }
-    ServerDraft { server, binds }
+    ServerDraft {
+        server,
+        binds,
+        listeners,
+    }
 }
 
 /// Reads the admin token from `name` (relative to the config file's directory): the
-/// whole file, trimmed. An unreadable, empty, oversized or non-UTF-8 file is an error at
-/// the field; the message names the file, never its contents.
+/// whole file, trimmed (see [`secret::read`]).
 fn admin_token(r: &mut Report, v: &Node, path: &str, file: &str, name: &str) -> Option<AdminToken> {
-    let base = Path::new(file).parent().unwrap_or_else(|| Path::new(""));
-    let at = base.join(name);
-    let shown = at.display();
-    let read = crate::files::open_regular(&at).and_then(|f| {
-        let mut text = String::new();
-        f.take(MAX_TOKEN_BYTES + 1).read_to_string(&mut text)?;
-        Ok(text)
-    });
-    let message = match read {
-        Err(e) => format!("cannot read the admin token file `{shown}`: {e}"),
-        Ok(text) if text.len() as u64 > MAX_TOKEN_BYTES => {
-            format!("the admin token file `{shown}` is longer than {MAX_TOKEN_BYTES} bytes")
-        }
-        Ok(text) if text.trim().is_empty() => {
-            format!("the admin token file `{shown}` is empty: write a token into it (e.g. `openssl rand -hex 32`)")
-        }
-        Ok(text) if !text.trim().bytes().all(|b| b.is_ascii_graphic()) => format!(
-            "the admin token in `{shown}` must be printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)"
-        ),
-        Ok(text) => {
-            return Some(AdminToken {
-                file: at.clone(),
-                token: text.trim().to_string(),
-            })
-        }
-    };
-    r.error(v.pos, path, message);
-    None
+    let what = ("the admin token", "`Authorization: Bearer TOKEN`");
+    secret::read(r, v, path, file, name, what)
 }
 
 #[cfg(test)]
@@ -313,7 +318,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.admin, Some("127.0.0.1:9180".parse().unwrap()));
         let token = s.admin_token.unwrap();
-        assert_eq!(token.token, "s3cret-token");
+        assert_eq!(token.value, "s3cret-token");
         assert_eq!(token.file, dir.path().join("token"));
         assert!(!format!("{token:?}").contains("s3cret"));
     }

@@ -13,11 +13,12 @@ use crate::config::model::{Fallback, LocalStore, RedisEndpoint, RedisStoreSpec, 
 use crate::config::names::{is_label, label_message};
 use crate::config::report::{child, item, Report};
 use crate::config::scalar;
+use crate::config::secret;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
 /// The keys a Redis store takes.
-pub(crate) const REDIS_KEYS: [&str; 11] = [
+pub(crate) const REDIS_KEYS: [&str; 12] = [
     "kind",
     "url",
     "urls",
@@ -29,6 +30,7 @@ pub(crate) const REDIS_KEYS: [&str; 11] = [
     "prefix",
     "lease",
     "deny_cache",
+    "password_file",
 ];
 
 /// The keys the local store takes.
@@ -95,7 +97,7 @@ pub(crate) fn parse(
                 continue;
             }
             local = local_store(r, fields, &path, file);
-        } else if let Some(spec) = redis_store(r, &e.key, fields, e.key_pos, &path) {
+        } else if let Some(spec) = redis_store(r, &e.key, fields, (e.key_pos, &path), file) {
             stores.push(spec);
         }
     }
@@ -139,12 +141,14 @@ fn local_store(
     local
 }
 
+/// A Redis store named `name` at `(pos, path)`; `file` is the config file, whose directory
+/// a relative `password_file` starts in.
 fn redis_store(
     r: &mut Report,
     name: &str,
     fields: &[crate::config::yaml::Entry],
-    pos: crate::config::report::Pos,
-    path: &str,
+    (pos, path): (crate::config::report::Pos, &str),
+    file: &str,
 ) -> Option<StoreSpec> {
     let mut spec = RedisStoreSpec::default();
     let (mut url, mut urls, mut cluster) = (None, None, false);
@@ -214,8 +218,27 @@ fn redis_store(
                     spec.deny_cache = usize::try_from(n).unwrap_or(0);
                 }
             }
+            "password_file" => {
+                if let Some(name) = scalar::text(r, v, &sub) {
+                    let what = ("the Redis password", "Redis's `AUTH`");
+                    spec.password = secret::read(r, v, &sub, file, name, what);
+                }
+            }
             other => r.error(f.key_pos, &sub, suggest::unknown("key", other, &REDIS_KEYS)),
         }
+    }
+    let written = match (&url, &urls) {
+        (Some(u), _) => std::slice::from_ref(u),
+        (None, Some(list)) => list.as_slice(),
+        (None, None) => &[],
+    };
+    if spec.password.is_some() && written.iter().any(|u| secret::has_password(u)) {
+        r.error(
+            pos,
+            path,
+            "give the password in `password_file` or in the URL, not both",
+        );
+        return None;
     }
     spec.endpoint = match (url, urls, cluster) {
         (Some(u), None, false) => RedisEndpoint::Standalone(u),
@@ -251,16 +274,17 @@ fn redis_store(
 }
 
 /// A Redis URL: `redis://`, `rediss://` (TLS) or `unix://`, at most 1 KiB, that the
-/// Redis client parses.
+/// Redis client parses. A refused URL is quoted with its password redacted.
 fn redis_url(r: &mut Report, node: &Node, path: &str, url: &str) -> Option<String> {
     let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
         .iter()
         .any(|s| url.starts_with(s));
+    let shown = secret::redact_written(url);
     if !scheme_ok || url.len() > 1024 {
         r.error(
             node.pos,
             path,
-            format!("`{url}` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
+            format!("`{shown}` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
         );
         return None;
     }
@@ -270,7 +294,7 @@ fn redis_url(r: &mut Report, node: &Node, path: &str, url: &str) -> Option<Strin
         r.error(
             node.pos,
             path,
-            format!("`{url}` is not a usable Redis URL: {e}"),
+            format!("`{shown}` is not a usable Redis URL: {e}"),
         );
         return None;
     }

@@ -72,7 +72,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Verdict, NEVER};
 
 /// Slots per set, as in the token bucket: a set is scanned with conditional moves.
 const WAYS: usize = 8;
@@ -110,6 +110,34 @@ impl ConcurrencyParams {
                         .checked_shl(i as u32)
                         .is_some_and(|bit| groups & bit != 0)
             })
+    }
+
+    /// Whether a request for at least `wanted` copies in `groups` can never be admitted:
+    /// [`Self::blocks`], or `wanted` above its key's `max`, the `global`, or the `max` of
+    /// one of its groups (a `MIN` larger than a limit). Its rejection invites no retry.
+    pub fn never_fits(&self, groups: u64, wanted: u64) -> bool {
+        let member = |i: usize| {
+            1u64.checked_shl(i as u32)
+                .is_some_and(|bit| groups & bit != 0)
+        };
+        self.blocks(groups)
+            || wanted > self.max
+            || self.global.is_some_and(|g| wanted > g)
+            || self
+                .groups
+                .iter()
+                .enumerate()
+                .any(|(i, &max)| wanted > max && member(i))
+    }
+
+    /// A rejection of a request in `groups` as a [`Verdict`]: [`Rejection::verdict`],
+    /// whose retry is [`NEVER`] when the request can never fit ([`Self::never_fits`]).
+    pub fn refusal(&self, rejection: &Rejection, groups: u64) -> Verdict {
+        let mut v = rejection.verdict();
+        if self.never_fits(groups, rejection.wanted.max(1)) {
+            v.retry_after = NEVER;
+        }
+        v
     }
 }
 
@@ -646,6 +674,44 @@ mod tests {
     /// Spreads small test keys over the sets, as real (hashed) keys are.
     fn spread(i: u64) -> u64 {
         i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    #[test]
+    fn what_can_never_fit_is_never_retried() {
+        let p = ConcurrencyParams {
+            max: 4,
+            global: Some(10),
+            groups: vec![0, 2, 6],
+        };
+        let rej = |limit, wanted| Rejection {
+            limit,
+            in_use: 4,
+            max: 4,
+            wanted,
+        };
+        // A group of max 0 (bit 0) blocks whichever limit was full first.
+        assert!(p.never_fits(0b001, 1));
+        assert_eq!(p.refusal(&rej(Limit::Key, 1), 0b001).retry_after, NEVER);
+        // Room some day: retry in a second.
+        assert!(!p.never_fits(0b110, 2));
+        assert_eq!(
+            p.refusal(&rej(Limit::Key, 2), 0b110).retry_after,
+            RETRY_AFTER
+        );
+        // MIN above the key's max, the global, or a group the key is in.
+        assert!(p.never_fits(0, 5));
+        assert!(p.never_fits(0b010, 3));
+        assert!(!p.never_fits(0b100, 3));
+        let global = ConcurrencyParams {
+            max: 20,
+            global: Some(10),
+            groups: vec![],
+        };
+        assert!(global.never_fits(0, 11) && !global.never_fits(0, 10));
+        assert_eq!(
+            global.refusal(&rej(Limit::Global, 11), 0).retry_after,
+            NEVER
+        );
     }
 
     fn limiter(max: u64, global: Option<u64>, groups: &[u64]) -> ConcurrencyLimiter {

@@ -32,7 +32,7 @@
 //! | 1 000 | 8.1 M | 7.9 M | 2.6 M |
 //!
 //! i.e. roughly at `n ≈ m · w` for a large `max`, and far earlier for `max` 1 or 2:
-//! measured (`tests/key_floods.rs`), `max: 1` with 4 096 keys in flight wrongly rejects
+//! measured (`tests/it/key_floods.rs`), `max: 1` with 4 096 keys in flight wrongly rejects
 //! 2.4% of new keys, with 8 192 16%. `tollgate check` warns when the worst-case odds pass
 //! 1% at 4 096 requests in flight (`config::resolve`). Size `sketch.slots` so that
 //! `max · slots` is well above the requests the proxy holds at once.

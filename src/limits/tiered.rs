@@ -16,26 +16,27 @@
 //! if that is full too the burst goes on from it. A burst that runs out of tiers is rejected.
 //! When the current tier's active period ends, the current tier is again the greatest active
 //! one: the fallback may drop several levels at once, down to the fake tier 0. A burst only
-//! climbs (tiers above the current one are never active), and the tiers it entered stay
-//! entered even when the request is rejected in the end.
+//! climbs (tiers above the current one are never active). A refusal changes nothing (the
+//! Charon paper): a request rejected in the end enters none of the tiers its burst
+//! reached, so a request that could not be served never moves its key up.
 //!
 //! **Hard and global limits.** `hard_limit: H` admits at most `H` per key in any sliding
 //! second: an exact log of the last `H` admissions, like a tier's. `global_limit: G` admits at
 //! most `G` per *aligned* second `[s, s + 1 s)` of the clock across all keys, in one lock-free
 //! `AtomicU64` (second and count, updated by compare-and-swap). The fixed window is the
 //! documented error: a sliding second that straddles a boundary can see up to `2G`. Checks run
-//! in the order hard → tiers → global, the first failure decides, and only a rejection by the
-//! tiers changes the key's state (the tiers its burst entered); a request rejected by the hard
-//! or the global limit leaves every tier as it was, so a client hammering past `H` never
-//! climbs tiers by it.
+//! in the order hard → tiers → global and the first failure decides; a rejection, by any of
+//! them, leaves the key's state as it was, so a client hammering past `H` never climbs
+//! tiers by it.
 //!
 //! **Copies.** [`TieredLimiter::acquire_many`] asks for between `min` and `max` copies at
 //! once, with the semantics of that many single requests at the same instant: the current
 //! tier fills first, then each burst enters the next tier and fills it, and the grant is the
 //! largest count in `[min, max]` that fits under the hard limit, the tiers and the global
-//! limit. A grant enters only the tiers its copies reach; a tier rejection (fewer than `min`
-//! fit) enters every tier the burst reaches, as if the copies that fit had been admitted and
-//! refunded. [`TieredLimiter::available`] answers "how many would fit now" without taking,
+//! limit. A grant enters only the tiers its copies reach; a rejection (fewer than `min` fit)
+//! enters none, so a bulk request refused leaves its key where it was. A grant cut below
+//! `max` says which limit cut it (`decided_by`): the global limit, the hard limit, or the
+//! tiers. [`TieredLimiter::available`] answers "how many would fit now" without taking,
 //! and [`TieredLimiter::key_state`] reads a key's tiers (phase, window count) for the admin
 //! API, writing nothing.
 //!
@@ -50,8 +51,7 @@
 //! holds the answer. The answer is exact to the nanosecond for the tiers and the hard limit
 //! (rejected 1 ns before, admitted at it); for the global limit it assumes no other key takes
 //! the next second's slots first, so it is a lower bound. A request that can never fit (`min`
-//! above `H`, `G` or the sum of the limits) gets a hint instead: the time until the key's
-//! state is gone, at least a second.
+//! above `H`, `G` or the sum of the limits) is told [`NEVER`]: no retry can help it.
 //!
 //! **Time.** A key's logs hold `u32` offsets from a per-key base time, in units of
 //! `u = 2^k` ns, the smallest power of two for which `2^30` units cover the longest window
@@ -115,7 +115,7 @@ use thiserror::Error;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Verdict, NEVER};
 use crate::limits::victim;
 
 /// Tiers a limit may have: enough for any penalty ladder, few enough that the per-key
@@ -140,8 +140,6 @@ const NOT_ENTERED: Nanos = Nanos::MAX;
 const SPAN_BITS: u32 = 30;
 /// Offsets at or past this many units trigger a rebase.
 const REBASE_AT: u64 = 1 << 31;
-/// What a rejection that can never pass suggests as Retry-After, at least.
-const NEVER_HINT: Nanos = NANOS_PER_SEC;
 
 /// One tier of the paper: `L`, `Tw`, `Ta`, `Tc` and `S`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -385,15 +383,18 @@ pub fn normalize(params: &TieredParams) -> Result<Normalized, TieredError> {
 /// Which limit decided a [`TieredDecision`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecidedBy {
-    /// A tier's window: it admitted the request, or (rejected) the burst reached the last
-    /// tier and every window it entered was full.
+    /// A tier's window: it admitted the request (all of `max`, or as many as the tiers
+    /// held), or (rejected) the burst reached the last tier and every window in its way was
+    /// full.
     TierWindow,
     /// The burst was stopped by a cooling tier that is not skippable, or skipped cooling
     /// tiers up to the last one: no tier with room could be entered.
     NoTierEnterable,
-    /// The key's hard limit (per sliding second) rejected it, whatever its tier.
+    /// The key's hard limit (per sliding second) rejected it, whatever its tier, or cut
+    /// its grant below `max`.
     HardLimit,
-    /// The limit's global limit (per aligned second, all keys) rejected it, whatever its tier.
+    /// The limit's global limit (per aligned second, all keys) rejected it, whatever its
+    /// tier, or cut its grant below `max`.
     GlobalLimit,
 }
 
@@ -1250,7 +1251,6 @@ impl TieredLimiter {
         } else {
             self.fresh_view(now)
         };
-        let expires = if live { heads[hit].expires } else { 0 };
         let n = self.shape.n;
         let hard_room = if self.shape.hard {
             view.room_now(n, now)
@@ -1258,7 +1258,7 @@ impl TieredLimiter {
             u64::MAX
         };
         if hard_room < min {
-            return self.rejected(&view, expires, min, now, DecidedBy::HardLimit);
+            return self.rejected(&view, min, now, DecidedBy::HardLimit);
         }
         // The common case, decided without the burst chain: a single request with room in
         // the current tier, or a key without state entering tier 1 (never cooling for it).
@@ -1270,7 +1270,7 @@ impl TieredLimiter {
         };
         if max == 1 && direct {
             if self.global.as_ref().is_some_and(|g| g.take(1, 1, now) == 0) {
-                return self.rejected(&view, expires, 1, now, DecidedBy::GlobalLimit);
+                return self.rejected(&view, 1, now, DecidedBy::GlobalLimit);
             }
             let (way, tier) = if live {
                 (hit, current)
@@ -1300,21 +1300,8 @@ impl TieredLimiter {
         let need = max.min(hard_room);
         let chain = view.chain(now, need, |tier| view.room_now(tier - 1, now));
         if chain.total < min {
-            // Rejected, but the burst entered every tier it reached.
-            let way = if live {
-                hit
-            } else {
-                self.claim(&mut heads, set, key, (hit, empty), now)
-            };
-            let view = self.view(set * WAYS + way, heads[way].base);
-            let mut expires = heads[way].expires;
-            for &tier in &chain.tiers[..chain.len] {
-                if usize::from(tier) > chain.current {
-                    expires = expires.max(self.enter(&view, usize::from(tier), now));
-                }
-            }
-            heads[way].expires = expires;
-            return self.rejected(&view, expires, min, now, chain.end);
+            // A refusal changes nothing: no tier the burst reached is entered.
+            return self.rejected(&view, min, now, chain.end);
         }
         let grant = need.min(chain.total);
         let granted = match &self.global {
@@ -1322,8 +1309,17 @@ impl TieredLimiter {
             None => grant,
         };
         if granted < min {
-            return self.rejected(&view, expires, min, now, DecidedBy::GlobalLimit);
+            return self.rejected(&view, min, now, DecidedBy::GlobalLimit);
         }
+        // The limit that cut the grant below `max`, checked in order: the global limit
+        // took less than the rest allowed, or the hard limit's room was the bound.
+        let decided_by = if granted < grant {
+            DecidedBy::GlobalLimit
+        } else if grant < max && grant == hard_room {
+            DecidedBy::HardLimit
+        } else {
+            DecidedBy::TierWindow
+        };
         let way = if live {
             hit
         } else {
@@ -1360,7 +1356,7 @@ impl TieredLimiter {
             verdict: Verdict::allow(remaining, reset),
             granted,
             tier,
-            decided_by: DecidedBy::TierWindow,
+            decided_by,
             first_tier,
             at: now,
         }
@@ -1491,19 +1487,13 @@ impl TieredLimiter {
     }
 
     /// A rejection by `by`, with the current tier's headline and the earliest retry computed
-    /// on the key's state after the decision (`expires`: when that state empties).
-    fn rejected(
-        &self,
-        view: &View,
-        expires: Nanos,
-        min: u64,
-        now: Nanos,
-        by: DecidedBy,
-    ) -> TieredDecision {
+    /// on the key's state (which the rejection left as it was): [`NEVER`] when `min` copies
+    /// never fit.
+    fn rejected(&self, view: &View, min: u64, now: Nanos, by: DecidedBy) -> TieredDecision {
         let (tier, remaining, reset) = view.headline(now);
         let retry = match view.earliest(min, now, self.global.as_ref()) {
             Some(at) => at.saturating_sub(now),
-            None => expires.saturating_sub(now).max(NEVER_HINT),
+            None => NEVER,
         };
         TieredDecision {
             verdict: Verdict::reject(remaining, reset, retry.max(1)),
@@ -2313,12 +2303,31 @@ mod tests {
         let d = l.acquire_many(2, 5, 5, 0);
         assert_eq!((d.granted, d.tier), (5, 1));
         assert_eq!(l.current_tier(2, 0), 1);
-        // More than can fit: rejected, but the burst entered tier 2, as if the copies that
-        // fit had been admitted and refunded.
+        // More than can ever fit: rejected, and a refusal changes nothing (no tier entered,
+        // the key as fresh as before); no retry can help it.
         let d = l.acquire_many(3, 9, 9, 0);
-        assert_eq!(brief(d), (false, 2, DecidedBy::TierWindow));
-        assert_eq!((d.granted, l.available(3, 0)), (0, 3));
-        assert!(d.verdict.retry_after >= SEC, "never fits: a hint");
+        assert_eq!(brief(d), (false, 0, DecidedBy::TierWindow));
+        assert_eq!(
+            (d.granted, l.available(3, 0), l.current_tier(3, 0)),
+            (0, 8, 0)
+        );
+        assert_eq!(d.verdict.retry_after, NEVER, "never fits");
+        // A grant the hard limit cut says so: 20 wanted, 8 in the tiers, then a key whose
+        // hard limit (20 a second) is the smaller room.
+        let d = l.acquire_many(5, 1, 20, 0);
+        assert_eq!((d.granted, d.decided_by), (8, DecidedBy::TierWindow));
+        let hard = TieredLimiter::new(&params(&tiers, Some(3), None), 64).unwrap();
+        let d = hard.acquire_many(1, 1, 20, 0);
+        assert_eq!((d.granted, d.decided_by), (3, DecidedBy::HardLimit));
+        let d = hard.acquire_many(2, 4, 20, 0);
+        assert_eq!(
+            (d.granted, d.decided_by, d.verdict.retry_after),
+            (0, DecidedBy::HardLimit, NEVER),
+            "MIN above the hard limit never fits"
+        );
+        let global = TieredLimiter::new(&params(&tiers, Some(20), Some(2)), 64).unwrap();
+        let d = global.acquire_many(1, 1, 20, 0);
+        assert_eq!((d.granted, d.decided_by), (2, DecidedBy::GlobalLimit));
         // Retry-After of a batch is exact too: 3 copies fit once tier 1 has 3 free.
         let build = || TieredLimiter::new(&params(&tiers, Some(20), None), 64).unwrap();
         let script = |l: &TieredLimiter| {
@@ -2808,11 +2817,7 @@ mod tests {
             }
             let fit = placed.len() as u64;
             if fit < min {
-                // The copies that fit are taken back; the tiers entered stay entered.
-                for tier in placed {
-                    trial.logs[tier - 1].pop();
-                }
-                *self = trial;
+                // A refusal changes nothing: the trial, tiers entered and all, is dropped.
                 return (0, failed);
             }
             let room = g.room(now);
@@ -2825,7 +2830,15 @@ mod tests {
             }
             self.hard_log.extend((0..take).map(|_| now));
             g.take(take, now);
-            (take, DecidedBy::TierWindow)
+            // Which limit cut the grant below `max`: the global limit, else the hard one.
+            let by = if take < fit {
+                DecidedBy::GlobalLimit
+            } else if fit < max && fit == hard_room {
+                DecidedBy::HardLimit
+            } else {
+                DecidedBy::TierWindow
+            };
+            (take, by)
         }
 
         fn available(&self, g: &GlobalModel, now: Nanos) -> u64 {
@@ -2965,7 +2978,9 @@ mod tests {
                     );
                     if granted > 0 {
                         last.insert(key, d);
-                    } else if min <= cap {
+                    } else if min > cap {
+                        prop_assert_eq!(d.verdict.retry_after, NEVER, "never fits");
+                    } else {
                         // Retry-After against the oracle: 1 ns early fails, on time passes.
                         let (mut m, mut gm) = (before.clone(), g_before.clone());
                         m.acquire(&mut gm, min, max, now);

@@ -2,7 +2,7 @@
 //! holds. Its drop is the last point where inflight units are given back (normally they go
 //! back earlier, as soon as the upstream is done: [`Ctx::release_upstream`]).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,7 +57,10 @@ pub struct Ctx {
     pub notes: Notes,
     /// The exact per-origin inflight gauge's unit.
     pub gauge: Option<GaugeGuard>,
-    /// A rejection decided in `upstream_peer`, written by `fail_to_proxy`.
+    /// The server the first upstream attempt goes to, picked (and its inflight limits
+    /// passed) in `proxy_upstream_filter`; a retry picks again in `upstream_peer`.
+    pub picked: Option<SocketAddr>,
+    /// A retry's rejection, decided in `upstream_peer`, written by `fail_to_proxy`.
     pub rejection: Option<Problem>,
 }
 
@@ -86,6 +89,7 @@ impl Default for Ctx {
             holds: Holds::new(),
             notes: Notes::new(),
             gauge: None,
+            picked: None,
             rejection: None,
         }
     }

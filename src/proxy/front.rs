@@ -13,7 +13,19 @@
 //! - **Idle connections give way at the cap**: a connection that is only waiting for a
 //!   request (new and silent, or kept alive) closes when the connection cap is reached
 //!   ([`Connections::reclaim`]), so only clients in the middle of a header hold slots.
-//!   The wait is a one-byte peek, so nothing is consumed before Pingora reads it.
+//!   A new connection's wait is a one-byte peek, so nothing is consumed before Pingora
+//!   reads it.
+//! - **Pipelining** (RFC 9112 §9.3.2): a client may send its next requests before it has
+//!   read the responses. Pingora reads them along with the current one and, with
+//!   pipelining enabled on the session (done here, for every connection), hands the bytes
+//!   it read ahead to the next session, which answers them in order. So the wait for a
+//!   kept-alive connection's next request cannot be a peek at the socket (the request may
+//!   be in that buffer already): the next request is started at once, and the idle timeout,
+//!   the cap and the shutdown close it only while it is provably idle: Pingora waits on
+//!   the socket, nothing arrived, no header was parsed ([`ConnState::idle`]). One case
+//!   looks idle though it is not: a pipelined request of which only the start arrived with
+//!   the previous one, its rest never following; it is closed like a silent connection
+//!   (the client retries it, as RFC 9112 §9.3.2 allows).
 //! - **Draining** ([`super::conn::Drain`]): once a graceful upgrade hands the listeners
 //!   over, every response says `Connection: close` (the proxy hooks see to that), so a busy
 //!   keep-alive connection moves to the new process after its current request. An idle one
@@ -50,6 +62,8 @@ use crate::limits::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
 use crate::proxy::conn::{Conn, ConnState};
 use crate::proxy::connections::Connections;
+use crate::proxy::edge::{Edge, Protocol, PREFACE};
+use crate::proxy::h2::{self, Ended};
 use crate::proxy::service::Tollgate;
 use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::Runtime;
@@ -57,6 +71,10 @@ use crate::runtime::Runtime;
 /// The proxy service's application: connection handling around Pingora's `HttpProxy`.
 pub struct Front {
     proxy: Arc<HttpProxy<Tollgate>>,
+    /// What precedes the first request: PROXY header, TLS, the protocol.
+    edge: Edge,
+    /// `tollgate_h2_reset_closes_total`.
+    h2_reset_closes: IntCounter,
     runtime: Arc<ArcSwap<Runtime>>,
     connections: Arc<Connections>,
     header_timeouts: IntCounter,
@@ -66,46 +84,42 @@ pub struct Front {
     clock: MonotonicClock,
 }
 
-/// What a connection waits for before a request.
-#[derive(Debug, Clone, Copy)]
-enum Wait {
-    /// Its first request, until the header deadline.
-    First { deadline: Instant },
-    /// Its next request, for up to the keep-alive timeout.
-    Next { idle: Duration },
-}
-
-impl Wait {
-    fn idle(self) -> Duration {
-        match self {
-            Wait::First { .. } => Duration::ZERO,
-            Wait::Next { idle } => idle,
-        }
-    }
-}
-
-/// How a wait for a request ended.
+/// How the wait for a connection's first request ended.
 enum Idle {
     /// Its first byte arrived.
     Request,
     /// The first request did not start before the header deadline.
     HeaderTimeout,
-    /// The client closed, the keep-alive timeout passed, the slot was reclaimed, or the
-    /// process stopped listening.
+    /// The client closed or the slot was reclaimed.
+    Close,
+}
+
+/// How the wait for a kept-alive connection's next request ended.
+enum Next<T> {
+    /// The request ended without starting (the client closed, or Pingora refused it).
+    Done(T),
+    /// Its first byte arrived, or its header was already read with the previous request.
+    Arrived,
+    /// The keep-alive timeout passed, the slot was reclaimed, or the process stopped
+    /// listening, while nothing of it had arrived.
     Close,
 }
 
 impl Front {
-    /// Wraps `proxy`; `connections` counts what the listener's filter admitted.
+    /// Wraps `proxy`; `connections` counts what the listener's filter admitted, `edge`
+    /// knows the listeners.
     pub fn new(
         proxy: HttpProxy<Tollgate>,
         runtime: Arc<ArcSwap<Runtime>>,
         connections: Arc<Connections>,
+        edge: Edge,
         metrics: &Metrics,
     ) -> Self {
         let timeouts = |t: &str| metrics.connection_timeouts_total.with_label_values(&[t]);
         Self {
             proxy: Arc::new(proxy),
+            edge,
+            h2_reset_closes: metrics.h2_reset_closes_total.clone(),
             runtime,
             connections,
             header_timeouts: timeouts("header"),
@@ -122,52 +136,73 @@ impl Front {
         let state = Arc::new(ConnState::default());
         let mut stream: Stream = Box::new(Conn::new(stream, state.clone()));
         let mut settings = None;
-        let mut header_start = Instant::now();
+        let header_start = Instant::now();
         let mut first = true;
         loop {
             let limits = self.runtime.load().config.server.connections;
-            let wait = if first {
-                Wait::First {
-                    deadline: header_start + limits.header_timeout,
+            if first {
+                let deadline = header_start + limits.header_timeout;
+                match self.wait_for_first(&mut stream, deadline).await {
+                    Idle::Request => {}
+                    Idle::HeaderTimeout => {
+                        return self.header_timed_out(peer, limits.header_timeout)
+                    }
+                    Idle::Close => return,
                 }
-            } else {
-                Wait::Next {
-                    idle: limits.keepalive_timeout,
-                }
-            };
-            match self.wait_for_request(&mut stream, wait, shutdown).await {
-                Idle::Request => {}
-                Idle::HeaderTimeout => return self.header_timed_out(peer, limits.header_timeout),
-                Idle::Close => return,
+            } else if limits.keepalive_timeout.is_zero() {
+                return;
             }
-            if !first {
-                header_start = Instant::now();
-            }
-            first = false;
             let mut session = ServerSession::new_http1(stream);
             match settings.take() {
+                // The previous request's keep-alive and pipelining settings, and the bytes
+                // Pingora read past it (the start of a pipelined request).
                 Some(settings) => HttpPersistentSettings::apply_to_session(settings, &mut session),
-                // No per-read header timeout of Pingora's own: the deadline below bounds it.
-                None => session.set_keepalive(Some(0)),
+                None => {
+                    // No per-read header timeout of Pingora's own: the deadline below
+                    // bounds it.
+                    session.set_keepalive(Some(0));
+                    session.set_pipelining_enabled(true);
+                }
             }
             state.reset();
             let request = self.proxy.process_new_http(session, shutdown);
             tokio::pin!(request);
-            // Usually the whole header is there by the first poll: no timer is needed then.
-            let raced = match poll_once(request.as_mut()).await {
-                Poll::Ready(reused) => Some(reused),
-                Poll::Pending if state.started() => None,
-                Poll::Pending => tokio::select! {
-                    biased;
-                    reused = &mut request => Some(reused),
-                    () = tokio::time::sleep_until(header_start + limits.header_timeout) => None,
-                },
-            };
-            let reused = match raced {
+            let mut header_start = header_start;
+            let mut ended = None;
+            if !first {
+                let idle = limits.keepalive_timeout;
+                match self
+                    .wait_for_next(request.as_mut(), &state, idle, shutdown)
+                    .await
+                {
+                    Next::Done(reused) => ended = Some(reused),
+                    Next::Arrived => header_start = Instant::now(),
+                    Next::Close => return,
+                }
+            }
+            first = false;
+            let reused = match ended {
                 Some(reused) => reused,
-                // The header was complete in time: the request runs as long as it needs.
-                None if state.started() => request.await,
-                None => return self.header_timed_out(peer, limits.header_timeout),
+                None => {
+                    // Usually the whole header is there by the first poll: no timer is
+                    // needed then.
+                    let raced = match poll_once(request.as_mut()).await {
+                        Poll::Ready(reused) => Some(reused),
+                        Poll::Pending if state.started() => None,
+                        Poll::Pending => tokio::select! {
+                            biased;
+                            reused = &mut request => Some(reused),
+                            () = tokio::time::sleep_until(header_start + limits.header_timeout) => None,
+                        },
+                    };
+                    match raced {
+                        Some(reused) => reused,
+                        // The header was complete in time: the request runs as long as it
+                        // needs.
+                        None if state.started() => request.await,
+                        None => return self.header_timed_out(peer, limits.header_timeout),
+                    }
+                }
             };
             if !state.started() {
                 if let Some(code) = state.status() {
@@ -179,26 +214,11 @@ impl Front {
         }
     }
 
-    /// Waits for the first byte of a request without consuming it: on a new connection
-    /// until its header deadline, on a kept-alive one for up to `keepalive_timeout`. While
-    /// waiting, the connection gives its slot up when the connection cap is reached (as
-    /// nginx reuses its idle connections), and a kept-alive one closes when the process
-    /// stops listening. A new one does not: its request may be on its way.
-    async fn wait_for_request(
-        &self,
-        stream: &mut Stream,
-        wait: Wait,
-        shutdown: &ShutdownWatch,
-    ) -> Idle {
-        let (deadline, next) = match wait {
-            Wait::First { deadline } => (deadline, false),
-            Wait::Next { idle } => {
-                if idle.is_zero() || *shutdown.borrow() {
-                    return Idle::Close;
-                }
-                (Instant::now() + idle, true)
-            }
-        };
+    /// Waits for the first byte of a new connection's first request without consuming it,
+    /// until its header deadline. While waiting, the connection gives its slot up when the
+    /// connection cap is reached (as nginx reuses its idle connections); it does not close
+    /// when the process stops listening: its request may be on its way.
+    async fn wait_for_first(&self, stream: &mut Stream, deadline: Instant) -> Idle {
         let mut byte = [0u8; 1];
         let peek = stream.try_peek(&mut byte);
         tokio::pin!(peek);
@@ -211,23 +231,63 @@ impl Front {
         if let Poll::Ready(p) = poll_once(peek.as_mut()).await {
             return peeked(p);
         }
-        let mut stopping = shutdown.clone();
         let reclaim = self.connections.reclaim();
         tokio::select! {
             p = &mut peek => peeked(p),
-            () = tokio::time::sleep_until(deadline) => if next {
-                self.keepalive_timeouts.inc();
-                log::debug!("closed a keep-alive connection: idle for {:?}", wait.idle());
-                Idle::Close
-            } else {
-                Idle::HeaderTimeout
-            },
+            () = tokio::time::sleep_until(deadline) => Idle::HeaderTimeout,
             () = reclaim => {
                 log::debug!("closed an idle connection: the connection cap is reached");
                 Idle::Close
             }
-            _ = stopping.wait_for(|stopping| *stopping), if next => Idle::Close,
         }
+    }
+
+    /// Runs a kept-alive connection's next `request` until it arrives (a byte of it, or a
+    /// header Pingora had already read with the previous request) or ends. While it is
+    /// idle ([`ConnState::idle`]) it is closed when it has waited `idle`
+    /// (`keepalive_timeout`), when the connection cap is reached, or when the process
+    /// stops listening; dropping it then loses nothing, since nothing of it arrived.
+    async fn wait_for_next<F: Future>(
+        &self,
+        mut request: Pin<&mut F>,
+        state: &ConnState,
+        idle: Duration,
+        shutdown: &ShutdownWatch,
+    ) -> Next<F::Output> {
+        let timeout = tokio::time::sleep(idle);
+        tokio::pin!(timeout);
+        let reclaim = self.connections.reclaim();
+        tokio::pin!(reclaim);
+        let mut stopping = shutdown.clone();
+        let stopped = stopping.wait_for(|stopping| *stopping);
+        tokio::pin!(stopped);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(reused) = request.as_mut().poll(cx) {
+                return Poll::Ready(Next::Done(reused));
+            }
+            if state.started() || state.arrived() {
+                return Poll::Ready(Next::Arrived);
+            }
+            if !state.idle() {
+                // Not waiting on the socket (a cooperative yield while Pingora parses
+                // bytes it read earlier): the request wakes this task itself.
+                return Poll::Pending;
+            }
+            if timeout.as_mut().poll(cx).is_ready() {
+                self.keepalive_timeouts.inc();
+                log::debug!("closed a keep-alive connection: idle for {idle:?}");
+                return Poll::Ready(Next::Close);
+            }
+            if reclaim.as_mut().poll(cx).is_ready() {
+                log::debug!("closed an idle connection: the connection cap is reached");
+                return Poll::Ready(Next::Close);
+            }
+            if stopped.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Next::Close);
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     fn header_timed_out(&self, peer: Option<IpAddr>, timeout: Duration) {
@@ -236,6 +296,17 @@ impl Front {
             log::info!(
                 "closed a connection from {}: request header not complete within {timeout:?} (server.header_timeout){}",
                 show(peer),
+                suppressed_note(suppressed)
+            );
+        }
+    }
+
+    fn refused_h2(&self, peer: Option<IpAddr>, max: u32) {
+        if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
+            log::info!(
+                "closed an HTTP/2 connection from {}: more than {max} stream resets in {:?} (server.h2_max_resets; rapid reset){}",
+                show(peer),
+                crate::config::Connections::H2_RESET_WINDOW,
                 suppressed_note(suppressed)
             );
         }
@@ -260,6 +331,19 @@ impl Front {
     }
 }
 
+/// Whether `stream` (whose first byte has arrived) starts with the HTTP/2 preface: only a
+/// `P` can start one, so an HTTP/1 request other than `POST`, `PUT` or `PATCH` is known at
+/// once; those wait for 24 bytes, at most until `deadline`.
+async fn starts_with_preface(stream: &mut Stream, deadline: Instant) -> bool {
+    let mut first = [0u8; 1];
+    if !matches!(stream.try_peek(&mut first).await, Ok(true)) || first[0] != PREFACE[0] {
+        return false;
+    }
+    let mut buf = [0u8; PREFACE.len()];
+    let peeked = tokio::time::timeout_at(deadline, stream.try_peek(&mut buf)).await;
+    matches!(peeked, Ok(Ok(true))) && buf == *PREFACE
+}
+
 /// Polls `fut` once.
 async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
@@ -279,11 +363,39 @@ impl ServerApp for Front {
         let peer = stream
             .get_socket_digest()
             .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let accepted = Instant::now();
         let _slot = self.connections.claim(peer);
-        if stream.get_ssl_digest().is_some() {
-            // TLS (and with it HTTP/2 by ALPN) is Pingora's own loop: tollgate has no TLS
-            // listener today, so this only keeps a future one correct.
-            return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+        let rt = self.runtime.load_full();
+        let opened = self.edge.open(stream, peer, accepted, &rt).await?;
+        let (mut stream, peer) = (opened.stream, opened.peer);
+        let limits = rt.config.server.connections;
+        drop(rt);
+        let h2 = match opened.protocol {
+            Protocol::H2 => true,
+            Protocol::Http1 => false,
+            Protocol::Http1OrH2c => {
+                let deadline = accepted + limits.header_timeout;
+                match self.wait_for_first(&mut stream, deadline).await {
+                    Idle::Request => starts_with_preface(&mut stream, deadline).await,
+                    Idle::HeaderTimeout => {
+                        self.header_timed_out(peer, limits.header_timeout);
+                        return None;
+                    }
+                    Idle::Close => return None,
+                }
+            }
+        };
+        if h2 {
+            let first = accepted + limits.header_timeout;
+            match h2::serve(&self.proxy, stream, &limits, first, shutdown).await {
+                Ended::HandshakeTimeout => self.header_timed_out(peer, limits.header_timeout),
+                Ended::TooManyResets => {
+                    self.h2_reset_closes.inc();
+                    self.refused_h2(peer, limits.h2_max_resets);
+                }
+                Ended::Normally | Ended::Malformed => {}
+            }
+            return None;
         }
         self.serve_http1(stream, peer, shutdown).await;
         None

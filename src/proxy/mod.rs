@@ -1,10 +1,13 @@
 //! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
-//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), the
-//! per-request context ([`ctx`]), the responses tollgate writes itself ([`problem`]), and
-//! two small HTTP side services: `/metrics` ([`metrics_app`]) and the demo upstream
-//! ([`demo`]). Around the proxy, each downstream connection's life: its caps
-//! ([`connections`]), its deadlines and draining ([`front`], [`conn`]); and Pingora's own
-//! log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
+//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what
+//! the request's header becomes upstream ([`forward`]), the per-request context
+//! ([`ctx`]), the responses tollgate writes itself ([`problem`]), and two small HTTP side
+//! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
+//! proxy, each downstream connection's life: its caps ([`connections`]), its deadlines and
+//! draining ([`front`], [`conn`]), what precedes its first request ([`edge`]: the listener
+//! it came in on ([`listeners`]), a PROXY protocol header ([`proxy_protocol`]), the TLS
+//! handshake ([`tls_accept`])), and HTTP/2's own accept loop and bounds ([`h2`]); and
+//! Pingora's own log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
 //!
 //! It reads a [`crate::runtime::Runtime`] snapshot per request and asks the runtime for
 //! decisions; it never builds runtime state and never imports the reloader or the process
@@ -14,12 +17,19 @@ pub mod conn;
 pub mod connections;
 pub mod ctx;
 pub mod demo;
+pub mod edge;
+pub mod forward;
 pub mod front;
+pub mod grpc;
+pub mod h2;
 pub mod identity;
+pub mod listeners;
 pub mod metrics_app;
 pub mod pingora_log;
+pub mod proxy_protocol;
 pub mod route;
 pub mod service;
+pub mod tls_accept;
 
 pub use service::Tollgate;
 

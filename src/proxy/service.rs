@@ -8,7 +8,7 @@
 //! tollgate's own failures `error`), within a [`LogBudget`] per cause, since clients can
 //! cause any number of them.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -19,10 +19,14 @@ use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
+use crate::config::UpstreamProtocol;
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
 use crate::proxy::conn::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
+use crate::proxy::forward;
+use crate::proxy::grpc;
 use crate::proxy::identity::{client_ip, is_trusted, RequestFacts};
+use crate::proxy::pingora_log::redact;
 use crate::proxy::problem::{self, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
 use crate::ratelog::{suppressed_note, LogBudget};
@@ -92,15 +96,17 @@ impl Tollgate {
         };
         log::log!(
             level,
-            "request failed ({whose}): {e}; {answer}, origin `{origin}`, client {client}, {}{}",
-            session.as_downstream().request_summary(),
+            "request failed ({whose}): {}; {answer}, origin `{origin}`, client {client}, {}{}",
+            redact(&e.to_string()),
+            summary(session),
             suppressed_note(suppressed)
         );
     }
 
-    /// Routes the request, resolves who is asking and runs the request-time limits.
-    /// `Some` is the response to send instead of proxying (400, 404 or 429).
-    async fn admit(&self, session: &Session, ctx: &mut Ctx, rt: &Runtime) -> Option<Problem> {
+    /// Routes the request, checks that its header can be forwarded, resolves who is asking
+    /// and runs the request-time limits. `Some` is the response to send instead of proxying
+    /// (400, 404, 431 or 429).
+    async fn admit(&self, session: &mut Session, ctx: &mut Ctx, rt: &Runtime) -> Option<Problem> {
         let req = session.req_header();
         let raw_host = req
             .headers
@@ -118,6 +124,10 @@ impl Tollgate {
         };
         ctx.origin = Some(origin_index);
         let origin = &rt.origins[origin_index];
+        if let Some(problem) = prepare_forward(session) {
+            return Some(problem);
+        }
+        let req = session.req_header();
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -147,13 +157,14 @@ impl Tollgate {
         }
     }
 
-    /// Picks the upstream server round robin and runs the inflight limits against it.
-    async fn pick_peer(
+    /// Picks the upstream server round robin and runs the inflight limits against it:
+    /// the server, or the rejection to answer.
+    async fn pick_server(
         &self,
         session: &Session,
         ctx: &mut Ctx,
         rt: &Runtime,
-    ) -> Result<Box<HttpPeer>> {
+    ) -> Result<std::result::Result<SocketAddr, Problem>> {
         let Some(origin_index) = ctx.origin else {
             return Err(Error::explain(
                 ErrorType::InternalError,
@@ -193,27 +204,79 @@ impl Tollgate {
         if let Some(problem) = rejection {
             // The decision loop gave back what every limit took: no quota is burnt for a
             // request that never ran.
-            let status = problem.status;
-            ctx.rejection = Some(problem);
-            return Err(Error::explain(
-                ErrorType::HTTPStatus(status),
-                "rejected by a limit",
-            ));
+            return Ok(Err(problem));
         }
         decide::settle(origin, &mut ctx.holds);
         if ctx.gauge.is_none() {
             ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
         }
-        let mut peer = HttpPeer::new(addr, origin.tls, origin.sni.clone());
-        peer.options.connection_timeout = Some(origin.connect_timeout);
-        peer.options.read_timeout = Some(origin.read_timeout);
-        if origin.tls && !origin.tls_verify {
-            peer.options.verify_cert = false;
-            peer.options.verify_hostname = false;
-        }
-        Ok(Box::new(peer))
+        Ok(Ok(addr))
     }
 }
+
+/// The peer for `addr`, a server of the request's origin.
+fn peer_for(ctx: &Ctx, addr: SocketAddr) -> Result<Box<HttpPeer>> {
+    let (Some(rt), Some(origin_index)) = (ctx.rt.as_ref(), ctx.origin) else {
+        return Err(Error::explain(
+            ErrorType::InternalError,
+            "upstream_peer without a routed request",
+        ));
+    };
+    let origin = &rt.origins[origin_index];
+    let mut peer = HttpPeer::new(addr, origin.tls, origin.sni.clone());
+    peer.options.connection_timeout = Some(origin.connect_timeout);
+    peer.options.read_timeout = Some(origin.read_timeout);
+    if origin.tls && !origin.tls_verify {
+        peer.options.verify_cert = false;
+        peer.options.verify_hostname = false;
+    }
+    upstream_http2(&mut peer, origin.upstream_protocol);
+    Ok(Box::new(peer))
+}
+
+/// Makes the request's header fit to forward (see [`forward`]): one canonical
+/// `Content-Length`, and no more fields than the upstream can read. `Some` is the
+/// response to send instead (400 or 431).
+fn prepare_forward(session: &mut Session) -> Option<Problem> {
+    let req = session.req_header_mut();
+    let fields = forward::forwarded_fields(&req.headers);
+    if fields > forward::MAX_FORWARDED_FIELDS {
+        return Some(problem::too_many_fields(
+            fields,
+            forward::MAX_FORWARDED_FIELDS,
+        ));
+    }
+    match forward::content_length(&req.headers) {
+        Ok(None) => None,
+        Ok(Some(length)) => req
+            .insert_header(http::header::CONTENT_LENGTH, length.to_string())
+            .err()
+            .map(|e| problem::bad_request(format!("cannot rewrite Content-Length: {e}"))),
+        Err(e) => Some(problem::bad_request(e.to_string())),
+    }
+}
+
+/// What a log line says about a request: its method only (at most 16 bytes). The path,
+/// the query and the header can carry credentials (tokens in a query, keys in a path),
+/// so no log line carries them; the origin and the client are logged beside it.
+fn summary(session: &Session) -> String {
+    let method = session.req_header().method.as_str();
+    let end = method.len().min(16);
+    method.as_bytes()[..end].escape_ascii().to_string()
+}
+
+/// HTTP/2 to the upstream when the origin says so (`upstream_protocol`): ALPN `h2` over
+/// TLS, prior knowledge in plaintext; streams share a connection, up to
+/// [`UPSTREAM_H2_STREAMS`] on one.
+fn upstream_http2(peer: &mut HttpPeer, protocol: UpstreamProtocol) {
+    if protocol != UpstreamProtocol::Http1 {
+        peer.options.set_http_version(2, 2);
+        peer.options.max_h2_streams = UPSTREAM_H2_STREAMS;
+    }
+}
+
+/// Streams one upstream HTTP/2 connection carries before another is opened.
+const UPSTREAM_H2_STREAMS: usize = 100;
 
 /// Builds the facts of the current request; `server` once an upstream is picked. The
 /// customer header is believed only from a trusted proxy (like `X-Forwarded-For`): from
@@ -280,6 +343,9 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: 
 /// connection is closed afterwards, so a keep-alive client never waits on a body nobody
 /// reads (Pingora issues 766 and 540); so it is when `close` says the process drains.
 async fn send(session: &mut Session, problem: &Problem, close: bool) -> Result<()> {
+    if grpc::is_grpc(&session.req_header().headers) {
+        return grpc::send(session, problem).await;
+    }
     let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 2))?;
     resp.insert_header("content-type", "application/problem+json")?;
     resp.insert_header("content-length", problem.body.len().to_string())?;
@@ -310,6 +376,11 @@ impl ProxyHttp for Tollgate {
         Ok(())
     }
 
+    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+        // Pingora's own lines use this; never the path or the header (see `summary`).
+        summary(session)
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         // One refcount increment per request: the snapshot moves into the context after
         // the decisions, which borrow it.
@@ -331,16 +402,54 @@ impl ProxyHttp for Tollgate {
         }
     }
 
+    async fn proxy_upstream_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // The first attempt's server and inflight limits are decided here rather than in
+        // `upstream_peer`: Pingora never reuses the downstream connection after an
+        // `upstream_peer` error (whatever `fail_to_proxy` says), while a response written
+        // here ends the request normally, so a 503 keeps the connection like a 429.
+        let Some(rt) = ctx.rt.take() else {
+            return Ok(true);
+        };
+        let picked = self.pick_server(session, ctx, &rt).await;
+        ctx.rt = Some(rt);
+        match picked {
+            Ok(Ok(addr)) => {
+                ctx.picked = Some(addr);
+                Ok(true)
+            }
+            Ok(Err(problem)) => {
+                send(session, &problem, self.drain.is_draining()).await?;
+                Ok(false)
+            }
+            // No server to pick: `upstream_peer` meets the same error and answers it.
+            Err(_) => Ok(true),
+        }
+    }
+
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        if let Some(addr) = ctx.picked.take() {
+            return peer_for(ctx, addr);
+        }
+        // A retry: pick a server again and decide its inflight limits again.
         let Some(rt) = ctx.rt.take() else {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "upstream_peer without a routed request",
             ));
         };
-        let peer = self.pick_peer(session, ctx, &rt).await;
+        let picked = self.pick_server(session, ctx, &rt).await;
         ctx.rt = Some(rt);
-        peer
+        match picked? {
+            Ok(addr) => peer_for(ctx, addr),
+            Err(problem) => {
+                let status = problem.status;
+                ctx.rejection = Some(problem);
+                Err(Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "rejected by a limit",
+                ))
+            }
+        }
     }
 
     async fn upstream_request_filter(
@@ -349,14 +458,10 @@ impl ProxyHttp for Tollgate {
         upstream_request: &mut pingora::http::RequestHeader,
         _ctx: &mut Ctx,
     ) -> Result<()> {
-        // Tell the upstream who connected, the way every proxy in a chain does: append the
-        // direct peer to X-Forwarded-For (trust is the next hop's decision, as it is ours).
+        // Tell the upstream who connected: every X-Forwarded-For line as one list, with the
+        // direct peer appended.
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
-            let ip = peer.ip().to_canonical();
-            let value = match upstream_request.headers.get("x-forwarded-for") {
-                Some(prev) => format!("{}, {ip}", String::from_utf8_lossy(prev.as_bytes())),
-                None => ip.to_string(),
-            };
+            let value = forward::forwarded_for(&upstream_request.headers, peer.ip());
             upstream_request.insert_header("x-forwarded-for", value)?;
         }
         Ok(())
@@ -442,7 +547,8 @@ impl ProxyHttp for Tollgate {
                 _ => crate::metrics::UNMATCHED_ORIGIN,
             };
             log::warn!(
-                "upstream attempt failed ({context:?}), retrying: {error}; origin `{origin}`{}",
+                "upstream attempt failed ({context:?}), retrying: {}; origin `{origin}`{}",
+                redact(&error.to_string()),
                 suppressed_note(suppressed)
             );
         }
@@ -452,15 +558,16 @@ impl ProxyHttp for Tollgate {
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         ctx.release_upstream();
         if let Some(problem) = ctx.rejection.as_ref() {
+            // A retry's rejection (the first attempt's is answered in
+            // `proxy_upstream_filter`). Pingora closes the connection after an
+            // `upstream_peer` error, so the response says so.
             let status = problem.status;
-            let close = self.drain.is_draining();
-            let reuse = !close && session.is_body_empty();
-            if let Err(err) = send(session, problem, close).await {
+            if let Err(err) = send(session, problem, true).await {
                 log::debug!("cannot send rejection downstream: {err}");
             }
             return FailToProxy {
                 error_code: status,
-                can_reuse_downstream: reuse,
+                can_reuse_downstream: false,
             };
         }
         let code = match e.etype() {

@@ -19,6 +19,9 @@
 //!   not checked against what it held: `limits::concurrency`); for a limit in a shared
 //!   store, its local fallback's.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
+//! - `tollgate_tls_certificate_expiry_timestamp_seconds{cert}`: each served certificate's
+//!   `notAfter` (Unix seconds), by certificate file: a replaced certificate's new date shows
+//!   at the next scrape after it is loaded.
 //!
 //! The limiter API's resources are exported like limits, under `origin="_api"`.
 //!
@@ -57,6 +60,8 @@ pub struct RuntimeCollector {
     untracked: IntCounterVec,
     /// `tollgate_kill_switch`.
     kill: IntGauge,
+    /// `tollgate_tls_certificate_expiry_timestamp_seconds`.
+    cert_expiry: IntGaugeVec,
 }
 
 /// Counter totals by label values, summed over a limit's variants.
@@ -118,7 +123,15 @@ impl RuntimeCollector {
             "tollgate_kill_switch",
             "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
         )?;
+        let cert_expiry = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_tls_certificate_expiry_timestamp_seconds",
+                "When each certificate tollgate serves expires (its notAfter), in Unix seconds, by certificate file.",
+            ),
+            &["cert"],
+        )?;
         Ok(Self {
+            cert_expiry,
             runtime,
             evictions,
             rate_evictions,
@@ -156,6 +169,7 @@ impl Collector for RuntimeCollector {
         desc.extend(self.max.desc());
         desc.extend(self.untracked.desc());
         desc.extend(self.kill.desc());
+        desc.extend(self.cert_expiry.desc());
         desc
     }
 
@@ -269,6 +283,14 @@ impl Collector for RuntimeCollector {
         families.extend(self.in_use.collect());
         families.extend(self.max.collect());
         families.extend(self.kill.collect());
+        self.cert_expiry.reset();
+        for cert in rt.tls.iter().flat_map(|t| &t.certs) {
+            let file = cert.file.display().to_string();
+            self.cert_expiry
+                .with_label_values(&[file.as_str()])
+                .set(cert.not_after);
+        }
+        families.extend(self.cert_expiry.collect());
         families
     }
 }

@@ -16,6 +16,10 @@
 //! rejection becomes a grant counted as `shadow_rejected`, exactly as if every limit were
 //! in shadow mode: a misbehaving limit is neutralized at once, without an edit.
 //!
+//! **Store budget.** A phase's shared limits share one store budget ([`budget::phase`]):
+//! the first store call starts it, later calls get what is left, and a limit reached after
+//! it is spent is decided by its fallback at once.
+//!
 //! **Counting.** `allowed` is counted once the request has passed every limit
 //! ([`settle`]), so an admission that a later limit's rejection undid is counted as
 //! `refunded`, never as `allowed`: `allowed + refunded + rejected + shadow_rejected +
@@ -36,7 +40,7 @@ use crate::ratelog::suppressed_note;
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::{BadCost, Hold};
 use crate::runtime::OriginRt;
-use crate::store::stable_key_hash;
+use crate::store::{budget, stable_key_hash};
 
 /// When a limit is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +91,19 @@ pub type Notes = SmallVec<[Decided; 2]>;
 /// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
 /// returned as an error (400).
 pub async fn run<F: Facts + Sync + ?Sized>(
+    origin: &OriginRt,
+    phase: Phase,
+    facts: &F,
+    now: Nanos,
+    holds: &mut Holds,
+    notes: &mut Notes,
+) -> Result<Option<Decided>, BadCost> {
+    // One store budget for every shared limit of the phase (docs/architecture.md).
+    budget::phase(run_phase(origin, phase, facts, now, holds, notes)).await
+}
+
+/// [`run`]'s loop, within the phase's store budget.
+async fn run_phase<F: Facts + Sync + ?Sized>(
     origin: &OriginRt,
     phase: Phase,
     facts: &F,

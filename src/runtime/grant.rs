@@ -16,7 +16,7 @@
 //! never requested. A new variant gets its arm in [`Limiter::grant`]: the match is
 //! exhaustive, so the compiler points here.
 
-use crate::limits::{Facts, Grant, Nanos, TieredDecision};
+use crate::limits::{Facts, Grant, Nanos, TieredDecision, TieredParams, NEVER};
 use crate::runtime::limiter::{ConcurrencyRt, Limiter};
 use crate::store::{Micros, SharedGrant, Source};
 
@@ -90,7 +90,15 @@ impl Limiter {
                         .acquire_many(key, l.rate.max, min, want, l.rate.strict, now),
                 )
             }
-            Limiter::SlidingLog(l) => Granted::local(l.state.acquire_many(key, min, want, now)),
+            Limiter::SlidingLog(l) => {
+                let mut g = l.state.acquire_many(key, min, want, now);
+                if !g.verdict.allowed && l.windows.iter().any(|w| min > w.max) {
+                    // A window below `min` never makes room: no retry is invited (the
+                    // limiter's own retry is a hint, its window).
+                    g.verdict.retry_after = NEVER;
+                }
+                Granted::local(g)
+            }
             Limiter::Tiered(l) => {
                 let d = l.state.acquire_many(key, min, want, now);
                 Granted {
@@ -157,6 +165,18 @@ impl Limiter {
             | Limiter::Concurrency(_)
             | Limiter::SharedInflight(_)
             | Limiter::SharedConcurrency(_) => None,
+        }
+    }
+}
+
+impl Limiter {
+    /// A tiered limit's parameters (tiers, hard and global limits), in-process or in a
+    /// store alike, for a reply's context; `None` for the other kinds.
+    pub fn tiered_params(&self) -> Option<&TieredParams> {
+        match self {
+            Limiter::Tiered(l) => Some(&l.params),
+            Limiter::SharedTiered(l) => Some(&l.params),
+            _ => None,
         }
     }
 }

@@ -889,7 +889,8 @@ impl Limiter {
     /// have counted it, as their semantics say; a tiered burst keeps the tiers it entered).
     ///
     /// A local decision completes without waiting; a shared one makes one store call,
-    /// bounded by the store's budget (its fallback decides past it).
+    /// bounded by what is left of the phase's store budget (`crate::store::budget`; its
+    /// fallback decides past it).
     pub async fn decide<F: Facts + Sync + ?Sized>(
         &self,
         key: u64,
@@ -1065,13 +1066,9 @@ pub(crate) fn group_mask<F: Facts + ?Sized>(groups: &[GroupRt], facts: &F) -> u6
 }
 
 /// A concurrency rejection as a decision: the limit's room, and a retry in a second unless
-/// the request can never fit ([`ConcurrencyParams::blocks`]), which invites none.
+/// the request can never fit ([`ConcurrencyParams::refusal`]), which invites none.
 fn concurrency_refused(rejection: &Rejection, params: &ConcurrencyParams, mask: u64) -> Decision {
-    let mut v = rejection.verdict();
-    if params.blocks(mask) {
-        v.retry_after = NEVER;
-    }
-    Decision::of(v, None)
+    Decision::of(params.refusal(rejection, mask), None)
 }
 
 /// A group, live: its members' values gathered in a set, or its segment looked up.

@@ -4,8 +4,8 @@
 //! Every front end (the HTTP proxy, the limiter API) reads one [`Runtime`] snapshot per
 //! request or command and asks it for decisions ([`decide`] for a request's limits,
 //! [`grant`] and [`resources`] for the API's resources); the reloader ([`crate::reload`])
-//! builds the next one on top of the current one. It depends on [`crate::config`], [`crate::limits`] and
-//! [`crate::metrics`], never on a front end: see the module map in
+//! builds the next one on top of the current one. It depends on [`crate::config`], [`crate::limits`],
+//! [`crate::tls`] and [`crate::metrics`], never on a front end: see the module map in
 //! `docs/architecture.md`.
 //!
 //! Limiter state is identified by origin, limit name, override match and key parts (a
@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, UpstreamProtocol};
 use crate::limits::{HeavyHitters, KeySpec};
 use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
@@ -45,6 +45,7 @@ use crate::runtime::switch::KillSwitch;
 use crate::runtime::upstreams::{ResolveError, Upstreams};
 use crate::segments::{Segment, SegmentError};
 use crate::store::StoreError;
+use crate::tls::{TlsError, TlsStore};
 
 /// One origin, live.
 pub struct OriginRt {
@@ -65,6 +66,8 @@ pub struct OriginRt {
     pub connect_timeout: Duration,
     /// Upstream read timeout: how long a response may stall.
     pub read_timeout: Duration,
+    /// The HTTP version spoken to the upstreams.
+    pub upstream_protocol: UpstreamProtocol,
     /// Limits decided when the request arrives, config order.
     pub request_limits: Vec<LimitRt>,
     /// Limits decided once the upstream server is picked, config order.
@@ -114,6 +117,9 @@ pub struct Runtime {
     pub stores: Stores,
     /// The limiter API's resources (`resources:`), by name.
     pub resources: Resources,
+    /// The TLS listeners' certificates and acceptor; `None` without `tls.certificates`.
+    /// Kept over reloads that change neither the settings nor the files' bytes.
+    pub tls: Option<Arc<TlsStore>>,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -151,6 +157,12 @@ pub enum BuildError {
     Store {
         /// What went wrong, with the store named.
         source: StoreError,
+    },
+    /// A certificate or key file cannot be used, or OpenSSL refused the TLS settings.
+    #[error("{source}")]
+    Tls {
+        /// What went wrong, with the file named.
+        source: TlsError,
     },
     /// A resource's state could not be built.
     #[error("resource `{resource}`: {source}")]
@@ -219,6 +231,8 @@ impl Runtime {
             })?;
             segments.insert(spec.name.clone(), Arc::new(set));
         }
+        let tls = TlsStore::build(&config.tls, previous.and_then(|p| p.tls.as_ref()))
+            .map_err(|source| BuildError::Tls { source })?;
         let stores = Stores::build(&config, previous.map(|p| &p.stores), metrics)
             .map_err(|source| BuildError::Store { source })?;
         let mut origins = Vec::with_capacity(config.origins.len() + 1);
@@ -275,6 +289,7 @@ impl Runtime {
                 tls_verify: origin.tls_verify,
                 connect_timeout: origin.connect_timeout,
                 read_timeout: origin.read_timeout,
+                upstream_protocol: origin.upstream_protocol,
                 request_limits,
                 upstream_limits,
                 inflight_gauge: metrics.inflight(&origin.name),
@@ -307,6 +322,7 @@ impl Runtime {
             kill,
             stores,
             resources,
+            tls,
         };
         Ok((runtime, carried))
     }

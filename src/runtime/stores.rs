@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{Config, Fallback, RedisEndpoint, StoreSpec};
+use crate::config::{secret, Config, Fallback, RedisEndpoint, StoreSpec};
 use crate::metrics::Metrics;
 use crate::store::{self, Endpoint, RedisStore, RedisStoreConfig, StoreError};
 
@@ -64,12 +64,18 @@ impl Stores {
     }
 }
 
-/// The store library's settings for `spec`.
+/// The store library's settings for `spec`: its URLs carry the `password_file`'s
+/// password, if it has one (the config refuses a URL with a password of its own beside it).
 fn store_config(spec: &StoreSpec, instance: &str) -> RedisStoreConfig {
     let r = &spec.redis;
+    let url = |u: &String| match &r.password {
+        // A URL the config accepted parses; if not, the store reports it as written.
+        Some(p) => secret::with_password(u, &p.value).unwrap_or_else(|| u.clone()),
+        None => u.clone(),
+    };
     let endpoint = match &r.endpoint {
-        RedisEndpoint::Standalone(url) => Endpoint::Standalone(url.clone()),
-        RedisEndpoint::Cluster(urls) => Endpoint::Cluster(urls.clone()),
+        RedisEndpoint::Standalone(u) => Endpoint::Standalone(url(u)),
+        RedisEndpoint::Cluster(urls) => Endpoint::Cluster(urls.iter().map(url).collect()),
     };
     let mut c = RedisStoreConfig::new(spec.name.clone(), endpoint);
     c.timeout = r.timeout;

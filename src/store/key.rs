@@ -263,6 +263,49 @@ impl KeyNames {
     }
 }
 
+/// The Redis type a state key holds, as `TYPE` names it: what a repair checks a key
+/// against (see `crate::store::redis`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisType {
+    /// `hash`: token buckets, rate windows, per-holder counts, tier entry times, the
+    /// tiered global count. Every field's value is a number.
+    Hash,
+    /// `zset`: leases, sliding logs, tier and hard-limit logs.
+    Zset,
+}
+
+impl RedisType {
+    /// The name `TYPE` answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            RedisType::Hash => "hash",
+            RedisType::Zset => "zset",
+        }
+    }
+
+    /// The type of the state named `name` (a [`KeyNames::key`] or
+    /// [`KeyNames::limit_key`]), read from its kind, the part after the hash tag; `None`
+    /// for a name of neither form.
+    pub fn of(name: &str) -> Option<RedisType> {
+        // Names never hold a `}` of their own (escaped), so the last one ends the tag.
+        let kind = &name[name.rfind("}:")? + 2..];
+        Some(match kind {
+            "tb" | "rate" | "ic" | "cc" | "ts" | "tg" | "cg" => RedisType::Hash,
+            "il" | "cl" | "sl" | "th" | "cgl" => RedisType::Zset,
+            k if k.starts_with("cp:") => RedisType::Hash,
+            k if k.starts_with("cpl:") => RedisType::Zset,
+            k if k.strip_prefix('t').is_some_and(|i| {
+                i.parse::<usize>()
+                    .is_ok_and(|i| (1..TIER_LOGS.len()).contains(&i))
+            }) =>
+            {
+                RedisType::Zset
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// Appends `text` with `%`, `{` and `}` percent-encoded.
 fn escape_into(out: &mut String, text: &str) {
     for c in text.chars() {
@@ -529,5 +572,43 @@ mod tests {
             cluster_slot(b"foo{}{bar}"),
             crc16_xmodem(b"foo{}{bar}") % 16384
         );
+    }
+
+    #[test]
+    fn every_state_name_reads_back_as_its_redis_type() {
+        use RedisType::{Hash, Zset};
+        let names = KeyNames::new("tollgate:", "shop", "api", Variant::Override(2));
+        let mut kinds = vec![
+            (StateKind::TokenBucket, Hash),
+            (StateKind::Rate, Hash),
+            (StateKind::InflightCounts, Hash),
+            (StateKind::InflightLeases, Zset),
+            (StateKind::SlidingLog, Zset),
+            (StateKind::TieredState, Hash),
+            (StateKind::TieredHard, Zset),
+            (StateKind::ConcurrencyCounts, Hash),
+            (StateKind::ConcurrencyLeases, Zset),
+        ];
+        kinds.extend((1..=16).map(|i| (StateKind::TierLog(i), Zset)));
+        for (kind, want) in kinds {
+            let name = names.key(7, kind);
+            assert_eq!(RedisType::of(&name), Some(want), "{name}");
+        }
+        for (state, want) in [
+            (LimitState::TieredGlobal, Hash),
+            (LimitState::ConcurrencyGlobal, Hash),
+            (LimitState::ConcurrencyGlobalLeases, Zset),
+            (LimitState::GroupCounts("a:b}{"), Hash),
+            (LimitState::GroupLeases("cpl:x"), Zset),
+        ] {
+            let name = names.limit_key(state);
+            assert_eq!(RedisType::of(&name), Some(want), "{name}");
+        }
+        let scoped = KeyNames::scoped("p{x}:", "rl").key(1, StateKind::TokenBucket);
+        assert_eq!(RedisType::of(&scoped), Some(Hash), "{scoped}");
+        for odd in ["", "plain", "x:{1}:", "x:{1}:t0", "x:{1}:t17", "x:{1}:zz"] {
+            assert_eq!(RedisType::of(odd), None, "{odd}");
+        }
+        assert_eq!((Hash.name(), Zset.name()), ("hash", "zset"));
     }
 }

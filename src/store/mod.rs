@@ -12,6 +12,7 @@
 //!   flood from one key does not become a flood of store calls.
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
 //! - [`breaker`]: the circuit breaker.
+//! - [`budget`]: one budget for every store call of one request phase.
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
 //!
 //! The semantics are exactly the in-process limiters' (`crate::limits`): the scripts are
@@ -19,6 +20,7 @@
 //! the same cases. How the pieces fit is described in `docs/architecture.md`.
 
 pub mod breaker;
+pub mod budget;
 pub mod deny_cache;
 mod held;
 pub mod key;
@@ -51,7 +53,7 @@ pub enum StoreError {
     BadUrl {
         /// The store's name.
         store: String,
-        /// The URL as written.
+        /// The URL as written, its password redacted.
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -73,6 +75,11 @@ pub enum StoreError {
     /// Redis answered an error, or the connection failed.
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    /// Redis answered an error about the data of a key the call named (another type
+    /// written over it, data no script wrote): that key's failure, not the store's. The
+    /// caller falls back; the key is repaired in the background (`crate::store::redis`).
+    #[error("key error: {0}")]
+    Key(::redis::RedisError),
     /// A reply of an unexpected shape (a script from another version?).
     #[error("unexpected reply: {0}")]
     Reply(String),

@@ -26,6 +26,16 @@
 //!   make a racing request see a counter fuller than it ends up: a transient wrong denial,
 //!   bounded by the requests deciding at that instant (`docs/architecture.md`).
 //!
+//! **A release is seen by the next reserve.** A guard's release goes to Redis in the
+//! background, after its holder was told the copies are back (`CH.RELEASE` answers at
+//! once, a response has been sent), so a reserve that follows at once could reach Redis
+//! first and be refused for copies that are no longer held (Charon's rule: never deny
+//! wrongly). Each limiter numbers the releases it sends and knows which have not been
+//! answered yet; a reserve that Redis refuses while a release sent before the reserve
+//! began was still on its way when the reserve was sent waits for those releases to land
+//! (within what is left of its budget) and asks once more. A release acknowledged by another instance is not
+//! covered: it is sent at once, and can lose that race for one round trip.
+//!
 //! **Reloads.** A guard keeps its limiter's state alive and gives its copies back to the
 //! counters it took them from, with the group mask it was admitted with: a reload that
 //! moves a customer between groups releases to the group the copies came from.
@@ -36,9 +46,13 @@
 //! **Metrics.** `tollgate_concurrency_in_use` reports the copies this instance holds
 //! (exact, local): summed over the fleet, the copies in use.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::limits::concurrency::{
     ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Limit, Rejection, MAX_GROUPS,
@@ -72,6 +86,80 @@ struct ConcShared {
     held: Held,
     /// Copies held in the global counter (index 0) and each group's (1 + i).
     counts: Box<[Count]>,
+    /// Releases sent to the store and not answered yet.
+    releases: Releases,
+}
+
+/// The releases a limiter sent to the store that have not landed yet, by number, so a
+/// reserve can wait for those sent before it began (module doc).
+#[derive(Default)]
+struct Releases {
+    /// The number of the next release.
+    next: AtomicU64,
+    /// Numbers of the releases on their way.
+    pending: Mutex<BTreeSet<u64>>,
+    /// Woken each time one lands.
+    landed: Notify,
+}
+
+/// A release on its way: counted as landed when dropped, however its task ends.
+struct InFlight {
+    shared: Arc<ConcShared>,
+    n: u64,
+}
+
+impl InFlight {
+    fn new(shared: &Arc<ConcShared>) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            n: shared.releases.sent(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.shared.releases.landed(self.n);
+    }
+}
+
+impl Releases {
+    /// A release is sent: its number, for [`Releases::landed`].
+    fn sent(&self) -> u64 {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().insert(n);
+        n
+    }
+
+    /// Release `n` was answered, or given up.
+    fn landed(&self, n: u64) {
+        self.pending.lock().remove(&n);
+        self.landed.notify_waiters();
+    }
+
+    /// The number the next release gets: those below it were sent before now.
+    fn mark(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Whether a release sent before `mark` is still on its way.
+    fn pending_before(&self, mark: u64) -> bool {
+        self.pending.lock().first().is_some_and(|&n| n < mark)
+    }
+
+    /// Waits until every release sent before `mark` has landed.
+    async fn all_landed_before(&self, mark: u64) {
+        loop {
+            let notified = self.landed.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a landing in between is not missed.
+            notified.as_mut().enable();
+            if !self.pending_before(mark) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// Copies this limiter holds in one variant-wide counter, and whether Redis may disagree.
@@ -143,6 +231,7 @@ impl SharedConcurrency {
             local: ConcurrencyLimiter::new(local_params, local_keys)?,
             held: Held::new(),
             counts: (0..=n).map(|_| Count::default()).collect(),
+            releases: Releases::default(),
             params,
         });
         let every = (store.config().lease / 3).max(Duration::from_millis(1));
@@ -189,7 +278,31 @@ impl SharedConcurrency {
                 source: Source::Store,
             };
         }
-        match s.store_acquire(key, groups, min, copies).await {
+        // Releases sent before this request that had not landed when it was sent: Redis
+        // may see the request first.
+        let mark = s.releases.mark();
+        let racing = s.releases.pending_before(mark);
+        let mut decided = s.store_acquire(key, groups, min, copies).await;
+        if racing && matches!(decided, Ok(Err(_))) {
+            // Refused while releases sent before this request were on their way: once they
+            // have landed, ask again (module doc). Past the budget, the refusal stands.
+            let budget = s.store.decision_budget();
+            if s.store
+                .within(budget, s.releases.all_landed_before(mark))
+                .await
+                .is_some()
+            {
+                match s.store_acquire(key, groups, min, copies).await {
+                    Ok(again) => decided = Ok(again),
+                    // The retry may still run in Redis: the next renewal writes the truth.
+                    Err(_) => {
+                        s.held.mark_dirty(key);
+                        s.mark_dirty(groups);
+                    }
+                }
+            }
+        }
+        match decided {
             Ok(Ok((granted, remaining))) => ConcurrencyOutcome {
                 result: Ok(s.guard(key, groups, granted, remaining, Source::Store)),
                 source: Source::Store,
@@ -397,8 +510,9 @@ impl ConcShared {
         if copies == 0 {
             return;
         }
-        let s = Arc::clone(self);
+        let flight = InFlight::new(self);
         self.store.handle().spawn(async move {
+            let s = &flight.shared;
             let refs: Vec<&CounterKeys> = counters.iter().collect();
             if s.store
                 .counters_release(&s.holder, &refs, copies)
@@ -491,8 +605,9 @@ impl ConcShared {
         if !send {
             return;
         }
-        let s = Arc::clone(self);
+        let flight = InFlight::new(self);
         self.store.handle().spawn(async move {
+            let s = &flight.shared;
             let own = CounterKeys::of_key(&s.names, key);
             let variant: Vec<&CounterKeys> =
                 s.variant_counters(groups).iter().map(|c| c.0).collect();

@@ -1,7 +1,8 @@
 //! Charon's burst tiers whose per-key state lives in a shared store, with the store's
 //! fallback (see `crate::store::shared` for the order: store within its budget, then
-//! fallback; there is no deny cache, since a tiered rejection can change state: a burst
-//! that finds no room still enters the tiers it reached).
+//! fallback; there is no deny cache yet: until a refusal changed nothing, a burst that
+//! found no room still entered the tiers it reached, so every rejection had to reach the
+//! store).
 //!
 //! **The global limit** (`G` per aligned second across every key of the limit) spans keys,
 //! which Redis Cluster keeps in different slots, out of reach of one key's script:

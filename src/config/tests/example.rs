@@ -82,7 +82,7 @@ fn parses_the_design_example() {
     assert_eq!(
         c.server,
         Server {
-            listen: vec!["0.0.0.0:8080".parse().unwrap()],
+            listen: vec![Listener::plain("0.0.0.0:8080".parse().unwrap())],
             metrics: Some("127.0.0.1:9100".parse().unwrap()),
             threads: 2,
             grace_period: Duration::from_secs(5),
@@ -293,7 +293,10 @@ fn defaults_apply_when_sections_are_minimal() {
         Ok(c) => c,
         Err(e) => panic!("{e}"),
     };
-    assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert_eq!(
+        c.server.listen,
+        vec![Listener::plain("0.0.0.0:8080".parse().unwrap())]
+    );
     assert_eq!(c.server.threads, 2);
     assert_eq!(c.server.grace_period, Duration::from_secs(5));
     assert_eq!(c.server.metrics, None);

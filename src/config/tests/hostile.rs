@@ -307,7 +307,7 @@ fn a_mapping_of_100k_keys_is_read_in_linear_time() {
     assert_eq!(got.len(), 100_001);
     assert_eq!(
         got[0],
-        "t.yaml:5:5: origins.a.k0: unknown key `k0`; expected one of hosts, upstreams, tls, sni, tls_verify, customer, connect_timeout, read_timeout, limits"
+        "t.yaml:5:5: origins.a.k0: unknown key `k0`; expected one of hosts, upstreams, tls, sni, tls_verify, customer, connect_timeout, read_timeout, upstream_protocol, limits"
     );
     assert_eq!(
         got[100_000],

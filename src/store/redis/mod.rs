@@ -11,8 +11,9 @@
 //! retry within the budget, reconnection is the probe's job (a call never waits for a
 //! reconnect), TCP_NODELAY is on and TCP keepalive probes after 10 s idle.
 //!
-//! **Budget.** Every decision has a budget (`timeout`, default 5 ms). Past it the call
-//! returns [`StoreError::Timeout`] at once, whatever Redis does, and the caller falls back.
+//! **Budget.** Every decision has a budget (`timeout`, default 5 ms), shared by all the
+//! calls of one request phase ([`crate::store::budget`]). Past it the call returns
+//! [`StoreError::Timeout`] at once, whatever Redis does, and the caller falls back.
 //! The budget's timer is registered with the store's runtime, so callers need no timer of
 //! their own. tokio's timers have a 1 ms resolution: a call returns within budget + 1 ms.
 //!
@@ -24,6 +25,19 @@
 //! on success. A store starts open and is probed at once, so starting never fails because
 //! Redis is down: it comes up by itself. Decisions resume within `probe_every` plus one
 //! probe of Redis coming back.
+//!
+//! **Key errors.** An error about one key's data is that key's failure, not the store's:
+//! `WRONGTYPE` (another type written over a state key, by hand or by another program) or
+//! an error a script raised while reading a key (data no script wrote). Such a call
+//! returns [`StoreError::Key`], so that decision falls back; it is counted as
+//! `tollgate_store_requests_total{result="key_error"}`, it counts as an answer for the
+//! breaker (which never opens for it, so no probe and no `SCRIPT LOAD` follow), and a
+//! repair runs in the background (`repair.lua`): every key the call named that is not
+//! what tollgate writes there (another type, a hash field that is not a finite number, an
+//! infinite score) is deleted, so the key's next decision starts as a new key's (a full
+//! bucket, an empty window or log; leased counts are written back by their holders' next
+//! renewal). Keys holding what tollgate writes are left alone. One line per failure, at
+//! most five a second (a [`LogBudget`]), names the key and Redis's answer.
 //!
 //! **Time.** Scripts read Redis `TIME` (one clock for the fleet) in microseconds, unless the
 //! caller supplies `at` ([`Micros`], for replays). Durations come back in microseconds and
@@ -53,8 +67,10 @@ use crate::limits::rate::RateParams;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::limits::verdict::{Grant, Verdict, NEVER};
 use crate::metrics::StoreMetrics;
+use crate::ratelog::{suppressed_note, LogBudget};
 use crate::store::breaker::{Breaker, Transition};
-use crate::store::key::{KeyNames, StateKind, Variant};
+use crate::store::budget;
+use crate::store::key::{KeyNames, RedisType, StateKind, Variant};
 use crate::store::StoreError;
 
 pub use counters::{CounterKeys, CountersOutcome};
@@ -94,7 +110,8 @@ pub struct RedisStoreConfig {
     pub name: String,
     /// Where Redis is.
     pub endpoint: Endpoint,
-    /// Budget per decision (`timeout`, default 5 ms).
+    /// Budget of one request phase for its calls (`timeout`, default 5 ms; see
+    /// [`crate::store::budget`]), and of each call made outside a phase.
     pub timeout: Duration,
     /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
     pub failures: u32,
@@ -187,6 +204,9 @@ struct Inner {
     /// Milliseconds after `started` of the last cluster refresh (0: never); see
     /// [`Inner::refresh_cluster`].
     refreshed: AtomicU64,
+    /// Lines about keys a decision failed on (module doc, "Key errors"), on the clock of
+    /// `started`.
+    key_log: LogBudget,
 }
 
 /// A name unique to one decision, which the entries (sliding log) or hits (tiered) it
@@ -251,7 +271,8 @@ impl RedisStore {
     pub fn new(config: RedisStoreConfig, metrics: StoreMetrics) -> Result<Self, StoreError> {
         let bad = |url: &str, e: &dyn std::fmt::Display| StoreError::BadUrl {
             store: config.name.clone(),
-            url: url.to_string(),
+            // Never the password: the error reaches logs and `check`.
+            url: crate::config::secret::redact_url(url).into_owned(),
             reason: e.to_string(),
         };
         let probe_timeout = config
@@ -315,6 +336,7 @@ impl RedisStore {
             ids: AtomicU64::new(0),
             started: Instant::now(),
             refreshed: AtomicU64::new(0),
+            key_log: LogBudget::new(),
             config,
         });
         handle.spawn(probe_loop(Arc::clone(&inner)));
@@ -383,6 +405,26 @@ impl RedisStore {
     /// The key names of `origin`'s `limit`, `variant`, under this store's prefix.
     pub fn names(&self, origin: &str, limit: &str, variant: Variant) -> KeyNames {
         KeyNames::new(&self.inner.config.prefix, origin, limit, variant)
+    }
+
+    /// Runs `work` for at most `d`, on the store's timer (usable from any runtime, or none
+    /// with a timer); `None` past it.
+    pub(crate) async fn within<F: std::future::Future>(
+        &self,
+        d: Duration,
+        work: F,
+    ) -> Option<F::Output> {
+        let timed = {
+            let _rt = self.inner.handle.enter();
+            tokio::time::timeout(d, work)
+        };
+        timed.await.ok()
+    }
+
+    /// What a decision call may wait now: the store's budget, or what is left of it in the
+    /// running request phase ([`crate::store::budget`]).
+    pub(crate) fn decision_budget(&self) -> Duration {
+        self.budget()
     }
 
     /// Sleeps on the store's timer (usable from any runtime, or none with a timer).
@@ -641,9 +683,10 @@ impl RedisStore {
         Ok(scripts::count(scripts::int(&v)?))
     }
 
-    /// The per-decision budget.
+    /// The budget of a decision call: the store's `timeout`, or within a request phase
+    /// what is left of it ([`crate::store::budget`]).
     fn budget(&self) -> Duration {
-        self.inner.config.timeout
+        budget::left(self.inner.config.timeout)
     }
 
     /// The timeout of calls nobody waits for (refunds, releases, renewals): as long as a
@@ -675,6 +718,12 @@ impl RedisStore {
             inner.metrics.breaker_open.inc();
             return Err(StoreError::BreakerOpen);
         };
+        if timeout.is_zero() {
+            // The request phase spent its budget on earlier calls: not sent, and no failure
+            // of the store's.
+            inner.metrics.timeout.inc();
+            return Err(StoreError::Timeout);
+        }
         let at = at.map(Arg::U);
         let evalsha = script_cmd("EVALSHA", &script.sha, keys, args, at);
         let started = Instant::now();
@@ -707,6 +756,13 @@ impl RedisStore {
                 inner.breaker.success();
                 Ok(value)
             }
+            Ok(Err(e)) if is_key_error(&e) && !std::ptr::eq(script, &inner.scripts.repair) => {
+                // Redis answered: the store is fine, one key's data is not.
+                inner.metrics.key_error.inc();
+                inner.breaker.success();
+                self.repair(script.name, keys, &e);
+                Err(StoreError::Key(e))
+            }
             Ok(Err(e)) => {
                 inner.metrics.error.inc();
                 if is_connection_error(&e) {
@@ -735,6 +791,56 @@ impl RedisStore {
                 Err(StoreError::Timeout)
             }
         }
+    }
+}
+
+impl RedisStore {
+    /// A decision by `script` failed on the data of `keys` (`error`): in the background,
+    /// deletes those of them that are not what tollgate writes there (repair.lua), so the
+    /// key's next decision starts afresh, and says so within the log budget. Never waited
+    /// for; a repair that fails is retried by the key's next failing decision.
+    fn repair(&self, script: &'static str, keys: &[&str], error: &RedisError) {
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_string()).collect();
+        let error = error.to_string();
+        let store = self.clone();
+        self.inner.handle.spawn(async move {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let types: Vec<&str> = keys
+                .iter()
+                .map(|k| RedisType::of(k).map_or("", RedisType::name))
+                .collect();
+            let args: Vec<Arg<'_>> = types.iter().map(|t| Arg::S(t)).collect();
+            let inner = &store.inner;
+            let s = &inner.scripts.repair;
+            let outcome = match store.eval(s, &refs, &args, None, store.background()).await {
+                Ok(Value::Array(deleted)) if deleted.is_empty() => {
+                    "none of its keys needed deleting".to_string()
+                }
+                Ok(Value::Array(deleted)) => {
+                    let names: Vec<String> = deleted
+                        .iter()
+                        .map(|v| match v {
+                            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                            other => format!("{other:?}"),
+                        })
+                        .collect();
+                    format!(
+                        "deleted {} (its next decision starts afresh)",
+                        names.join(", ")
+                    )
+                }
+                Ok(other) => format!("repair: unexpected reply {other:?}"),
+                Err(e) => format!("repair failed ({e}): the key's next failure retries it"),
+            };
+            let now = u64::try_from(inner.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            if let Some(suppressed) = inner.key_log.admit(now) {
+                log::warn!(
+                    "store {}: {script} failed on the data of a key ({error}): decided by the fallback; {outcome}{}",
+                    inner.config.name,
+                    suppressed_note(suppressed)
+                );
+            }
+        });
     }
 }
 
@@ -973,6 +1079,35 @@ fn script_cmd(
         };
     }
     cmd
+}
+
+/// Whether `e` is about the data of a key the call named rather than about the store
+/// (module doc, "Key errors"): `WRONGTYPE`, or an error raised while a script ran
+/// (`user_script` in its text: Redis 7 reports a script's runtime errors that way, Redis 6
+/// wraps every error of a script in one) that is none of the errors a whole node answers
+/// (out of memory, read-only, loading, busy, no permission, cluster states).
+fn is_key_error(e: &RedisError) -> bool {
+    const NODE_ERRORS: [&str; 12] = [
+        "OOM",
+        "READONLY",
+        "LOADING",
+        "BUSY",
+        "NOPERM",
+        "MASTERDOWN",
+        "MISCONF",
+        "NOREPLICAS",
+        "CLUSTERDOWN",
+        "CROSSSLOT",
+        "TRYAGAIN",
+        "NOSCRIPT",
+    ];
+    match e.code() {
+        Some("WRONGTYPE") => true,
+        Some("ERR") => e.detail().is_some_and(|d| {
+            d.contains("user_script") && !NODE_ERRORS.iter().any(|n| d.contains(n))
+        }),
+        _ => false,
+    }
 }
 
 /// Whether `e` means the connection itself is gone (refused, reset, closed): the breaker

@@ -74,6 +74,8 @@ pub struct Scripts {
     pub counters_total: LuaScript,
     /// The breaker's probe: a write and TIME.
     pub probe: LuaScript,
+    /// Deletes the keys of a failed decision that are not what tollgate writes there.
+    pub repair: LuaScript,
 }
 
 impl Scripts {
@@ -143,11 +145,12 @@ impl Scripts {
                 include_str!("scripts/counters_total.lua"),
             ),
             probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
+            repair: LuaScript::new("repair.lua", include_str!("scripts/repair.lua")),
         }
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 21] {
+    pub fn all(&self) -> [&LuaScript; 22] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -170,6 +173,7 @@ impl Scripts {
             &self.counters_renew,
             &self.counters_total,
             &self.probe,
+            &self.repair,
         ]
     }
 }
@@ -239,7 +243,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 21, "distinct scripts");
+        assert_eq!(shas.len(), 22, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),

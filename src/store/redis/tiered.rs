@@ -7,7 +7,7 @@ use crate::limits::clock::Nanos;
 use crate::limits::tiered::{
     DecidedBy, Phase, TierState, TieredDecision, TieredKeyState, TieredParams,
 };
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Verdict, NEVER};
 use crate::store::key::{KeyNames, LimitState, StateKind};
 use crate::store::redis::SCRIPT_MAX;
 use crate::store::redis::{nanos, round_micros, scripts, Arg, EntryId, Micros, RedisStore};
@@ -193,6 +193,9 @@ impl RedisStore {
         let (remaining, reset) = (scripts::count(remaining), nanos(reset));
         let verdict = if allowed == 1 {
             Verdict::allow(remaining, reset)
+        } else if retry < 0 {
+            // Never fits: no retry can help it.
+            Verdict::reject(remaining, reset, NEVER)
         } else {
             Verdict::reject(remaining, reset, nanos(retry).max(1))
         };

@@ -15,13 +15,13 @@
 -- window while now < h + window.
 --
 -- The decision (as the in-process limiter's acquire_many): the hard limit first (fewer
--- than `min` free: rejected, nothing changes), then the burst chain: the current tier,
--- then the tiers above it in order, a cooling tier stopping the burst unless skippable,
--- until the chain's free room covers the request. Fewer than `min` free in the chain:
--- rejected, and every tier the chain reached is entered. Then the global limit (fewer
--- than `min` free: rejected, nothing entered). Otherwise the grant, the largest count in
--- [min, max] that fits, fills the chain's tiers in order, entering those above the
--- current one, and is logged in the hard log. Hits are members `id`, `id:2` .. (unique to
+-- than `min` free: rejected), then the burst chain: the current tier, then the tiers
+-- above it in order, a cooling tier stopping the burst unless skippable, until the
+-- chain's free room covers the request (fewer than `min` free: rejected), then the global
+-- limit (fewer than `min` free: rejected). A refusal changes nothing: no tier is entered.
+-- Otherwise the grant, the largest count in [min, max] that fits, fills the chain's tiers
+-- in order, entering those above the current one, and is logged in the hard log; a grant
+-- below `max` says which limit cut it (global, else hard, else the tiers). Hits are members `id`, `id:2` .. (unique to
 -- the decision), stored at `now`, or at a log's newest hit if a replay went back, so
 -- that each log stays in time order as the in-process ring does.
 --
@@ -35,12 +35,12 @@
 -- period or cooldown ends or the global second turns (between two of them each limit's
 -- room only grows): the latest of when the hard log has room and when the reachable
 -- tiers' logs together have room (a merge of their hits by expiry). A request that never
--- fits gets the time until the key's state is gone, at least a second. Every key expires
+-- fits gets -1: never. Every key expires
 -- when its state equals a new key's: all tiers inactive, every log empty.
 --
 -- Returns {allowed, granted, tier (current after), decided_by (1 tier window, 2 no tier
 -- enterable, 3 hard limit, 4 global limit), first_tier, remaining, reset_after µs,
--- retry_after µs, tiers entered (bit i-1 for tier i), now µs}.
+-- retry_after µs (-1: never), tiers entered (bit i-1 for tier i), now µs}.
 
 local id = ARGV[1]
 local min = tonumber(ARGV[2])
@@ -455,15 +455,10 @@ end
 local function rejected(by)
   local tier = current(now)
   local room, reset = headline(tier)
-  local retry
+  local retry = -1
   local at = earliest(min)
   if at then
-    retry = at - now
-  else
-    retry = math.max(state_ends() - now, SEC)
-  end
-  if retry < 1 then
-    retry = 1
+    retry = math.max(at - now, 1)
   end
   settle()
   return {0, 0, tier, by, 0, room, reset, retry, mask, now}
@@ -480,12 +475,7 @@ end
 local need = math.min(max, hard_room)
 local c = chain(now, need, room_now)
 if c.total < min then
-  -- Rejected, but the burst entered every tier it reached.
-  for k = 1, #c.tiers do
-    if c.tiers[k] > c.current then
-      enter(c.tiers[k])
-    end
-  end
+  -- A refusal changes nothing: no tier the burst reached is entered.
   return rejected(c.ends)
 end
 
@@ -493,6 +483,12 @@ local grant = math.min(need, c.total)
 local granted = gtake(min, grant)
 if granted < min then
   return rejected(GLOBAL)
+end
+local by = TIER_WINDOW
+if granted < grant then
+  by = GLOBAL
+elseif grant < max and grant == hard_room then
+  by = HARD
 end
 
 local left, first_tier, cur, next_hit = granted, 0, c.current, 1
@@ -521,4 +517,4 @@ end
 
 local room, reset = headline(cur)
 settle()
-return {1, granted, cur, TIER_WINDOW, first_tier, room, reset, 0, mask, now}
+return {1, granted, cur, by, first_tier, room, reset, 0, mask, now}
