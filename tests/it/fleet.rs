@@ -70,7 +70,9 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
     // max N per 1 s: the windows are whole seconds of Redis's clock, which is this
     // machine's clock. After the first (partial) window, a saturated sliding window admits
     // N per window at a steady pace, so the answers of whole windows count N each.
-    const N: f64 = 200.0;
+    // Low enough that a client on a loaded machine still sends several times the max in
+    // every window (at 200, under stress-ng it sent 252 to 430: gaps it could not make up).
+    const N: f64 = 50.0;
     const WINDOWS: u64 = 3;
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
@@ -115,9 +117,11 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
     // The load must saturate the limit, or the count means nothing: more requests than
     // the max in every window (a busy machine's client may send few more; a gap before a
     // window's end is allowed for below).
+    let mut sent_per_window = Vec::new();
     for w in from..to {
         let sent = within.iter().filter(|s| secs(s.at) as u64 == w).count() as f64;
         assert!(sent > N, "window {w}: only {sent} requests sent");
+        sent_per_window.push(sent);
     }
     let want = N * WINDOWS as f64;
     let slack = want / 100.0;
@@ -140,7 +144,7 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
         .sum();
     assert!(
         admitted <= want + slack && admitted + straddling + tail >= want - slack,
-        "admitted {admitted} (+ {straddling} straddling an edge, + {tail:.1} for idle window ends) in {WINDOWS} windows of max {N} (want {want} ± 1%)"
+        "admitted {admitted} (+ {straddling} straddling an edge, + {tail:.1} for idle window ends) in {WINDOWS} windows of max {N} (want {want} ± 1%; sent {sent_per_window:?})"
     );
     no_fallback(&all).await;
 }
