@@ -31,12 +31,14 @@ const BUDGET: Duration = Duration::from_millis(25);
 /// Not "a little": this is a deadline that catches a request waiting on a frozen Redis (it
 /// would wait seconds), not a latency measurement. These tests run the debug binary, five
 /// at once, on a shared 2-core machine: under parallel builds a request through the
-/// killed-Redis test took 214 ms once (25 ms budget + 189 ms of scheduling), so 300 ms
-/// stays. The tight checks are at the library level, in `tests/redis_store.rs`: every call
+/// killed-Redis test took 214 ms once (25 ms budget + 189 ms of scheduling), and with
+/// `stress-ng --cpu 2` loading the machine beside a full run, 490 ms: 1 s stays, still far
+/// below the seconds a request waiting on a frozen Redis would take. The tight checks are
+/// at the library level, in `tests/redis_store.rs`: every call
 /// under a fault returns within its budget + 50 ms, with the default 5 ms budget; and the
 /// end-to-end figure (added p99 with Redis frozen <= budget + 1 ms, release build) is
 /// measured by `benches/e2e_store.sh`, not asserted.
-const SLACK: Duration = Duration::from_millis(300);
+const SLACK: Duration = Duration::from_millis(1_000);
 /// How soon after Redis is back its state must decide again: within a second, as
 /// promised. With probes every 100 ms it took 28-193 ms over 8 runs of this file under load.
 const RESUME_WITHIN: Duration = Duration::from_millis(1000);
