@@ -35,7 +35,7 @@ const BUDGET: Duration = Duration::from_millis(25);
 /// `stress-ng --cpu 2` loading the machine beside a full run, 490 ms: 1 s stays, still far
 /// below the seconds a request waiting on a frozen Redis would take. The tight checks are
 /// at the library level, in `tests/redis_store.rs`: every call
-/// under a fault returns within its budget + 50 ms, with the default 5 ms budget; and the
+/// under a fault returns within its budget + 250 ms, with the default 5 ms budget; and the
 /// end-to-end figure (added p99 with Redis frozen <= budget + 1 ms, release build) is
 /// measured by `benches/e2e_store.sh`, not asserted.
 const SLACK: Duration = Duration::from_millis(1_000);
