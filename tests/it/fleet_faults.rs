@@ -32,13 +32,14 @@ const BUDGET: Duration = Duration::from_millis(25);
 /// would wait seconds), not a latency measurement. These tests run the debug binary, five
 /// at once, on a shared 2-core machine: under parallel builds a request through the
 /// killed-Redis test took 214 ms once (25 ms budget + 189 ms of scheduling), and with
-/// `stress-ng --cpu 2` loading the machine beside a full run, 490 ms: 1 s stays, still far
-/// below the seconds a request waiting on a frozen Redis would take. The tight checks are
+/// `stress-ng --cpu 2` loading the machine beside a full run of the suite and other
+/// builds (load average 15 on 2 cores), 1.5 s: 3 s stays. It catches a request that hangs
+/// on a frozen Redis, not a slow one; what a decision costs is measured, not asserted. The tight checks are
 /// at the library level, in `tests/redis_store.rs`: every call
 /// under a fault returns within its budget + 250 ms, with the default 5 ms budget; and the
 /// end-to-end figure (added p99 with Redis frozen <= budget + 1 ms, release build) is
 /// measured by `benches/e2e_store.sh`, not asserted.
-const SLACK: Duration = Duration::from_millis(1_000);
+const SLACK: Duration = Duration::from_secs(3);
 /// How soon after Redis is back its state must decide again: within a second, as
 /// promised. With probes every 100 ms it took 28-193 ms over 8 runs of this file under load.
 const RESUME_WITHIN: Duration = Duration::from_millis(1000);
@@ -165,11 +166,13 @@ async fn redis_killed_and_restarted_and_its_scripts_flushed() {
     drain(&t).await;
     // Scripts lost while connected (what a restart between probes looks like): the
     // decision gets NOSCRIPT, sends the script itself, and Redis still decides.
-    // The fallback (`allow`) never rejects: a 429 is Redis's. (One retry: on a busy machine
+    // The fallback (`allow`) never rejects: a 429 is Redis's. (Retried: on a busy machine
     // the EVAL after NOSCRIPT can miss the 25 ms budget; Redis keeps the script it ran.)
     redis.cmd(&["SCRIPT", "FLUSH"]);
-    if status(&t, "drained").await != 429 {
-        assert_eq!(status(&t, "drained").await, 429, "{}", t.log_text());
+    let mut tries = 0;
+    while status(&t, "drained").await != 429 {
+        tries += 1;
+        assert!(tries < 50, "Redis never decided again:\n{}", t.log_text());
     }
     assert!(
         t.log_text().contains("Redis lost script"),

@@ -242,8 +242,8 @@ async fn futures(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_frozen_fails_open_within_the_budget_for_every_kind() {
     const BUDGET: Duration = Duration::from_millis(25);
-    // As in fleet_faults: a loaded machine's scheduling, far below a frozen Redis's seconds.
-    const SLACK: Duration = Duration::from_millis(1_000);
+    // As in fleet_faults: a loaded machine's scheduling; it catches a hang.
+    const SLACK: Duration = Duration::from_secs(3);
     let store = "timeout: 25ms\n    breaker: { failures: 3, probe_every: 100ms }\n    fallback: allow\n    deny_cache: 0";
     let limits = format!(
         "      caps:
