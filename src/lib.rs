@@ -19,6 +19,7 @@
 //! - [`tls`]: the certificate store (PEM files, SNI by SAN) and the TLS acceptor.
 //! - [`config`]: YAML → validated model (no network; reads the admin token file).
 //! - [`segments`]: roaring-bitmap ID sets and their files.
+//! - [`files`]: opening the files an operator names: regular files only, never blocking.
 //! - [`ratelog`]: per-second budgets for the log lines clients can cause.
 //! - [`metrics`]: the Prometheus registry and its families.
 //! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
@@ -27,6 +28,7 @@ pub mod admin;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod files;
 pub mod limits;
 pub mod metrics;
 pub mod problem;

@@ -26,6 +26,15 @@
 //!    `failure`); the old config keeps serving, the completed file applies when it is
 //!    written, and SIGHUP applies the file as it is, deliberately.
 //!
+//! **Start-up.** SIGHUP is listened for before the config is first read ([`Hangup`]), and
+//! the directory watch, which starts only with the services, begins by reading the file
+//! once more: neither a signal nor an edit made while the process starts is lost.
+//!
+//! **Segment, certificate and key files** live anywhere and are polled: each is compared
+//! with the stamp of the version the running runtime loaded ([`crate::files::Stamp`], taken
+//! before reading it), so a file replaced, moved over or rewritten in place is seen whatever
+//! else happens in between; it is read once it stayed the same for one more poll.
+//!
 //! **Never dies.** A reload that fails or panics is counted in
 //! `tollgate_config_reloads_total{result="failure"}` and logged; the panic is caught, and
 //! the next edit or SIGHUP is handled as usual. Requests already running keep the
@@ -48,6 +57,7 @@ use pingora::services::ServiceReadyNotifier;
 use tokio::time::Instant;
 
 use crate::config::{self, Config, ConfigError, Loaded};
+use crate::files::Stamp;
 use crate::metrics::Metrics;
 use crate::runtime::{BuildError, Carried, Runtime};
 
@@ -114,11 +124,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads `path` (following symlinks). A file longer than a config may be is read only
-    /// one byte past the bound, for the size error.
+    /// Reads `path` (following symlinks; a regular file only, never blocking on a FIFO:
+    /// [`crate::files`]). A file longer than a config may be is read only one byte past the
+    /// bound, for the size error.
     pub fn read(path: &Path) -> std::io::Result<Snapshot> {
         use std::os::unix::fs::MetadataExt;
-        let file = std::fs::File::open(path)?;
+        let file = crate::files::open_regular(path)?;
         let meta = file.metadata()?;
         let limit = u64::try_from(config::MAX_FILE_BYTES).unwrap_or(u64::MAX);
         let mut bytes = Vec::new();
@@ -390,22 +401,29 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     /// The read the running config was loaded from.
     initial: Option<Snapshot>,
+    /// SIGHUP, listened for since before the config was read; taken when the service
+    /// starts.
+    hangup: parking_lot::Mutex<Option<Hangup>>,
 }
 
 impl Reloader {
     /// Watches `path` and reloads into `runtime`. `initial` is the read the running
-    /// config came from (its inode tells an in-place rewrite from a replacement).
+    /// config came from (its inode tells an in-place rewrite from a replacement);
+    /// `hangup`, SIGHUP listened for since before that read (`None`: listen from the
+    /// service's start).
     pub fn new(
         path: PathBuf,
         runtime: Arc<ArcSwap<Runtime>>,
         metrics: Arc<Metrics>,
         initial: Option<Snapshot>,
+        hangup: Option<Hangup>,
     ) -> Self {
         Self {
             path,
             runtime,
             metrics,
             initial,
+            hangup: parking_lot::Mutex::new(hangup),
         }
     }
 
@@ -423,22 +441,24 @@ impl Reloader {
         }
     }
 
-    /// The stamps (modification time and length) of the running config's segment files,
-    /// then of its certificate and key files, in config order; `None` for a file that
-    /// cannot be read now. A certificate rotated on disk reloads like a segment.
-    fn segment_stamps(&self) -> Vec<Option<(SystemTime, u64)>> {
+    /// The segment files, then the certificate and key files, as they are on disk now, in
+    /// config order, if any differs from the version the running runtime loaded (its
+    /// [`Segment::stamp`](crate::segments::Segment::stamp), its TLS store's stamps): a
+    /// replaced, rewritten, removed or new file. `None` when every one is as loaded. A
+    /// certificate rotated on disk reloads like a segment.
+    fn changed_files(&self) -> Option<Vec<Option<Stamp>>> {
         let rt = self.runtime.load();
-        rt.config
-            .segments
-            .iter()
+        let files = (rt.config.segments.iter())
             .map(|s| s.file.as_path())
-            .chain(crate::tls::files(&rt.config.tls))
-            .map(|file| {
-                std::fs::metadata(file)
-                    .ok()
-                    .and_then(|m| Some((m.modified().ok()?, m.len())))
-            })
-            .collect()
+            .chain(crate::tls::files(&rt.config.tls));
+        let now: Vec<Option<Stamp>> = files.map(Stamp::read).collect();
+        let certs = rt.tls.as_ref().map_or(&[][..], |t| t.stamps());
+        let loaded = (rt.config.segments.iter())
+            .map(|s| rt.segments.get(&s.name).and_then(|set| set.stamp()))
+            .chain(certs.iter().copied());
+        let mut loaded = loaded.chain(std::iter::repeat(None));
+        let same = now.iter().all(|now| loaded.next() == Some(*now));
+        (!same).then_some(now)
     }
 
     /// SIGHUP (or a changed segment file, `why` says which): read once and apply as it is.
@@ -567,13 +587,15 @@ impl BackgroundService for Reloader {
         mut shutdown: ShutdownWatch,
         ready: ServiceReadyNotifier,
     ) {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                log::error!("cannot listen for SIGHUP, reload on signal is off: {e}");
-                None
-            }
+        let mut hup = match self.hangup.lock().take() {
+            Some(h) => Some(h),
+            None => match Hangup::listen() {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    log::error!("cannot listen for SIGHUP, reload on signal is off: {e}");
+                    None
+                }
+            },
         };
         let (tx, mut rx) = tokio::sync::mpsc::channel(1);
         let _watcher = match self.watch(tx) {
@@ -592,12 +614,21 @@ impl BackgroundService for Reloader {
         );
         ready.notify_ready();
         let mut seen = self.initial.as_ref().map(Seen::of).unwrap_or_default();
-        let mut settling: Option<Settling> = None;
+        // The file was read before the directory was watched: an edit made in between
+        // raised no event, so it is read once more now, as after an event (a file that
+        // has not changed since costs one read).
+        let mut settling = Some(Settling {
+            due: Instant::now(),
+            last: None,
+            reads: 0,
+        });
         // Segment files live anywhere, so they are polled (a few stat calls a second, off
-        // the request path): a file that changed and then stayed the same for one more
-        // poll (so a half-written one is not read) reloads the config as SIGHUP would.
-        let mut stamps = self.segment_stamps();
-        let mut changed: Option<Vec<Option<(SystemTime, u64)>>> = None;
+        // the request path) against the version the running runtime loaded: a file that
+        // differs, and then stays the same for one more poll (so a half-written one is not
+        // read), reloads the config as SIGHUP would. A version whose reload failed (a
+        // corrupt file) is not tried again until it changes.
+        let mut pending: Option<Vec<Option<Stamp>>> = None;
+        let mut tried: Option<Vec<Option<Stamp>>> = None;
         let mut poll = tokio::time::interval(SEGMENT_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -620,23 +651,52 @@ impl BackgroundService for Reloader {
                     }
                 }
                 _ = poll.tick() => {
-                    let now = self.segment_stamps();
-                    if now == stamps {
-                        changed = None;
-                    } else if changed.as_ref() == Some(&now) {
-                        changed = None;
-                        self.on_signal(&mut seen, "segment file changed");
-                        stamps = self.segment_stamps();
-                    } else {
-                        changed = Some(now);
+                    match self.changed_files() {
+                        None => pending = None,
+                        Some(now) if pending.as_ref() == Some(&now) => {
+                            pending = None;
+                            if tried.as_ref() != Some(&now) {
+                                tried = Some(now);
+                                self.on_signal(&mut seen, "segment file changed");
+                            }
+                        }
+                        Some(now) => pending = Some(now),
                     }
-                    continue;
                 }
                 _ = shutdown.changed() => break,
             }
-            // A reload may have named other segment files.
-            stamps = self.segment_stamps();
         }
+    }
+}
+
+/// SIGHUP, listened for from the moment [`Hangup::listen`] is called.
+///
+/// SIGHUP's default action ends the process, and a signal that arrives before anything
+/// listens for it is lost. So the server calls [`Hangup::listen`] first thing, before it
+/// reads the config, and hands the listener to the [`Reloader`], which services start
+/// much later (on a loaded machine, after the proxy already answers): a SIGHUP sent at any
+/// point after that is applied once the reloader runs.
+pub struct Hangup(tokio::signal::unix::Signal);
+
+impl Hangup {
+    /// Registers the SIGHUP handler now and starts recording deliveries. Works outside any
+    /// runtime: tokio's handler is process-wide and stays installed, and the listener is
+    /// a channel any runtime's signal driver feeds.
+    pub fn listen() -> std::io::Result<Hangup> {
+        use tokio::signal::unix::{signal, SignalKind};
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Ok(Hangup(signal(SignalKind::hangup())?));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        let _in = rt.enter();
+        Ok(Hangup(signal(SignalKind::hangup())?))
+    }
+
+    /// Waits for the next SIGHUP (several before a wait are one).
+    pub async fn recv(&mut self) -> Option<()> {
+        self.0.recv().await
     }
 }
 
@@ -821,6 +881,7 @@ mod tests {
             runtime.clone(),
             metrics.clone(),
             Some(initial),
+            None,
         );
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let (ready, mut is_ready) = tokio::sync::watch::channel(false);

@@ -113,6 +113,8 @@ use std::path::{Path, PathBuf};
 
 use roaring::{RoaringBitmap, RoaringTreemap};
 
+use crate::files::Stamp;
+
 /// The largest segment file [`Segment::load`] reads: 1 GiB. Far above any real segment
 /// (100 M random IDs take 200 MB), low enough that a wrong path (a disk image, a log) fails
 /// fast instead of filling memory.
@@ -284,6 +286,8 @@ pub struct Segment {
     format: SegmentFormat,
     /// Size of the file it was loaded from, or of what [`Segment::write_to`] writes.
     bytes: u64,
+    /// The version of the file it was loaded from, stamped before reading it.
+    stamp: Option<Stamp>,
 }
 
 impl Segment {
@@ -303,19 +307,13 @@ impl Segment {
             size,
             max: MAX_FILE_BYTES,
         };
-        let file = File::open(path).map_err(|e| match e.kind() {
+        let file = crate::files::open_regular(path).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => SegmentError::Missing {
                 path: path.to_path_buf(),
             },
             _ => unreadable(e),
         })?;
         let meta = file.metadata().map_err(unreadable)?;
-        if !meta.is_file() {
-            return Err(unreadable(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
-        }
         if meta.len() > MAX_FILE_BYTES {
             return Err(too_large(meta.len()));
         }
@@ -328,10 +326,19 @@ impl Segment {
         if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(too_large(bytes.len() as u64));
         }
-        Segment::from_bytes(&bytes).map_err(|source| SegmentError::Corrupt {
+        let mut segment = Segment::from_bytes(&bytes).map_err(|source| SegmentError::Corrupt {
             path: path.to_path_buf(),
             source,
-        })
+        })?;
+        segment.stamp = Some(Stamp::of(&meta));
+        Ok(segment)
+    }
+
+    /// The version of the file this segment was loaded from ([`Segment::load`]; `None`
+    /// for one built in memory): the reloader compares it with the file on disk to see
+    /// that the file changed.
+    pub fn stamp(&self) -> Option<Stamp> {
+        self.stamp
     }
 
     /// Parses the bytes of a portable roaring file (32- or 64-bit, told apart as the module
@@ -342,6 +349,7 @@ impl Segment {
             ids,
             format,
             bytes: bytes.len() as u64,
+            stamp: None,
         })
     }
 
@@ -375,6 +383,7 @@ impl Segment {
             ids,
             format,
             bytes: 0,
+            stamp: None,
         };
         segment.bytes = segment.serialized_size();
         segment

@@ -40,7 +40,7 @@ use crate::proxy::edge::Edge;
 use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
-use crate::reload::{unix_now, Reloader, Snapshot};
+use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::{BuildError, Runtime};
 use crate::snapshot::service::SnapshotWriter;
@@ -102,6 +102,15 @@ impl Started {
 /// listeners in hand (from the old process in an upgrade) and the local-state snapshot
 /// loaded.
 pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
+    // First, so that a SIGHUP from now on is applied (once the reloader runs), never lost
+    // nor fatal (its default action ends the process).
+    let hangup = match Hangup::listen() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            log::error!("cannot listen for SIGHUP, reload on signal is off: {e}");
+            None
+        }
+    };
     // Before anything else: a predecessor's upgrade snapshot is written after this.
     let started_at = snapshot::unix_nanos();
     // Read once, as the reloader reads: it compares later reads with this one.
@@ -133,7 +142,7 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         pid_file: opts.pid_file.clone(),
         // Idle pooled upstream connections hold descriptors too: never more of them than
         // the derived connection cap allows for (`safe_max_connections`).
-        upstream_keepalive_pool_size: UPSTREAM_POOL.min(derived_max as usize),
+        upstream_keepalive_pool_size: pool_per_thread(derived_max, server_cfg.threads),
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -221,7 +230,13 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     }
     server.add_service(background_service(
         "config reloader",
-        Reloader::new(opts.config.clone(), runtime, metrics, Some(snapshot)),
+        Reloader::new(
+            opts.config.clone(),
+            runtime,
+            metrics,
+            Some(snapshot),
+            hangup,
+        ),
     ));
     server.add_service(background_service(
         "snapshot writer",
@@ -230,8 +245,18 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     Ok(Started { server, snapshots })
 }
 
-/// Pingora's default size of the idle upstream connection pool.
+/// Pingora's default size of the idle upstream connection pool, per worker thread.
 const UPSTREAM_POOL: usize = 128;
+
+/// Pingora's `upstream_keepalive_pool_size` for `threads` worker threads: Pingora keeps one
+/// pool (an LRU) of that size × `threads` idle upstream connections (`ConnectorOptions::
+/// from_server_conf`), so 256 with its default of 128 and two threads. At most
+/// [`UPSTREAM_POOL`] per thread, and never more in all than `derived_max`, the connection
+/// cap the open-file limit carries with one idle pooled connection per client connection
+/// ([`safe_max_connections`]).
+fn pool_per_thread(derived_max: u32, threads: usize) -> usize {
+    (derived_max as usize / threads.max(1)).clamp(1, UPSTREAM_POOL)
+}
 
 /// Descriptors kept out of the connection budget: stdio, listeners, the runtimes' epoll
 /// and event descriptors, the config watcher (about 35 with two threads) and headroom.
@@ -324,6 +349,16 @@ impl BackgroundService for DrainWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upstream_pool_stays_within_the_connection_budget() {
+        // 128 a thread (Pingora's default) while the budget allows it in all.
+        assert_eq!(pool_per_thread(4096, 2), 128);
+        assert_eq!(pool_per_thread(4096, 64), 64);
+        // (256 - 64) / 3 = 64 connections: 32 idle a thread, 64 in all.
+        assert_eq!(pool_per_thread(safe_max_connections(Some(256)), 2), 32);
+        assert_eq!(pool_per_thread(1, 4), 1);
+    }
 
     #[test]
     fn connection_budget_follows_the_open_file_limit() {

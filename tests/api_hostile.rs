@@ -30,7 +30,7 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// Waits (bounded) until the server has counted every connection closed.
 fn all_closed(server: &ApiServer) {
-    for _ in 0..500 {
+    for _ in 0..1_500 {
         if server.service.connections() == 0 {
             return;
         }
@@ -259,7 +259,7 @@ fn connections_beyond_the_cap_are_refused_with_an_error() {
     drop(a);
     // A freed slot is taken again.
     let mut ok = false;
-    for _ in 0..100 {
+    for _ in 0..1_500 {
         let mut d = server.raw();
         if exchange(&mut d, b"PING\r\n", 7) == b"+PONG\r\n" {
             ok = true;

@@ -1,12 +1,23 @@
 //! `tollgate check`: validate a config as a start or a reload would, without starting
 //! anything (upstream names resolved, every certificate and key loaded and checked);
 //! optionally print the effective config.
+//!
+//! Beyond the config's own checks it does what a start does with the world: resolves every
+//! upstream name, loads every certificate, key and segment file, so a file a start would
+//! refuse is refused here too. The rest of a start's runtime build can only fail on
+//! parameters the config reader already checked, or for want of memory; building it here
+//! would cost what the running process costs (a `check` run by `systemctl reload` beside it
+//! would double that), so it is left out, as are binding the listeners (a running tollgate
+//! holds them while `check` validates its next config) and loading the snapshot (a bad one
+//! is a warning at start, never a refusal).
 
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::cli::print_out;
 use crate::config::{self, effective, ConfigError};
 use crate::runtime::upstreams::Upstreams;
+use crate::segments::Segment;
 use crate::tls::{self, TlsStore};
 
 /// Seconds since the Unix epoch, for certificate expiry warnings.
@@ -32,6 +43,13 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
                     unresolved += 1;
                 }
             }
+            // And load every segment file, as the runtime build does.
+            for spec in &loaded.config.segments {
+                if let Err(e) = Segment::load(&spec.file) {
+                    eprintln!("{}: segment `{}`: {e}", path.display(), spec.name);
+                    unresolved += 1;
+                }
+            }
             // And load every certificate and key, as the runtime does.
             let mut tls_warnings = Vec::new();
             match TlsStore::build(&loaded.config.tls, None) {
@@ -54,7 +72,11 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
             let warnings = loaded.warnings.len() + tls_warnings.len();
             if print_effective {
                 match effective::to_yaml(&loaded.config) {
-                    Ok(yaml) => print!("{yaml}"),
+                    Ok(yaml) => {
+                        if print_out(&yaml) != ExitCode::SUCCESS {
+                            return ExitCode::from(1);
+                        }
+                    }
                     Err(e) => {
                         eprintln!("{}: cannot print the effective config: {e}", path.display());
                         return ExitCode::from(1);
@@ -74,17 +96,19 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
                 0 => String::new(),
                 n => format!("{n} resources, "),
             };
+            let memory = config::memory_estimate(&loaded.config);
             let ok = format!(
-                "{}: ok ({origins} origins, {limits} limits, {resources}{warnings} warnings)",
+                "{}: ok ({origins} origins, {limits} limits, {resources}{warnings} warnings), about {} of memory",
                 path.display(),
+                config::human_bytes(memory)
             );
             // With --print-effective stdout is the YAML alone, so it can be piped.
             if print_effective {
                 eprintln!("{ok}");
+                ExitCode::SUCCESS
             } else {
-                println!("{ok}");
+                print_out(&format!("{ok}\n"))
             }
-            ExitCode::SUCCESS
         }
         Err(ConfigError::Invalid(diags)) => {
             for d in &diags {

@@ -1,8 +1,8 @@
 //! `tollgate schema`: print the config's JSON Schema (see [`crate::config::schema`]).
 
-use std::io::Write;
 use std::process::ExitCode;
 
+use crate::cli::print_out;
 use crate::config::schema;
 
 /// Prints the schema on stdout. Exit code 1 when the generator lacks a key the reader
@@ -15,12 +15,5 @@ pub fn schema() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tollgate schema: cannot write: {e}");
-            ExitCode::from(1)
-        }
-    }
+    print_out(&text)
 }

@@ -6,6 +6,7 @@ use std::io::{BufReader, Read};
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::cli::print_out;
 use crate::segments::{self, Segment};
 
 /// Builds `out` from the IDs in `from` (`-` reads standard input). Every bad line is
@@ -32,16 +33,14 @@ pub fn build(from: &Path, out: &Path) -> ExitCode {
     };
     match segment.write_to(out) {
         Ok(bytes) => {
-            println!("{report}");
-            println!(
-                "wrote {} ({bytes} bytes, {})",
-                out.display(),
-                segment.format()
-            );
             if report.ids == 0 {
                 eprintln!("warning: the segment is empty: it matches nobody");
             }
-            ExitCode::SUCCESS
+            print_out(&format!(
+                "{report}\nwrote {} ({bytes} bytes, {})\n",
+                out.display(),
+                segment.format()
+            ))
         }
         Err(e) => {
             eprintln!("{e}");
@@ -53,10 +52,7 @@ pub fn build(from: &Path, out: &Path) -> ExitCode {
 /// Prints what a segment file holds.
 pub fn info(file: &Path) -> ExitCode {
     match Segment::load(file) {
-        Ok(segment) => {
-            println!("{}", segment.info());
-            ExitCode::SUCCESS
-        }
+        Ok(segment) => print_out(&format!("{}\n", segment.info())),
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(1)

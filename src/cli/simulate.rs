@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::cli::print_out;
 use crate::config::{self, ConfigError};
 use crate::simulate::replay::Engine;
 use crate::simulate::report::{self, Report, Run};
@@ -175,13 +176,8 @@ pub fn simulate(args: &Args) -> ExitCode {
         _ => Ok(String::new()),
     };
     match out {
-        Ok(text) => {
-            print!("{text}");
-            if args.json {
-                println!();
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(text) if args.json => print_out(&format!("{text}\n")),
+        Ok(text) => print_out(&text),
         Err(e) => {
             eprintln!("tollgate simulate: cannot write the report: {e}");
             ExitCode::from(1)

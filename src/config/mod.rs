@@ -35,6 +35,7 @@ mod yaml;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use bounds::{human as human_bytes, memory_estimate};
 pub use model::*;
 pub use parse::{load, parse_bytes, parse_str, ConfigError, Loaded};
 pub use resources::{API_ORIGIN, UNCONFIGURED};

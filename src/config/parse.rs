@@ -85,7 +85,7 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let limit = u64::try_from(text::MAX_FILE_BYTES).unwrap_or(u64::MAX);
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
+    crate::files::open_regular(path)?
         .take(limit.saturating_add(1))
         .read_to_end(&mut bytes)?;
     Ok(bytes)

@@ -147,6 +147,10 @@ pub(crate) fn resolve(
         Some(LimitParams::Inflight { max, sketch }) => {
             saturation_warning(r, spec, *max, *sketch, known.connections);
         }
+        // A resource's copies are held by limiter API connections, not proxy requests.
+        Some(LimitParams::Concurrency { max_keys, .. }) if !spec.path.starts_with("resources") => {
+            untracked_warning(r, spec, *max_keys, known.connections);
+        }
         _ => {}
     }
     if kind == Kind::Rate {
@@ -572,6 +576,35 @@ fn ignored_sketch(r: &mut Report, spec: &LimitSpec) {
             "rate limits are exact per key; `sketch` is ignored, size the table with `max_keys`",
         );
     }
+}
+
+/// Warns when a concurrency limit's table holds fewer keys than the requests the proxy can
+/// have in flight ([`max_in_flight`]: the connection cap, one request a connection). Past
+/// its size a key whose set of 8 slots is full is admitted *untracked*: its own `max` is
+/// not checked against the copies it already holds (`limits::concurrency`, counted in
+/// `tollgate_concurrency_untracked_total`). At `max_keys` ≥ 10 × the cap that practically
+/// never happens, which is what the warning suggests. It points at `max_keys` when written,
+/// else at the limit.
+fn untracked_warning(r: &mut Report, spec: &LimitSpec, max_keys: usize, connections: &Connections) {
+    let in_flight = max_in_flight(connections);
+    if max_keys as u64 >= in_flight {
+        return;
+    }
+    let (pos, path) = (spec.max_keys.as_ref())
+        .filter(|m| m.path.starts_with(&spec.path))
+        .map_or((spec.pos, &spec.path), |m| (m.pos, &m.path));
+    let cap = match connections.max_connections {
+        Some(_) => format!("`server.max_connections` ({in_flight})"),
+        None => format!("the connection cap (at most {in_flight})"),
+    };
+    r.warn(
+        pos,
+        path,
+        format!(
+            "max_keys {max_keys} is fewer keys than the requests {cap} can hold at once: past it, a key whose slots are full is admitted untracked, its own max unchecked (counted in tollgate_concurrency_untracked_total); raise `max_keys` to {} or more",
+            in_flight.saturating_mul(10)
+        ),
+    );
 }
 
 /// Warns when an inflight sketch is small for its `max` with the most requests in flight

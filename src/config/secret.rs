@@ -78,7 +78,7 @@ pub(crate) fn read(
     let base = Path::new(file).parent().unwrap_or_else(|| Path::new(""));
     let at = base.join(name);
     let shown = at.display();
-    let read = std::fs::File::open(&at).and_then(|f| {
+    let read = crate::files::open_regular(&at).and_then(|f| {
         let mut text = String::new();
         f.take(MAX_SECRET_BYTES + 1).read_to_string(&mut text)?;
         Ok(text)

@@ -21,6 +21,9 @@
 //!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
 //!   in the same kind of fixed table with preallocated log arenas.
 //!
+//! - [`victim`]: which key a full set of a per-key table forgets for a new one: the one
+//!   whose forgetting would wrongly admit least (each kind scores its keys).
+//!
 //! - [`heavy`]: not a limiter: a windowed count-min sketch with two top-k lists, the
 //!   heaviest keys of a limit for the admin API (`top_keys`).
 //!
@@ -46,6 +49,7 @@ pub mod sliding_log;
 pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;
+pub mod victim;
 
 pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};

@@ -47,10 +47,15 @@
 //!
 //! **Eviction.** A new key takes an empty slot of its set, else a slot whose log is empty
 //! by `now` (that equals absent: nothing is lost). Failing both, it evicts the log whose
-//! newest entry expires first (the one nearest to empty); that key forgets its log and
-//! fails open until it fills again. That is the price of bounded memory, counted by
-//! [`SlidingLog::evictions`]; as in the token bucket, eviction starts before `max_keys`
-//! keys hold entries (0.01% of them beyond their set at `max_keys / 4`, 0.8% at half).
+//! forgetting would wrongly admit least ([`crate::limits::victim`]): the one furthest from
+//! its cap (the room a new key has minus the room it has left), and of those the one whose
+//! newest entry expires first. A key at its cap is thus never evicted while its set holds a
+//! key further from a cap, so a flood of fresh keys (one entry each) cannot free a key
+//! capped at 2 or more; the victim module's doc gives the flood that still can. The evicted
+//! key forgets its log and fails open until it fills again. That is the price of bounded
+//! memory, counted by [`SlidingLog::evictions`]; as in the token bucket, eviction starts
+//! before `max_keys` keys hold entries (0.01% of them beyond their set at `max_keys / 4`,
+//! 0.8% at half).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -59,6 +64,7 @@ use parking_lot::Mutex;
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
 use crate::limits::verdict::{Grant, Verdict};
+use crate::limits::victim;
 
 /// Slots per set, as in the token bucket.
 const WAYS: usize = 8;
@@ -480,27 +486,45 @@ impl SlidingLog {
         log.slot.len = len + cost;
     }
 
-    /// The way a new key takes: `empty` if it is a way, else a log empty by `now` if any,
-    /// else (counted) the log whose newest entry expires first.
+    /// The way a new key takes: `empty` if it is a way, else the log of least
+    /// [`Score`](victim::Score) (see [`SlidingLog::score`]); taking a live one is counted.
     fn victim(&self, slots: &[Slot; WAYS], set: usize, empty: usize, now: Nanos) -> usize {
         if empty < WAYS {
             return empty;
         }
-        let mut best = (Nanos::MAX, 0);
-        for (way, slot) in slots.iter().enumerate() {
+        let (way, evicts) = victim::choose(slots.iter().enumerate().map(|(way, slot)| {
             let mut slot = *slot;
             let log = Log {
                 slot: &mut slot,
                 ring: self.ring(set, way),
             };
-            let expire = log.newest().map_or(0, |n| self.expire(n, self.longest));
-            if expire <= now {
-                return way;
-            }
-            best = best.min((expire, way));
+            self.score(&log, now)
+        }));
+        if evicts {
+            self.evictions.0.fetch_add(1, Relaxed);
         }
-        self.evictions.0.fetch_add(1, Relaxed);
-        best.1
+        way
+    }
+
+    /// What forgetting `log` would wrongly admit at `now`: its loss is the room a new key
+    /// has (the smallest window `max`) minus the room it has left (the smallest `max −
+    /// count` over the windows), so a capped key loses its whole cap and a key with one
+    /// entry loses 1; it empties when its newest entry leaves the longest window.
+    fn score(&self, log: &Log<'_>, now: Nanos) -> victim::Score {
+        let Some(newest) = log.newest() else {
+            return victim::Score::FREE;
+        };
+        let (mut fresh, mut room) = (u64::MAX, u64::MAX);
+        for w in self.windows.iter() {
+            let count = u64::from(log.slot.len - self.first_live(log, w.per, now));
+            fresh = fresh.min(w.max);
+            room = room.min(w.max.saturating_sub(count));
+        }
+        victim::Score::new(
+            fresh.saturating_sub(room),
+            self.expire(newest, self.longest),
+            now,
+        )
     }
 
     /// The set index of `key` (already mapped away from 0), by Lemire's multiply-high.
@@ -1042,6 +1066,67 @@ mod tests {
             assert!(allowed(&log, spread(i), 1, i));
         }
         assert_eq!((log.len(), log.evictions()), (1_000, 19_000));
+    }
+
+    /// Requests of new keys, each sent `times` times 10 µs apart from `from`, until the
+    /// capped `user` would be admitted again; `None` if it is still refused after `most`.
+    fn flood_frees(log: &SlidingLog, user: u64, times: u64, most: u64, from: Nanos) -> Option<u64> {
+        let mut sent = 0;
+        for i in 0.. {
+            let key = spread(1_000_000 + i);
+            for _ in 0..times {
+                log.acquire(key, 1, from + sent * 10_000);
+                sent += 1;
+            }
+            if log.peek(user, 1, from + sent * 10_000).allowed {
+                return Some(sent);
+            }
+            if sent >= most {
+                return None;
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_frees_a_capped_key() {
+        // The case: a user capped at 3 a day, then a flood of fresh keys. Before
+        // victims were scored, the capped idle log was the one emptying first, so it was
+        // evicted: after 92 545 requests with the default max_keys, 940 with max_keys 1 000
+        // (measured with this test on the old victim choice).
+        let caps = [w(3, DAY), w(10, WEEK)];
+        for max_keys in [1_000, 100_000] {
+            let log = SlidingLog::new(&caps, max_keys).unwrap();
+            let user = spread(7);
+            for hour in 0..3 {
+                assert!(allowed(&log, user, 1, hour * HOUR));
+            }
+            assert!(!allowed(&log, user, 1, 3 * HOUR));
+            let freed = flood_frees(&log, user, 1, 350_000, 4 * HOUR);
+            assert_eq!(freed, None, "max_keys {max_keys}");
+            assert!(
+                log.evictions() > 350_000 - max_keys as u64,
+                "{}",
+                log.evictions()
+            );
+            assert!(!allowed(&log, user, 1, 5 * HOUR));
+        }
+        // Flood keys each capped themselves (3 requests each) can free it once 7 of them
+        // share its set: about 7 · 125 keys for max_keys 1 000 (victim module doc).
+        let log = SlidingLog::new(&caps, 1_000).unwrap();
+        let user = spread(7);
+        for hour in 0..3 {
+            assert!(allowed(&log, user, 1, hour * HOUR));
+        }
+        // (Measured: 940 keys, 2 820 requests.)
+        let freed = flood_frees(&log, user, 3, 1_000_000, 4 * HOUR);
+        assert!(freed.is_some_and(|n| n > 1_000), "{freed:?}");
+        // With a cap of 1, every admitted key is capped: fresh keys free an idle capped
+        // one once its set is full of newer ones.
+        let log = SlidingLog::new(&[w(1, DAY)], 1_000).unwrap();
+        assert!(allowed(&log, user, 1, 0));
+        let freed = flood_frees(&log, user, 1, 1_000_000, HOUR);
+        assert!(freed.is_some(), "{freed:?}");
     }
 
     #[test]

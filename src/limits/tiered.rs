@@ -94,11 +94,16 @@
 //! **Dropping and eviction.** A key whose tiers are all inactive and whose windows are empty
 //! behaves exactly like a new key, so its slot is free: the set keeps the instant each way's
 //! state becomes empty, and a way past it is reused as empty. A new key takes an empty or
-//! expired way first; failing both it evicts the way whose state empties soonest, counted by
-//! [`TieredLimiter::evictions`]. An evicted key starts again as new (no tier entered, empty
-//! windows): it fails open, it is never wrongly denied. Keys hash uniformly to sets, so, as for
-//! the token bucket, eviction starts before `max_keys` keys hold state (0.8% of keys beyond
-//! their set's ways at half load); size `max_keys` at twice the keys expected at once.
+//! expired way first; failing both it evicts the key whose forgetting would wrongly admit
+//! least ([`crate::limits::victim`]): the one that can still take the most of what a new key
+//! could (through its hard limit and the tiers its burst reaches), and of those the one whose
+//! state empties soonest, counted by [`TieredLimiter::evictions`]. A key held in a closed or
+//! top tier is thus never evicted while its set holds a key further from its limits, so a
+//! flood of fresh keys cannot release it (the victim module's doc gives the flood that
+//! still can). An evicted key starts again as new (no tier entered, empty windows): it fails
+//! open, it is never wrongly denied. Keys hash uniformly to sets, so, as for the token
+//! bucket, eviction starts before `max_keys` keys hold state (0.8% of keys beyond their
+//! set's ways at half load); size `max_keys` at twice the keys expected at once.
 
 use std::cell::Cell;
 use std::fmt;
@@ -111,6 +116,7 @@ use thiserror::Error;
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
 use crate::limits::verdict::{Verdict, NEVER};
+use crate::limits::victim;
 
 /// Tiers a limit may have: enough for any penalty ladder, few enough that the per-key
 /// metadata stays in one or a few cache lines and the decision's scratch lives on the stack.
@@ -1524,7 +1530,7 @@ impl TieredLimiter {
         let way = if hit < WAYS {
             hit
         } else {
-            self.victim(heads, empty, now)
+            self.victim(heads, set, empty, now)
         };
         heads[way] = Head {
             key,
@@ -1542,21 +1548,35 @@ impl TieredLimiter {
         way
     }
 
-    /// The way a new key takes: `empty` if it is a way, else one whose state has emptied by
-    /// `now`, else (counted) the one whose state empties soonest.
-    fn victim(&self, heads: &[Head; WAYS], empty: usize, now: Nanos) -> usize {
+    /// The way a new key takes: `empty` if it is a way, else the way of least
+    /// [`Score`](victim::Score) (see [`TieredLimiter::score`]); taking a live one is counted.
+    fn victim(&self, heads: &[Head; WAYS], set: usize, empty: usize, now: Nanos) -> usize {
         if empty < WAYS {
             return empty;
         }
-        let mut best = (Nanos::MAX, 0);
-        for (way, head) in heads.iter().enumerate() {
-            let score = if head.expires <= now { 0 } else { head.expires };
-            best = best.min((score, way));
-        }
-        if best.0 != 0 {
+        let fresh = self.fresh_view(now).fits_at(now, None);
+        let (way, evicts) = victim::choose(
+            (heads.iter().enumerate()).map(|(way, head)| self.score(set, way, head, fresh, now)),
+        );
+        if evicts {
             self.evictions.0.fetch_add(1, Ordering::Relaxed);
         }
-        best.1
+        way
+    }
+
+    /// What forgetting the key in `way` of `set` would wrongly admit at `now`: its loss is
+    /// what a new key could take at once (`fresh`: the hard limit and every tier a burst
+    /// reaches) minus what this key can take (its current tier, the tiers its burst can still
+    /// enter, its hard limit's room), so a key in a closed tier or at the top of its tiers
+    /// loses everything and a key with one hit in tier 1 loses 1; it empties when its head
+    /// says (every tier inactive, every window empty). The global limit is the same for every
+    /// key and is left out.
+    fn score(&self, set: usize, way: usize, head: &Head, fresh: u64, now: Nanos) -> victim::Score {
+        if head.expires <= now {
+            return victim::Score::FREE;
+        }
+        let room = self.view(set * WAYS + way, head.base).fits_at(now, None);
+        victim::Score::new(fresh.saturating_sub(room), head.expires, now)
     }
 
     /// Loads the metadata of the way whose fingerprint matches `key`'s, or of every way of
@@ -2438,13 +2458,16 @@ mod tests {
         for key in 2..=8 {
             assert!(l.acquire(key, SEC).verdict.allowed);
         }
-        // Key 9 evicts the state that empties soonest: key 1's.
+        // Key 9 evicts the key whose forgetting admits least: one of those with one hit
+        // (key 8, in the first way of equals), never key 1, at its limit.
         assert!(l.acquire(9, SEC).verdict.allowed);
         assert_eq!((l.len(SEC), l.evictions()), (8, 1));
-        // Key 1 starts again as new: it fails open, never wrongly denied.
-        assert_eq!(l.available(1, SEC), 2);
-        assert_eq!(brief(l.acquire(1, SEC)), (true, 1, ADMIT));
+        assert!(!l.acquire(1, SEC).verdict.allowed);
+        // Key 8 starts again as new: it fails open, never wrongly denied.
+        assert_eq!(l.available(8, SEC), 2);
+        assert_eq!(brief(l.acquire(8, SEC)), (true, 1, ADMIT));
         assert_eq!(l.evictions(), 2);
+        assert_eq!(l.available(1, SEC), 0);
         // At 10 min 1 s every state has emptied: newcomers reuse ways without evicting.
         let later = 10 * MINUTE + SEC;
         assert!(l.is_empty(later));
@@ -2452,6 +2475,61 @@ mod tests {
             assert!(l.acquire(key, later).verdict.allowed);
         }
         assert_eq!((l.len(later), l.evictions()), (8, 2));
+    }
+
+    /// Requests of new keys, each sent `times` times 10 µs apart from `from`, until `user`
+    /// would be admitted again; `None` if it is still refused after `most`.
+    fn flood_frees(
+        l: &TieredLimiter,
+        user: u64,
+        times: u64,
+        most: u64,
+        from: Nanos,
+    ) -> Option<u64> {
+        let mut sent = 0;
+        for i in 0.. {
+            let key = spread(1_000_000 + i);
+            for _ in 0..times {
+                l.acquire(key, from + sent * 10_000);
+                sent += 1;
+            }
+            if l.available(user, from + sent * 10_000) > 0 {
+                return Some(sent);
+            }
+            if sent >= most {
+                return None;
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_frees_a_capped_key() {
+        // A user at its limit of 3 a day, then a flood of fresh keys. Before victims were
+        // scored, the idle capped key was the one emptying first, so it was evicted: after
+        // 940 requests with max_keys 1 000, 92 545 with 100 000 (this test on the old
+        // choice).
+        let capped = [tier(3, DAY, DAY, 0)];
+        // Or held in a closed penalty tier: 2 more in a minute, then closed for an hour.
+        let penalty = [tier(3, DAY, DAY, 0), tier(2, MINUTE, MINUTE, HOUR)];
+        for (tiers, needed) in [(&capped[..], 3), (&penalty[..], 5)] {
+            for max_keys in [1_000, 100_000] {
+                let l = TieredLimiter::new(&params(tiers, None, None), max_keys).unwrap();
+                let user = spread(7);
+                for i in 0..needed {
+                    assert!(l.acquire(user, i * MINUTE / 10).verdict.allowed);
+                }
+                assert!(!l.acquire(user, 2 * MINUTE).verdict.allowed);
+                let freed = flood_frees(&l, user, 1, 350_000, 3 * MINUTE);
+                assert_eq!(freed, None, "max_keys {max_keys}, {} tiers", tiers.len());
+                assert!(
+                    l.evictions() > 350_000 - max_keys as u64,
+                    "{}",
+                    l.evictions()
+                );
+                assert!(!l.acquire(user, 4 * MINUTE).verdict.allowed);
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //!   use), read from its local truth without a store call.
 //! - `tollgate_concurrency_max{origin,limit,group}`: the max each of those series is held
 //!   against (`_all`: the `global` limit, when set), so an alert can compare the two.
+//! - `tollgate_concurrency_untracked_total{origin,limit}`: admissions made untracked
+//!   because the key's set of the table was full of holding keys (the key's own `max` was
+//!   not checked against what it held: `limits::concurrency`); for a limit in a shared
+//!   store, its local fallback's.
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
 //! - `tollgate_tls_certificate_expiry_timestamp_seconds{cert}`: each served certificate's
 //!   `notAfter` (Unix seconds), by certificate file: a replaced certificate's new date shows
@@ -52,6 +56,8 @@ pub struct RuntimeCollector {
     in_use: IntGaugeVec,
     /// `tollgate_concurrency_max`.
     max: IntGaugeVec,
+    /// `tollgate_concurrency_untracked_total`.
+    untracked: IntCounterVec,
     /// `tollgate_kill_switch`.
     kill: IntGauge,
     /// `tollgate_tls_certificate_expiry_timestamp_seconds`.
@@ -106,6 +112,13 @@ impl RuntimeCollector {
             ),
             &["origin", "limit", "group"],
         )?;
+        let untracked = IntCounterVec::new(
+            Opts::new(
+                "tollgate_concurrency_untracked_total",
+                "Concurrency admissions made untracked because the key's slots in the table were full of holding keys: the key's own max was not checked (raise max_keys).",
+            ),
+            &["origin", "limit"],
+        )?;
         let kill = IntGauge::new(
             "tollgate_kill_switch",
             "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
@@ -126,6 +139,7 @@ impl RuntimeCollector {
             tier_entries,
             in_use,
             max,
+            untracked,
             kill,
         })
     }
@@ -153,6 +167,7 @@ impl Collector for RuntimeCollector {
         desc.extend(self.tier_entries.desc());
         desc.extend(self.in_use.desc());
         desc.extend(self.max.desc());
+        desc.extend(self.untracked.desc());
         desc.extend(self.kill.desc());
         desc.extend(self.cert_expiry.desc());
         desc
@@ -162,6 +177,7 @@ impl Collector for RuntimeCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let rt = self.runtime.load();
         let (mut buckets, mut rates, mut others) = (Totals::new(), Totals::new(), Totals::new());
+        let mut untracked = Totals::new();
         let mut tiers: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
         self.in_use.reset();
         self.max.reset();
@@ -194,6 +210,7 @@ impl Collector for RuntimeCollector {
                         *others.entry(key).or_default() += l.state.evictions();
                     }
                     Limiter::Concurrency(c) => {
+                        *untracked.entry(at.to_vec()).or_default() += c.state.untracked_total();
                         let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
                         all.add(c.state.in_use_global() as i64);
                         if let Some(global) = c.params.global {
@@ -224,6 +241,7 @@ impl Collector for RuntimeCollector {
                         *others.entry(key).or_default() += l.limiter.evictions();
                     }
                     Limiter::SharedConcurrency(c) => {
+                        *untracked.entry(at.to_vec()).or_default() += c.limiter.untracked_total();
                         // This instance's copies (exact): the fleet's is their sum.
                         let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
                         all.add(gauge(c.limiter.in_use_here()));
@@ -253,6 +271,7 @@ impl Collector for RuntimeCollector {
         let mut families = counters(&self.evictions, buckets);
         families.extend(counters(&self.rate_evictions, rates));
         families.extend(counters(&self.limit_evictions, others));
+        families.extend(counters(&self.untracked, untracked));
         self.tier_entries.reset();
         for ((origin, limit, tier), total) in tiers {
             let tier = tier.to_string();

@@ -46,12 +46,20 @@ impl Opened {
 }
 
 /// Writes a snapshot to `path` atomically (see the module doc): `header`, then what `body`
-/// writes, then the trailer. Returns `body`'s result and the bytes written.
+/// writes, then the trailer. Returns `body`'s result and the bytes written. Something at
+/// `path` that is not a regular file (a FIFO, a device) is refused, never replaced.
 pub fn write<T>(
     path: &Path,
     header: &Header,
     body: impl FnOnce(&mut Sink<BufWriter<&File>>) -> io::Result<T>,
 ) -> io::Result<(T, u64)> {
+    if crate::files::exists_but_not_regular(path) {
+        // A FIFO or a device is the operator's, never a snapshot to be replaced.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "it is not a regular file, so it is not replaced",
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -92,7 +100,7 @@ fn context(e: io::Error, what: &str) -> io::Error {
 /// whose checksum does not match, or written by a build with another key-hash
 /// `fingerprint`.
 pub fn open(path: &Path, max: u64, fingerprint: u64) -> Result<Option<Opened>, FormatError> {
-    let mut file = match File::open(path) {
+    let mut file = match crate::files::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -165,7 +173,7 @@ impl<R: Read> Read for Counted<R> {
 /// The header of the snapshot at `path`, unverified (a peek, for a successor waiting at an
 /// upgrade to see who wrote the file and why); `None` if there is none or it is not one.
 pub fn peek(path: &Path) -> Option<Header> {
-    let mut file = BufReader::new(File::open(path).ok()?);
+    let mut file = BufReader::new(crate::files::open_regular(path).ok()?);
     let mut start = [0u8; START as usize];
     file.read_exact(&mut start).ok()?;
     check_start(&start).ok()?;

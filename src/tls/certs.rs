@@ -63,7 +63,7 @@ impl std::fmt::Debug for LoadedCert {
 /// Reads `file` whole, at most [`MAX_PEM_BYTES`].
 pub fn read_pem_file(file: &Path) -> Result<Vec<u8>, CertError> {
     let mut bytes = Vec::new();
-    std::fs::File::open(file)
+    crate::files::open_regular(file)
         .and_then(|f| f.take(MAX_PEM_BYTES + 1).read_to_end(&mut bytes))
         .map_err(|e| CertError::new(file, format!("cannot read: {e}")))?;
     if bytes.len() as u64 > MAX_PEM_BYTES {

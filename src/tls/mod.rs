@@ -25,6 +25,7 @@ use std::sync::Arc;
 use openssl::ssl::SslAcceptor;
 
 use crate::config::{Config, Tls};
+use crate::files::Stamp;
 pub use certs::{CertError, LoadedCert};
 
 /// A certificate expiring sooner than this gets a warning from `check` and at load.
@@ -67,6 +68,9 @@ pub struct TlsStore {
     settings: Tls,
     /// Each certificate's and key's bytes as read, in config order.
     bytes: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The version of each file ([`files`] order) taken before it was read: the reloader
+    /// compares the files on disk with it to see a rotated certificate.
+    stamps: Vec<Option<Stamp>>,
 }
 
 impl std::fmt::Debug for TlsStore {
@@ -88,6 +92,7 @@ impl TlsStore {
         if tls.certificates.is_empty() {
             return Ok(None);
         }
+        let stamps: Vec<Option<Stamp>> = files(tls).map(Stamp::read).collect();
         let mut loaded = Vec::with_capacity(tls.certificates.len());
         for spec in &tls.certificates {
             loaded.push(certs::load(&spec.cert, &spec.key)?);
@@ -99,7 +104,15 @@ impl TlsStore {
                 return Ok(Some(prev.clone()));
             }
         }
-        Self::from_certs(tls, loaded, tls.default).map(|s| Some(Arc::new(s)))
+        let mut store = Self::from_certs(tls, loaded, tls.default)?;
+        store.stamps = stamps;
+        Ok(Some(Arc::new(store)))
+    }
+
+    /// The version of each file ([`files`] order) this store was loaded from, stamped
+    /// before reading it (empty for a store built from certificates in memory).
+    pub fn stamps(&self) -> &[Option<Stamp>] {
+        &self.stamps
     }
 
     /// A store serving `certs` (`default`: the index of the one for no or an unknown
@@ -131,6 +144,7 @@ impl TlsStore {
             certs: infos,
             settings: tls.clone(),
             bytes: certs.into_iter().map(|c| c.bytes).collect(),
+            stamps: Vec::new(),
         })
     }
 }

@@ -163,7 +163,7 @@ origins:
 
     // Polled: the snapshot and the store's first call come a moment after the requests.
     let mut missing = wanted.clone();
-    for _ in 0..250 {
+    for _ in 0..1_500 {
         let text = t.metrics_text().await;
         let scraped: BTreeSet<&str> = text
             .lines()

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{eventually, Tollgate, Upstream};
 use fleet::{
-    bucket, burst, config, fleet, get, get_bytes, no_fallback, status, wait_up, Traffic, FALLBACK,
-    ROOMY, SHARED, UP,
+    bucket, burst, config, fleet, get, get_bytes, hold_admitted, no_fallback, status, wait_up,
+    Traffic, FALLBACK, ROOMY, SHARED, UP,
 };
 use harness::RedisServer;
 
@@ -70,7 +70,9 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
     // max N per 1 s: the windows are whole seconds of Redis's clock, which is this
     // machine's clock. After the first (partial) window, a saturated sliding window admits
     // N per window at a steady pace, so the answers of whole windows count N each.
-    const N: f64 = 200.0;
+    // Low enough that a client on a loaded machine still sends several times the max in
+    // every window (at 200, under stress-ng it sent 252 to 430: gaps it could not make up).
+    const N: f64 = 50.0;
     const WINDOWS: u64 = 3;
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
@@ -112,10 +114,14 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
         .filter(|s| s.status != 200 && s.status != 429)
         .count();
     assert_eq!(bad, 0, "answers other than 200 and 429");
-    // The load must saturate the limit all along, or the count means nothing.
+    // The load must saturate the limit, or the count means nothing: more requests than
+    // the max in every window (a busy machine's client may send few more; a gap before a
+    // window's end is allowed for below).
+    let mut sent_per_window = Vec::new();
     for w in from..to {
         let sent = within.iter().filter(|s| secs(s.at) as u64 == w).count() as f64;
-        assert!(sent > 2.0 * N, "window {w}: only {sent} requests sent");
+        assert!(sent > N, "window {w}: only {sent} requests sent");
+        sent_per_window.push(sent);
     }
     let want = N * WINDOWS as f64;
     let slack = want / 100.0;
@@ -138,7 +144,7 @@ async fn three_instances_share_a_rate_within_one_percent_over_several_periods() 
         .sum();
     assert!(
         admitted <= want + slack && admitted + straddling + tail >= want - slack,
-        "admitted {admitted} (+ {straddling} straddling an edge, + {tail:.1} for idle window ends) in {WINDOWS} windows of max {N} (want {want} ± 1%)"
+        "admitted {admitted} (+ {straddling} straddling an edge, + {tail:.1} for idle window ends) in {WINDOWS} windows of max {N} (want {want} ± 1%; sent {sent_per_window:?})"
     );
     no_fallback(&all).await;
 }
@@ -383,25 +389,23 @@ async fn an_instance_killed_holding_inflight_units_loses_them_after_one_lease() 
     let after = killed.elapsed();
     // Renewed every lease / 3: the last renewal was at most 4/3 s before the kill.
     assert!(after >= Duration::from_millis(2600), "gone after {after:?}");
-    // Instance 1 holds 1 unit: exactly 3 more fit, then the limit is full again.
+    // Instance 1 holds 1 unit: exactly 3 more fit, then the limit is full again. The
+    // probe's own unit goes back to Redis in the background after its response, so a
+    // request sent at once may still find it there: each is retried until held.
+    eventually(
+        "the killed instance's requests left the upstream",
+        1_500,
+        || async { up.held() == 1 },
+    )
+    .await;
     let mut extra = Vec::new();
-    for _ in 0..3 {
-        let url = all[1].url("/hold");
-        extra.push(tokio::spawn(async move {
-            common::client()
-                .get(url)
-                .header("host", "app.test")
-                .header("x-customer-id", "acme")
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        }));
+    for n in 2..=MAX {
+        extra.push(hold_admitted(&all[1], &up, "acme", n).await);
     }
-    eventually("instance 1 holds 4", 500, || async { up.held() == MAX }).await;
     assert_eq!(status(&all[1], "acme").await, 503, "full again at {MAX}");
     up.release();
     for h in extra {
-        assert_eq!(h.await.unwrap().unwrap(), 200);
+        assert_eq!(h.await.unwrap(), Some(200));
     }
     // The three held through the killed instance failed; the one through instance 1 ended.
     let mut ends = Vec::new();

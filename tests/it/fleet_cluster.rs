@@ -202,14 +202,20 @@ async fn a_primary_frozen_under_traffic_fails_over_to_its_replica() {
         t.metric(fleet::UP).await == 1.0 && status(t, "drained").await == 429
     })
     .await;
-    // (The fallback, `allow`, never rejects, and there is no deny cache: a 429 is Redis's.)
+    // (The fallback, `allow`, never rejects, and there is no deny cache: a 429 is Redis's.
+    // A decision a loaded machine makes after its budget falls back, so it is asked again.)
     load.more(20).await;
-    assert_eq!(status(t, "drained").await, 429);
+    let mut tries = 0;
+    while status(t, "drained").await != 429 {
+        tries += 1;
+        assert!(tries < 50, "Redis stopped deciding:\n{}", t.log_text());
+    }
     let mut seen = load.stop().await;
     seen.extend(roomy.stop().await);
     // The deadline is generous: a request may wait out the budget once per call the
-    // breaker needs to open, on a debug build on a busy machine.
-    assert_no_5xx_within(&seen, BUDGET, Duration::from_millis(900), "failover");
+    // breaker needs to open, on a debug build on a busy machine (as in fleet_faults: it
+    // catches a hang).
+    assert_no_5xx_within(&seen, BUDGET, Duration::from_secs(3), "failover");
     assert!(seen.iter().all(|s| s.status == 200 || s.status == 429));
     cluster.nodes[primary].thaw();
 }

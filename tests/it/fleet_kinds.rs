@@ -18,10 +18,10 @@ use crate::common::redis as harness;
 
 use std::time::{Duration, Instant};
 
-use common::{client, eventually, Tollgate, Upstream};
+use common::{eventually, Tollgate, Upstream};
 use fleet::{
-    assert_no_5xx_within, burst, config, fleet, no_fallback, status, wait_up, Traffic, FALLBACK,
-    ROOMY, SHARED, UP,
+    assert_no_5xx_within, burst, config, fleet, hold, hold_admitted, no_fallback, status, wait_up,
+    Traffic, FALLBACK, ROOMY, SHARED, UP,
 };
 use harness::RedisServer;
 
@@ -37,45 +37,6 @@ fn concurrency(store_line: &str) -> String {
           - {{ name: big, members: {{ customer: [bigco] }}, max: 2 }}
 {store_line}"
     )
-}
-
-/// Starts a request to `/hold` as `who` through `t`; it answers once the upstream is
-/// released (or fails if `t` dies).
-fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<u16>> {
-    let (url, who) = (t.url("/hold"), who.to_string());
-    tokio::spawn(async move {
-        client()
-            .get(url)
-            .header("host", "app.test")
-            .header("x-customer-id", who)
-            .send()
-            .await
-            .ok()
-            .map(|r| r.status().as_u16())
-    })
-}
-
-/// A request to `/hold` as `who` through `t`, sent again while it is refused, until the
-/// upstream holds `n` requests.
-async fn hold_admitted(
-    t: &Tollgate,
-    up: &Upstream,
-    who: &str,
-    n: usize,
-) -> tokio::task::JoinHandle<Option<u16>> {
-    for _ in 0..50 {
-        let task = hold(t, who);
-        let mut tries = 0;
-        while up.held() < n && !task.is_finished() && tries < 500 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            tries += 1;
-        }
-        if up.held() == n {
-            return task;
-        }
-        assert_eq!(task.await.unwrap(), Some(503), "{who}: refused, or held");
-    }
-    panic!("{who} was never admitted");
 }
 
 async fn held(up: &Upstream, n: usize) {
@@ -281,7 +242,8 @@ async fn futures(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_frozen_fails_open_within_the_budget_for_every_kind() {
     const BUDGET: Duration = Duration::from_millis(25);
-    const SLACK: Duration = Duration::from_millis(300);
+    // As in fleet_faults: a loaded machine's scheduling; it catches a hang.
+    const SLACK: Duration = Duration::from_secs(3);
     let store = "timeout: 25ms\n    breaker: { failures: 3, probe_every: 100ms }\n    fallback: allow\n    deny_cache: 0";
     let limits = format!(
         "      caps:

@@ -19,7 +19,7 @@ use crate::common;
 
 use std::collections::HashMap;
 
-use common::{client, Tollgate, Upstream, SERVER};
+use common::{client, hold_as, Tollgate, Upstream, SERVER};
 use tollgate::config::LimitParams;
 use tollgate::limits::{
     Fact, Facts, InflightLimiter, KeyPart, KeySpec, RateLimiter, RateParams, SketchSize,
@@ -182,6 +182,129 @@ async fn a_small_rate_table_evicts_says_so_and_rejects_no_new_key() {
     assert_eq!(t.metric(series).await, 32.0);
     // Still exact for a key that holds its slot: the last one, just stored.
     assert_eq!(send("k39".into()).await, 429);
+}
+
+/// Item 15 of the adversarial run: a flood of fresh keys used to reset sliding-log and
+/// tiered caps, since eviction took the key whose state empties soonest, the capped idle
+/// one. Now the victim is the key furthest from its cap, so a user capped at 3 a day stays
+/// capped however many fresh keys come (with the old choice: after about 16 with
+/// `max_keys: 16`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_fresh_keys_never_frees_a_capped_key() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let config = format!(
+        r#"
+{SERVER}origins:
+  caps:
+    hosts: ["caps.test"]
+    upstreams: ["{up}"]
+    limits:
+      daily:
+        kind: sliding_log
+        key: [header:x-user-id]
+        windows: [{{ max: 3, per: 1d }}]
+        max_keys: 16
+  tiers:
+    hosts: ["tiers.test"]
+    upstreams: ["{up}"]
+    limits:
+      daily:
+        kind: tiered
+        key: [header:x-user-id]
+        tiers: [{{ limit: 3, window: 1d, active: 1d, cooldown: 0s }}]
+        max_keys: 16
+"#,
+        up = up.addr
+    );
+    let t = Tollgate::start(&config).await;
+    let http = client();
+    let send = |host: &'static str, user: String| {
+        let req = http.get(t.url("/")).header("host", host);
+        async move { req.header("x-user-id", user).send().await.unwrap().status() }
+    };
+    for host in ["caps.test", "tiers.test"] {
+        for _ in 0..3 {
+            assert_eq!(send(host, "capped".into()).await, 200, "{host}");
+        }
+        assert_eq!(send(host, "capped".into()).await, 429, "{host}");
+        // 300 fresh keys, one request each: 18 times the table.
+        for i in 0..300 {
+            assert_eq!(
+                send(host, format!("fresh-{i}")).await,
+                200,
+                "{host} fresh-{i}"
+            );
+        }
+        assert_eq!(
+            send(host, "capped".into()).await,
+            429,
+            "{host}: the flood freed it"
+        );
+    }
+    let evictions = |origin: &str, kind: &str| {
+        format!(
+            "tollgate_limit_evictions_total{{kind=\"{kind}\",limit=\"daily\",origin=\"{origin}\"}}"
+        )
+    };
+    let text = t.metrics_text().await;
+    for (origin, kind) in [("caps", "sliding_log"), ("tiers", "tiered")] {
+        let n = common::sample(&text, &evictions(origin, kind));
+        assert!(n >= 280.0, "{origin}: {n} evictions\n{text}");
+    }
+}
+
+/// Item 20 of the adversarial run: a concurrency limit whose table is full admits keys
+/// untracked (never evicting a holding key), and their own `max` goes unchecked: 24 of 40
+/// second copies over a max of 1 got through with `max_keys: 16`, and nothing said so.
+/// Now it is counted in `tollgate_concurrency_untracked_total`, and `check` warns that
+/// `max_keys` is below what the connection cap can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_concurrency_table_counts_its_untracked_admissions() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let config = format!(
+        r#"{SERVER}  trusted_proxies: ["127.0.0.1/32"]
+  customer_header: x-customer-id
+origins:
+  app:
+    hosts: ["app.test"]
+    upstreams: ["{}"]
+    limits:
+      slots:
+        kind: concurrency
+        key: [customer]
+        max: 1
+        max_keys: 16
+"#,
+        up.addr
+    );
+    let t = Tollgate::start(&config).await;
+    let check = std::process::Command::new(common::binary())
+        .args(["check", "--config"])
+        .arg(&t.config_path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        err.contains("origins.app.limits.slots.max_keys: warning: max_keys 16 is fewer keys than the requests the connection cap (at most 4096) can hold at once"),
+        "{err}"
+    );
+    // 40 customers hold a copy each: at most 16 fit the table (2 sets of 8 slots).
+    let mut held = Vec::new();
+    for i in 0..40 {
+        held.push(hold_as(&t, &up, &format!("c{i}")).await);
+    }
+    let series = "tollgate_concurrency_untracked_total{limit=\"slots\",origin=\"app\"}";
+    let untracked = t.metric(series).await;
+    assert!((24.0..=40.0).contains(&untracked), "{untracked}");
+    assert_eq!(
+        t.metric("tollgate_concurrency_in_use{group=\"_all\",limit=\"slots\",origin=\"app\"}")
+            .await,
+        40.0
+    );
+    up.release();
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status(), 200);
+    }
 }
 
 #[test]

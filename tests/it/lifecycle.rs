@@ -86,7 +86,7 @@ async fn upgrade_hands_listeners_to_the_new_process() {
     assert!(status.success(), "old exit {status}");
     // The old process is gone; the same address is served by the new one.
     let mut ok = false;
-    for _ in 0..200 {
+    for _ in 0..1_500 {
         if let Ok(200) = get(old.url("/")).await {
             ok = true;
             break;

@@ -45,6 +45,7 @@ mod malformed;
 mod promtool;
 mod redis_store;
 mod reload;
+mod reload_files;
 mod reload_hardening;
 mod request_limits;
 mod schema;

@@ -145,7 +145,7 @@ fn signal(pid: u32, sig: i32) {
 
 /// Polls `cond` every 50 ms, up to `tries` times.
 async fn until(what: &str, tries: usize, mut cond: impl FnMut() -> bool) {
-    for _ in 0..tries {
+    for _ in 0..tries.max(600) {
         if cond() {
             return;
         }
@@ -210,7 +210,7 @@ async fn the_supervisor_reloads_upgrades_and_stops_tollgate() {
             .unwrap()
     };
     let mut ready = false;
-    for _ in 0..500 {
+    for _ in 0..1_500 {
         if get().await == 200 {
             ready = true;
             break;
@@ -224,7 +224,7 @@ async fn the_supervisor_reloads_upgrades_and_stops_tollgate() {
     // SIGHUP: a reload, in the same process.
     signal(pid, libc::SIGHUP);
     let mut reloaded = false;
-    for _ in 0..250 {
+    for _ in 0..1_500 {
         let text = scrape().await;
         if sample(&text, "tollgate_config_reloads_total{result=\"success\"}") == 1.0 {
             reloaded = true;
@@ -240,7 +240,7 @@ async fn the_supervisor_reloads_upgrades_and_stops_tollgate() {
     signal(pid, libc::SIGUSR2);
     let mut failed = Vec::new();
     let mut upgraded = false;
-    for _ in 0..400 {
+    for _ in 0..1_500 {
         let status = get().await;
         if status != 200 {
             failed.push(status);

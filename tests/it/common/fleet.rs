@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::{client, Tollgate, SERVER};
+use crate::common::{client, Tollgate, Upstream, SERVER};
 
 /// The store settings of a test: roomy budget (a debug build on a busy 2-core machine
 /// can miss 5 ms), a breaker that does not open on a slow answer, fast probes, a short
@@ -270,3 +270,48 @@ pub fn bucket(capacity: u64, store: &str) -> String {
 
 /// The `store:` line of a limit in the shared store.
 pub const SHARED: &str = "        store: shared\n";
+
+/// Starts a request to `/hold` as `who` through `t`; it answers once the upstream is
+/// released (or fails if `t` dies).
+pub fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<u16>> {
+    let (url, who) = (t.url("/hold"), who.to_string());
+    tokio::spawn(async move {
+        client()
+            .get(url)
+            .header("host", "app.test")
+            .header("x-customer-id", who)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    })
+}
+
+/// A request to `/hold` as `who` through `t`, sent again while it is refused, until the
+/// upstream holds `n` requests. A limit in a store gets a finished request's copy back in
+/// the background, after its response: a request sent right after may still find it
+/// there, and be refused once.
+pub async fn hold_admitted(
+    t: &Tollgate,
+    up: &Upstream,
+    who: &str,
+    n: usize,
+) -> tokio::task::JoinHandle<Option<u16>> {
+    for _ in 0..50 {
+        let task = hold(t, who);
+        let mut tries = 0;
+        while up.held() < n && !task.is_finished() {
+            tries += 1;
+            assert!(
+                tries < 3_000,
+                "{who}: neither held nor answered within 30 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        if up.held() == n {
+            return task;
+        }
+        assert_eq!(task.await.unwrap(), Some(503), "{who}: refused, or held");
+    }
+    panic!("{who} was never admitted");
+}

@@ -47,13 +47,19 @@ pub fn free_port() -> u16 {
     }
 }
 
-/// Polls `cond` every 20 ms, up to `tries` times; panics with `what` if it never holds.
+/// The fewest polls [`eventually`] makes: 30 s at 20 ms, what a loaded 2-core machine
+/// (a full parallel test run with other builds beside it) may need for what takes
+/// milliseconds on a quiet one. Only a failing test waits that long.
+pub const MIN_TRIES: usize = 1_500;
+
+/// Polls `cond` every 20 ms, up to `tries` times but at least [`MIN_TRIES`]; panics with
+/// `what` if it never holds.
 pub async fn eventually<F, Fut>(what: &str, tries: usize, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..tries {
+    for _ in 0..tries.max(MIN_TRIES) {
         if cond().await {
             return;
         }
@@ -167,6 +173,16 @@ impl Tollgate {
     /// [`Tollgate::start`], letting `configure` adjust the command first (e.g. limits).
     pub async fn start_with(config: &str, configure: impl FnOnce(&mut Command)) -> Tollgate {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, config, configure).await
+    }
+
+    /// [`Tollgate::start_with`] with the config written into `dir`, which may already hold
+    /// files the config names by a relative path (segments, a token).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        config: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Tollgate {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let text = config
@@ -214,7 +230,7 @@ impl Tollgate {
 
     /// Waits until the proxy and metrics listeners accept connections.
     pub async fn wait_ready(&mut self) {
-        for _ in 0..500 {
+        for _ in 0..MIN_TRIES {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("tollgate exited early with {status}:\n{}", self.log_text());
             }
@@ -261,7 +277,7 @@ impl Tollgate {
     /// runs after its response was sent, so the client can be faster than the counter.
     pub async fn wait_metric(&self, series: &str, want: f64) {
         let mut last = 0.0;
-        for _ in 0..250 {
+        for _ in 0..MIN_TRIES {
             last = self.metric(series).await;
             if last == want {
                 return;

@@ -253,7 +253,7 @@ async fn a_dead_holder_loses_its_copies_after_one_lease() {
         "gone before its lease"
     );
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    assert_eq!(l.fleet_totals().await.unwrap(), [1], "renewed, not expired");
+    assert_eq!(fleet_totals(&l).await, [1], "renewed, not expired");
     drop(guard);
 }
 
@@ -369,7 +369,7 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
     // What one side took beyond a grant was given back: the counters settle at the truth.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let totals = ca.fleet_totals().await.unwrap();
+        let totals = fleet_totals(&ca).await;
         if totals == [12, big as u64, 12] {
             break;
         }
@@ -381,7 +381,7 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
     }
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ca.fleet_totals().await.unwrap() != [0, 0, 0] {
+    while fleet_totals(&ca).await != [0, 0, 0] {
         assert!(Instant::now() < deadline, "copies not given back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
