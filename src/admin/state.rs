@@ -189,7 +189,7 @@ fn tiered_json(p: &TieredParams, st: &TieredKeyState) -> Value {
 async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, Answer> {
     Ok(match limiter {
         Limiter::TokenBucket(rt) => {
-            let (tokens, last) = rt.state.peek(key, now);
+            let (tokens, last) = rt.state.state(key, now);
             let p = rt.state.params();
             json!({
                 "tokens": tokens,
@@ -199,7 +199,7 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             })
         }
         Limiter::Rate(rt) => json!({
-            "estimate": rt.state.estimate(key, now),
+            "estimate": rt.state.state(key, now),
             "max": rt.rate.max,
             "per_ms": ms(rt.rate.per),
         }),

@@ -46,6 +46,7 @@ pub mod rate;
 pub mod restore;
 pub mod sketch;
 pub mod sliding_log;
+pub mod table;
 pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;
