@@ -202,7 +202,8 @@ fn count(v: f64) -> u64 {
 }
 
 impl Adaptive {
-    /// A server's estimator at `initial`, its first window starting `now`.
+    /// A server's estimator at `initial`, its first window starting `now` (0: at the first
+    /// sample).
     pub fn new(bounds: AdaptiveBounds, now: Nanos) -> Self {
         let bounds = bounds.normalized();
         Self {
@@ -277,6 +278,13 @@ impl Adaptive {
             }
         }
         let start = self.window_start.load(Relaxed);
+        if start == 0 {
+            // Built without a clock (at a reload): the first sample starts the window.
+            let _ = self
+                .window_start
+                .compare_exchange(0, now.max(1), Relaxed, Relaxed);
+            return false;
+        }
         let length = now.saturating_sub(start);
         if length < MIN_WINDOW.max(count(long * 2.0)) {
             return false;
@@ -488,7 +496,8 @@ mod tests {
         o.run(20.0, 40.0, 50 * MS, 160);
         let before = o.est.limit();
         o.clock.advance(Duration::from_millis(1));
-        o.est.record(Sample::Latency(30 * NANOS_PER_SEC), o.clock.now());
+        o.est
+            .record(Sample::Latency(30 * NANOS_PER_SEC), o.clock.now());
         let seen = o.run(1.0, 40.0, 50 * MS, 160);
         let lowest = *seen.iter().min().unwrap();
         assert!(real(lowest) >= real(before) * 0.85, "{before} -> {lowest}");
