@@ -42,6 +42,7 @@ use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
 use crate::runtime::collector::RuntimeCollector;
+use crate::runtime::learned::LearnedCollector;
 use crate::runtime::{BuildError, Runtime};
 use crate::snapshot::service::SnapshotWriter;
 use crate::snapshot::{self, Snapshots};
@@ -128,6 +129,7 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     metrics.config_last_reload_success.set(unix_now());
     let runtime = Arc::new(ArcSwap::from_pointee(runtime));
     metrics.register_collector(Box::new(RuntimeCollector::new(runtime.clone())?))?;
+    metrics.register_collector(Box::new(LearnedCollector::new(runtime.clone())?))?;
 
     let server_cfg = &config.server;
     let derived_max = safe_max_connections(raise_open_file_limit());

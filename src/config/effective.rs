@@ -496,7 +496,9 @@ struct EffOverride {
 #[derive(Serialize, Default, PartialEq)]
 struct EffParams {
     #[serde(skip_serializing_if = "Option::is_none")]
-    max: Option<u64>,
+    max: Option<EffMax>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     per: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -523,6 +525,27 @@ struct EffParams {
     groups: Option<Vec<EffGroup>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_keys: Option<usize>,
+}
+
+/// `max`: a number, or `{auto: {min, max, initial}}` with its bounds spelt out.
+#[derive(Serialize, Clone, PartialEq)]
+#[serde(untagged)]
+enum EffMax {
+    Fixed(u64),
+    Auto { auto: EffAuto },
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffAuto {
+    min: u64,
+    max: u64,
+    initial: u64,
+}
+
+impl From<u64> for EffMax {
+    fn from(max: u64) -> Self {
+        EffMax::Fixed(max)
+    }
 }
 
 #[derive(Serialize, Clone, PartialEq)]
@@ -604,13 +627,23 @@ impl From<SketchSize> for EffSketch {
 impl EffParams {
     fn of(p: &LimitParams) -> Self {
         match p {
-            LimitParams::Inflight { max, sketch } => Self {
-                max: Some(*max),
+            LimitParams::Inflight { max, sketch, auto } => Self {
+                max: Some(match auto {
+                    Some(a) => EffMax::Auto {
+                        auto: EffAuto {
+                            min: a.bounds.min,
+                            max: a.bounds.max,
+                            initial: a.bounds.initial,
+                        },
+                    },
+                    None => EffMax::Fixed(*max),
+                }),
+                share: auto.map(|a| format!("{}%", a.share)),
                 sketch: Some((*sketch).into()),
                 ..Self::default()
             },
             LimitParams::Rate { rate, max_keys } => Self {
-                max: Some(rate.max),
+                max: Some(rate.max.into()),
                 per: Some(duration(rate.per)),
                 strict: Some(rate.strict),
                 max_keys: Some(*max_keys),
@@ -656,7 +689,7 @@ impl EffParams {
                 groups,
                 max_keys,
             } => Self {
-                max: Some(*max),
+                max: Some((*max).into()),
                 global: *global,
                 groups: Some(groups.iter().map(eff_group).collect()),
                 max_keys: Some(*max_keys),
@@ -691,6 +724,7 @@ impl EffParams {
         }
         Self {
             max: keep(self.max, &base.max),
+            share: keep(self.share, &base.share),
             per: keep(self.per, &base.per),
             capacity: keep(self.capacity, &base.capacity),
             refill: keep(self.refill, &base.refill),

@@ -14,7 +14,8 @@ use std::path::PathBuf;
 
 pub use crate::config::secret::Secret;
 use crate::limits::{
-    KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams, TokenBucketParams,
+    AdaptiveBounds, KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams,
+    TokenBucketParams,
 };
 
 /// A whole, valid configuration.
@@ -575,15 +576,37 @@ pub enum Cost {
     Header(String),
 }
 
+/// `max: auto` (or `max: {auto: {min, max, initial}}`) with `share`: an inflight limit whose
+/// max is learned from each upstream server's latency (`crate::limits::adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AutoMax {
+    /// Where each server's learned limit starts and what it may reach.
+    pub bounds: AdaptiveBounds,
+    /// `share`, percent (1 to 100, default 100): a key's max is this share of what the
+    /// server it names takes, so that one customer cannot fill a server while others wait.
+    pub share: u8,
+}
+
+impl AutoMax {
+    /// A key's max given what its server (or the origin, for keys without `server_ip`)
+    /// takes: `learned × share / 100`, at least 1.
+    pub fn share_of(&self, learned: u64) -> u64 {
+        (learned.saturating_mul(u64::from(self.share)) / 100).max(1)
+    }
+}
+
 /// The kind of a limit and the parameters that kind takes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LimitParams {
     /// `kind: inflight`: at most `max` concurrent requests per key; 503 above it.
     Inflight {
-        /// Allowed in flight per key. `0` (in an override) blocks.
+        /// Allowed in flight per key. `0` (in an override) blocks. Under `max: auto`, the
+        /// `initial` bound (what a server nothing was learned about gets).
         max: u64,
         /// Sketch size (`sketch: {hashes, slots}`).
         sketch: SketchSize,
+        /// `max: auto`: the max is learned per upstream server (see [`AutoMax`]).
+        auto: Option<AutoMax>,
     },
     /// `kind: rate`: sliding window, exact per key; 429 above it.
     Rate {

@@ -481,7 +481,29 @@ fn origin(keys: &mut Keys<'_>, unmatched: bool) -> Value {
 /// override (a deliberate block) and 1 in a limit.
 fn param(key: &str, least: u64, keys: &mut Keys<'_>, at: &str) -> Option<Value> {
     Some(match key {
+        // A limit's inflight `max` may be learned (`auto`); an override's is a number.
+        "max" if least > 0 => {
+            let bound = int(1, crate::limits::adaptive::MAX_LIMIT);
+            let bounds = json!({
+                "type": ["object", "null"],
+                "properties": {"min": bound, "max": bound, "initial": bound},
+                "additionalProperties": false,
+            });
+            json!({
+                "anyOf": [
+                    int(least, u64::MAX),
+                    {"const": "auto"},
+                    {
+                        "type": "object",
+                        "properties": {"auto": bounds},
+                        "required": ["auto"],
+                        "additionalProperties": false,
+                    },
+                ],
+            })
+        }
         "max" | "capacity" => int(least, u64::MAX),
+        "share" => json!({"type": "string", "pattern": "^(100|[1-9][0-9]?)%$"}),
         "global" => int(1, u64::MAX),
         "per" => duration(("100ms", "1d")),
         "strict" => boolean(),

@@ -10,6 +10,7 @@ use crate::limits::Nanos;
 use crate::proxy::problem::Problem;
 use crate::proxy::route::HostBuf;
 use crate::runtime::decide::{Holds, Notes};
+use crate::runtime::learned::Attempt;
 use crate::runtime::Runtime;
 
 /// Decrements the origin's exact inflight gauge when dropped.
@@ -62,6 +63,9 @@ pub struct Ctx {
     pub picked: Option<SocketAddr>,
     /// A retry's rejection, decided in `upstream_peer`, written by `fail_to_proxy`.
     pub rejection: Option<Problem>,
+    /// The upstream attempt being timed for `max: auto` limits (only when the origin has
+    /// one), until its response's headers or its failure.
+    pub attempt: Option<Attempt>,
 }
 
 impl Ctx {
@@ -91,6 +95,7 @@ impl Default for Ctx {
             gauge: None,
             picked: None,
             rejection: None,
+            attempt: None,
         }
     }
 }

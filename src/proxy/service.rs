@@ -31,6 +31,7 @@ use crate::proxy::problem::{self, Problem, RejectInfo};
 use crate::proxy::route::HostBuf;
 use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::decide::{self, Decided, Phase};
+use crate::runtime::learned::{self, Attempt};
 use crate::runtime::policy::{ceil_secs, limit_item};
 use crate::runtime::{OriginRt, Runtime};
 
@@ -178,8 +179,12 @@ impl Tollgate {
                 "origin has no upstream to select",
             )
         })?;
-        // A retry picks a server again: drop the previous attempt's units first, so they
-        // are replaced, never doubled.
+        // A retry picks a server again: the previous attempt failed at the server (a
+        // congestion signal for `max: auto`), and its units are dropped first, so they are
+        // replaced, never doubled.
+        if let Some(attempt) = ctx.attempt.take() {
+            attempt.failed(origin, self.clock.now());
+        }
         ctx.holds.retain(|t| t.phase != Phase::Upstream);
         ctx.notes.retain(|n| n.phase != Phase::Upstream);
         let facts = facts(session, ctx, rt, origin, Some(addr));
@@ -207,6 +212,12 @@ impl Tollgate {
             return Ok(Err(problem));
         }
         decide::settle(origin, &mut ctx.holds);
+        if learned::learns(origin) {
+            ctx.attempt = Some(Attempt {
+                server: addr,
+                start: self.clock.now(),
+            });
+        }
         if ctx.gauge.is_none() {
             ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
         }
@@ -477,6 +488,11 @@ impl ProxyHttp for Tollgate {
             // Handed over while this request ran: its client moves on after this response.
             session.set_keepalive(None);
         }
+        if let (Some(attempt), Some(rt), Some(i)) = (ctx.attempt.take(), &ctx.rt, ctx.origin) {
+            // The end of the upstream's headers: what `max: auto` measures.
+            let status = upstream_response.status.as_u16();
+            attempt.answered(&rt.origins[i], status, self.clock.now());
+        }
         if ctx.notes.is_empty() {
             return Ok(());
         }
@@ -556,6 +572,13 @@ impl ProxyHttp for Tollgate {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        if let (Some(attempt), Some(rt), Some(i)) = (ctx.attempt.take(), &ctx.rt, ctx.origin) {
+            // The server failed (connect error, timeout, reset): congestion. A client that
+            // left is no news about the server: no sample.
+            if *e.esource() == ErrorSource::Upstream {
+                attempt.failed(&rt.origins[i], self.clock.now());
+            }
+        }
         ctx.release_upstream();
         if let Some(problem) = ctx.rejection.as_ref() {
             // A retry's rejection (the first attempt's is answered in

@@ -3,7 +3,8 @@
 //!
 //! Every front end (the HTTP proxy, the limiter API) reads one [`Runtime`] snapshot per
 //! request or command and asks it for decisions ([`decide`] for a request's limits,
-//! [`grant`] and [`resources`] for the API's resources); the reloader ([`crate::reload`])
+//! [`grant`] and [`resources`] for the API's resources; [`learned`] for what `max: auto`
+//! learned about each upstream server); the reloader ([`crate::reload`])
 //! builds the next one on top of the current one. It depends on [`crate::config`], [`crate::limits`],
 //! [`crate::tls`] and [`crate::metrics`], never on a front end: see the module map in
 //! `docs/architecture.md`.
@@ -19,6 +20,7 @@
 pub mod collector;
 pub mod decide;
 pub mod grant;
+pub mod learned;
 pub mod limit;
 pub mod limiter;
 pub mod policy;
@@ -250,6 +252,7 @@ impl Runtime {
                 segments: &segments,
                 stores: &stores,
                 tops: &tops,
+                servers: upstreams.addrs(),
             };
             for limit in &origin.limits {
                 let kind = limit.params.kind();

@@ -123,7 +123,8 @@ fn parses_the_design_example() {
             headers: HeadersMode::OnReject,
             params: LimitParams::Inflight {
                 max: 200,
-                sketch: SketchSize::DEFAULT
+                sketch: SketchSize::DEFAULT,
+                auto: None,
             },
             store: None,
             overrides: vec![],
@@ -195,7 +196,8 @@ fn parses_the_design_example() {
         blog.limits[0].params,
         LimitParams::Inflight {
             max: 1000,
-            sketch: SketchSize::DEFAULT
+            sketch: SketchSize::DEFAULT,
+            auto: None,
         },
         "the default, unmerged"
     );
