@@ -12,6 +12,7 @@
 //! - [`admin`]: the operators' HTTP API on its own listener (config, state, kill switch).
 //! - [`reload`]: watching the config file and SIGHUP, building and swapping the runtime.
 //! - [`snapshot`]: local limit state written to a file and loaded at start.
+//! - [`acme`]: certificates ordered and renewed from an ACME CA (`tls.acme`).
 //! - [`simulate`]: replaying an access log through a runtime, offline.
 //! - [`problem`]: the RFC 9457 answers the HTTP front ends share.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
@@ -24,6 +25,7 @@
 //! - [`metrics`]: the Prometheus registry and its families.
 //! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
 
+pub mod acme;
 pub mod admin;
 pub mod api;
 pub mod cli;

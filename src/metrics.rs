@@ -45,6 +45,10 @@ pub struct Metrics {
     /// listeners, by result (`success`, `failure`, `timeout`) and the version agreed
     /// (`1.2`, `1.3`; `none` when none was).
     pub tls_handshakes_total: IntCounterVec,
+    /// `tollgate_acme_orders_total{host,result}`: ACME orders (`tls.acme`) by host and
+    /// result (`success`, `failure`); a certificate another instance of the fleet ordered
+    /// and this one took from the store counts as `shared`.
+    pub acme_orders_total: IntCounterVec,
     /// `tollgate_h2_reset_closes_total`: HTTP/2 connections closed because they reset
     /// more streams than `server.h2_max_resets` allows (rapid reset).
     pub h2_reset_closes_total: IntCounter,
@@ -191,7 +195,7 @@ impl Metrics {
         let tls_handshakes_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_tls_handshakes_total",
-                "TLS handshakes on the proxy's listeners by result (success, failure, timeout) and version agreed (1.2, 1.3, none).",
+                "TLS handshakes on the proxy's listeners by result (success, failure, timeout, acme_validation) and version agreed (1.2, 1.3, none).",
             ),
             &["result", "version"],
         )?;
@@ -207,6 +211,14 @@ impl Metrics {
             &["result"],
         )?;
         registry.register(Box::new(tls_handshakes_total.clone()))?;
+        let acme_orders_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_acme_orders_total",
+                "ACME certificate orders (tls.acme) by host and result: success, failure, shared (a certificate another instance ordered, taken from the store).",
+            ),
+            &["host", "result"],
+        )?;
+        registry.register(Box::new(acme_orders_total.clone()))?;
         registry.register(Box::new(h2_reset_closes_total.clone()))?;
         registry.register(Box::new(proxy_protocol_total.clone()))?;
         for result in ["trusted", "untrusted", "invalid"] {
@@ -256,6 +268,7 @@ impl Metrics {
             connections_limited_total,
             connection_timeouts_total,
             tls_handshakes_total,
+            acme_orders_total,
             h2_reset_closes_total,
             proxy_protocol_total,
             api_commands_total,

@@ -28,6 +28,7 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 use tokio::sync::broadcast;
 
+use crate::acme::AcmeService;
 use crate::admin::{Admin, AdminApp};
 use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
@@ -230,6 +231,10 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         svc.add_tcp(&addr.to_string());
         server.add_service(svc);
     }
+    server.add_service(background_service(
+        "acme",
+        AcmeService::new(runtime.clone(), metrics.clone()),
+    ));
     server.add_service(background_service(
         "config reloader",
         Reloader::new(

@@ -279,11 +279,58 @@ struct EffTls {
     #[serde(skip_serializing_if = "Option::is_none")]
     ciphers: Option<String>,
     handshake_timeout: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acme: Option<EffAcme>,
+}
+
+/// `tls.acme`, hosts resolved (`from_origins` expanded).
+#[derive(Serialize)]
+struct EffAcme {
+    directory: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
+    hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_roots: Option<String>,
+    challenge: &'static str,
+    retry: EffRetry,
+}
+
+#[derive(Serialize)]
+struct EffRetry {
+    min: String,
+    max: String,
+}
+
+impl EffAcme {
+    fn of(a: &crate::config::Acme) -> Self {
+        let (storage, store) = match &a.storage {
+            crate::config::AcmeStorage::Dir(d) => (Some(d.display().to_string()), None),
+            crate::config::AcmeStorage::Store(s) => (None, Some(s.clone())),
+        };
+        Self {
+            directory: a.directory.clone(),
+            email: a.email.clone(),
+            hosts: a.hosts.clone(),
+            storage,
+            store,
+            ca_roots: a.ca_roots.as_ref().map(|p| p.display().to_string()),
+            challenge: a.challenge.name(),
+            retry: EffRetry {
+                min: span(a.retry_min),
+                max: span(a.retry_max),
+            },
+        }
+    }
 }
 
 impl EffTls {
     fn of(t: &Tls) -> Option<Self> {
-        if t.certificates.is_empty() {
+        if t.certificates.is_empty() && t.acme.is_none() {
             return None;
         }
         let shown = |p: &std::path::Path| p.display().to_string();
@@ -303,6 +350,7 @@ impl EffTls {
             min_version: t.min_version.name(),
             ciphers: t.ciphers.clone(),
             handshake_timeout: span(t.handshake_timeout),
+            acme: t.acme.as_ref().map(EffAcme::of),
         })
     }
 }

@@ -380,6 +380,69 @@ pub struct Tls {
     /// this time from the accept (`tls.handshake_timeout`, default 10 s); the connection is
     /// closed otherwise.
     pub handshake_timeout: Duration,
+    /// Certificates tollgate orders and renews itself from an ACME CA (`tls.acme`).
+    pub acme: Option<Acme>,
+}
+
+/// `tls.acme`: certificates ordered from an RFC 8555 CA (Let's Encrypt, or any other) for
+/// the hosts named, one certificate per host, renewed at two thirds of their lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Acme {
+    /// The CA's directory URL (`directory`), e.g. Let's Encrypt's
+    /// `https://acme-v02.api.letsencrypt.org/directory`.
+    pub directory: String,
+    /// The account's contact (`email`), for the CA's expiry and policy mail.
+    pub email: Option<String>,
+    /// The hosts to manage: `hosts`, plus every exact host of every origin with
+    /// `from_origins: true` (wildcards need DNS-01, which tollgate does not answer), in
+    /// order, without repeats.
+    pub hosts: Vec<String>,
+    /// Whether `from_origins: true` was written.
+    pub from_origins: bool,
+    /// Where the account key and the certificates live.
+    pub storage: AcmeStorage,
+    /// The CA roots trusted for the directory's HTTPS (`ca_roots`, a PEM file); `None`:
+    /// the system's.
+    pub ca_roots: Option<PathBuf>,
+    /// The challenge answered (`challenge`, default `auto`).
+    pub challenge: AcmeChallenge,
+    /// The first wait after a failed order (`retry.min`, default 1 min); doubled at each
+    /// failure up to `retry.max` (default 6 h), each jittered.
+    pub retry_min: Duration,
+    /// The longest wait between failed orders (`retry.max`).
+    pub retry_max: Duration,
+}
+
+/// Where `tls.acme` keeps its account key and certificates.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AcmeStorage {
+    /// `storage: DIR`: files in a directory (mode 0700, files 0600, written atomically).
+    Dir(PathBuf),
+    /// `store: NAME`: a Redis store of `stores:`, shared by a fleet (one certificate per
+    /// host, one instance orders at a time).
+    Store(String),
+}
+
+/// Which challenge `tls.acme` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AcmeChallenge {
+    /// TLS-ALPN-01 when a TLS listener exists and the CA offers it, else HTTP-01.
+    Auto,
+    /// TLS-ALPN-01 on the TLS listeners (port 443 for a public CA).
+    TlsAlpn01,
+    /// HTTP-01 on the plaintext listeners (port 80 for a public CA).
+    Http01,
+}
+
+impl AcmeChallenge {
+    /// As written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            AcmeChallenge::Auto => "auto",
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Http01 => "http-01",
+        }
+    }
 }
 
 impl Default for Tls {
@@ -390,6 +453,7 @@ impl Default for Tls {
             min_version: TlsVersion::V1_2,
             ciphers: None,
             handshake_timeout: Duration::from_secs(10),
+            acme: None,
         }
     }
 }

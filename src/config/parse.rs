@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use crate::config::acme;
 use crate::config::api;
 use crate::config::bounds;
 use crate::config::limit::parse_limits;
@@ -186,8 +187,8 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         );
     }
     let server = server::parse(r, section("server"), file);
-    let tls = tls::parse(r, section("tls"), file);
-    tls::check_listeners(r, &server.listeners, &tls);
+    let (mut tls, acme) = tls::parse(r, section("tls"), file);
+    tls::check_listeners(r, &server.listeners, &tls, acme.is_some());
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
     let api = api::parse(r, section("api"), &stores, file);
@@ -264,6 +265,10 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             upstream_protocol: d.upstream_protocol,
         })
         .collect();
+    if let Some(mut acme) = acme {
+        acme::resolve(r, &mut acme, &stores, &origins);
+        tls.acme = Some(acme.v);
+    }
     let unmatched = origins
         .last()
         .is_some_and(|o| o.name == origin::UNMATCHED)

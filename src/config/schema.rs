@@ -19,6 +19,7 @@
 use serde_json::{json, Map, Value};
 use strum::IntoEnumIterator;
 
+use crate::config::acme::{ACME_KEYS, CHALLENGES, MAX_ACME_HOSTS, RETRY_KEYS};
 use crate::config::api::API_KEYS;
 use crate::config::bounds;
 use crate::config::limit::GROUP_KEYS;
@@ -294,6 +295,28 @@ fn tls(keys: &mut Keys<'_>) -> Value {
     });
     cert["type"] = json!("object");
     cert["required"] = json!(["cert", "key"]);
+    let retry = keys.object("tls.acme.retry", &RETRY_KEYS, |key| {
+        Some(match key {
+            "min" | "max" => duration(("100ms", "7d")),
+            _ => return None,
+        })
+    });
+    let mut acme = keys.object("tls.acme", &ACME_KEYS, |key| {
+        Some(match key {
+            "directory" => json!({"type": "string", "pattern": "^https://[!-~]+$", "maxLength": 2048}),
+            "email" => json!({"type": "string", "pattern": "^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$", "maxLength": 254}),
+            "hosts" => list(json!({"type": "string", "minLength": 1, "maxLength": 253, "pattern": "^[^*]"}), 0, Some(MAX_ACME_HOSTS)),
+            "from_origins" => boolean(),
+            "storage" | "ca_roots" => file.clone(),
+            "store" => text(),
+            "challenge" => json!({"enum": CHALLENGES}),
+            "retry" => retry.clone(),
+            _ => return None,
+        })
+    });
+    acme["type"] = json!("object");
+    acme["required"] = json!(["directory"]);
+    acme["oneOf"] = json!([{"required": ["storage"]}, {"required": ["store"]}]);
     keys.object("tls", &TLS_KEYS, |key| {
         Some(match key {
             "certificates" => list(cert.clone(), 0, Some(MAX_CERTIFICATES)),
@@ -301,6 +324,7 @@ fn tls(keys: &mut Keys<'_>) -> Value {
             "min_version" => json!({"enum": ["1.2", "1.3", 1.2, 1.3]}),
             "ciphers" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
             "handshake_timeout" => duration(("100ms", "5m")),
+            "acme" => acme.clone(),
             _ => return None,
         })
     })

@@ -21,6 +21,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::config::UpstreamProtocol;
 use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
+use crate::proxy::challenge;
 use crate::proxy::conn::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::forward;
@@ -401,6 +402,13 @@ impl ProxyHttp for Tollgate {
         if close {
             // Pingora then answers `Connection: close` and does not read another request.
             session.set_keepalive(None);
+        }
+        if let Some(key_authorization) =
+            challenge::answer(session.req_header().uri.path(), &rt.managed)
+        {
+            ctx.rt = Some(rt);
+            challenge::send(session, &key_authorization, close).await?;
+            return Ok(true);
         }
         let answer = self.admit(session, ctx, &rt).await;
         ctx.rt = Some(rt);

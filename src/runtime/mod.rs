@@ -47,7 +47,7 @@ use crate::runtime::switch::KillSwitch;
 use crate::runtime::upstreams::{ResolveError, Upstreams};
 use crate::segments::{Segment, SegmentError};
 use crate::store::StoreError;
-use crate::tls::{TlsError, TlsStore};
+use crate::tls::{Managed, TlsError, TlsStore};
 
 /// One origin, live.
 pub struct OriginRt {
@@ -122,6 +122,9 @@ pub struct Runtime {
     /// The TLS listeners' certificates and acceptor; `None` without `tls.certificates`.
     /// Kept over reloads that change neither the settings nor the files' bytes.
     pub tls: Option<Arc<TlsStore>>,
+    /// The certificates and challenges `tls.acme` manages: one board for the process,
+    /// carried over every reload, which the TLS acceptor reads at each handshake.
+    pub managed: Arc<Managed>,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -233,7 +236,8 @@ impl Runtime {
             })?;
             segments.insert(spec.name.clone(), Arc::new(set));
         }
-        let tls = TlsStore::build(&config.tls, previous.and_then(|p| p.tls.as_ref()))
+        let managed = previous.map_or_else(Managed::new, |p| p.managed.clone());
+        let tls = TlsStore::build(&config.tls, previous.and_then(|p| p.tls.as_ref()), &managed)
             .map_err(|source| BuildError::Tls { source })?;
         let stores = Stores::build(&config, previous.map(|p| &p.stores), metrics)
             .map_err(|source| BuildError::Store { source })?;
@@ -326,6 +330,7 @@ impl Runtime {
             stores,
             resources,
             tls,
+            managed,
         };
         Ok((runtime, carried))
     }

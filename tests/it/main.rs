@@ -9,6 +9,7 @@
 
 mod common;
 
+mod acme;
 mod admin;
 mod api_auth;
 mod api_binary;
