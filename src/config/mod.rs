@@ -21,6 +21,7 @@ mod params;
 mod report;
 mod resolve;
 mod resources;
+pub mod rls;
 mod scalar;
 mod segments;
 mod server;

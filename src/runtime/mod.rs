@@ -23,6 +23,7 @@ pub mod limit;
 pub mod limiter;
 pub mod policy;
 pub mod resources;
+pub mod rls;
 pub mod router;
 pub mod stores;
 pub mod switch;
@@ -39,6 +40,7 @@ use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
 use crate::runtime::limiter::{Limiter, LimiterError};
 use crate::runtime::resources::Resources;
+use crate::runtime::rls::RlsRt;
 use crate::runtime::router::Router;
 use crate::runtime::stores::Stores;
 use crate::runtime::switch::KillSwitch;
@@ -117,6 +119,8 @@ pub struct Runtime {
     pub stores: Stores,
     /// The limiter API's resources (`resources:`), by name.
     pub resources: Resources,
+    /// Envoy's rate limit service: `rls.config_dir`'s domains and their rules.
+    pub rls: RlsRt,
     /// The TLS listeners' certificates and acceptor; `None` without `tls.certificates`.
     /// Kept over reloads that change neither the settings nor the files' bytes.
     pub tls: Option<Arc<TlsStore>>,
@@ -172,6 +176,14 @@ pub enum BuildError {
         /// What went wrong.
         source: LimiterError,
     },
+    /// An Envoy rate limit service rule's state could not be built.
+    #[error("rls rule `{rule}`: {source}")]
+    Rls {
+        /// The rule's path.
+        rule: String,
+        /// What went wrong.
+        source: LimiterError,
+    },
     /// A limiter's state could not be built.
     #[error("origin `{origin}`, limit `{limit}`: {source}")]
     Limit {
@@ -204,6 +216,7 @@ impl Runtime {
                     .iter()
                     .flat_map(|o| o.all_limits().flat_map(|l| l.states(&o.name)))
                     .chain(p.resources.states())
+                    .chain(p.rls.states())
                     .collect()
             })
             .unwrap_or_default();
@@ -303,6 +316,8 @@ impl Runtime {
         let resources =
             Resources::build(&config, &before, &segments, &stores, metrics, &mut carried)
                 .map_err(|(resource, source)| BuildError::Resource { resource, source })?;
+        let rls = RlsRt::build(&config, &before, &stores, metrics, &mut carried)
+            .map_err(|(rule, source)| BuildError::Rls { rule, source })?;
         carried.dropped = before.len().saturating_sub(carried.kept);
         let router = Router::new(
             config
@@ -322,6 +337,7 @@ impl Runtime {
             kill,
             stores,
             resources,
+            rls,
             tls,
         };
         Ok((runtime, carried))
