@@ -9,6 +9,8 @@
 //! - [`server`]: the composition root, which assembles the process from the parts below.
 //! - [`proxy`]: the HTTP front end (Pingora's `ProxyHttp`, routing by `Host`, connections).
 //! - [`api`]: the limiter API, the same limits over the Redis protocol (`RL.*`, `CH.*`).
+//! - [`rls`]: Envoy's rate limit service (gRPC `ShouldRateLimit`) on envoyproxy/ratelimit's
+//!   own config files.
 //! - [`admin`]: the operators' HTTP API on its own listener (config, state, kill switch).
 //! - [`reload`]: watching the config file and SIGHUP, building and swapping the runtime.
 //! - [`snapshot`]: local limit state written to a file and loaded at start.
@@ -18,7 +20,8 @@
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`store`]: shared state in Redis and the shared limiters with their fallbacks.
 //! - [`tls`]: the certificate store (PEM files, SNI by SAN) and the TLS acceptor.
-//! - [`config`]: YAML → validated model (no network; reads the admin token file).
+//! - [`config`]: YAML → validated model (no network; reads the secret files and the
+//!   ratelimit files of `rls.config_dir`).
 //! - [`segments`]: roaring-bitmap ID sets and their files.
 //! - [`files`]: opening the files an operator names: regular files only, never blocking.
 //! - [`ratelog`]: per-second budgets for the log lines clients can cause.
@@ -37,6 +40,7 @@ pub mod problem;
 pub mod proxy;
 pub mod ratelog;
 pub mod reload;
+pub mod rls;
 pub mod runtime;
 pub mod segments;
 pub mod server;

@@ -66,6 +66,16 @@ pub struct Metrics {
     /// connections, exact, per configured resource (Charon's `CH.*` commands); back to 0
     /// when every holder has disconnected.
     pub api_holds: IntGaugeVec,
+    /// `tollgate_rls_requests_total{domain,code}`: `ShouldRateLimit` answers by domain
+    /// (configured domains, `_unknown` for the rest, so the label stays bounded) and
+    /// overall code (`ok`, `over_limit`, `invalid`).
+    pub rls_requests_total: IntCounterVec,
+    /// `tollgate_rls_hits_total{domain,descriptor,result}`: hits (each request's
+    /// `hits_addend`) per configured rule (its `DOMAIN.KEY_VALUE...` path, never a
+    /// request's own values): `within_limit`, `near_limit` (past 80% of the limit, still
+    /// admitted), `over_limit`, `shadow_mode` (over the limit, answered OK by
+    /// `shadow_mode` or the kill switch).
+    pub rls_hits_total: IntCounterVec,
     /// `tollgate_store_up{store}`: 1 while a shared store's breaker is closed (decisions
     /// go to it), 0 while it is open (decisions fall back).
     pub store_up: IntGaugeVec,
@@ -240,6 +250,22 @@ impl Metrics {
             ),
             &["resource"],
         )?;
+        let rls_requests_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_rls_requests_total",
+                "Envoy rate limit service ShouldRateLimit answers by domain (_unknown for unconfigured ones) and overall code (ok, over_limit, invalid).",
+            ),
+            &["domain", "code"],
+        )?;
+        let rls_hits_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_rls_hits_total",
+                "Envoy rate limit service hits per configured rule (domain, descriptor path) by result: within_limit, near_limit (past 80%), over_limit, shadow_mode.",
+            ),
+            &["domain", "descriptor", "result"],
+        )?;
+        registry.register(Box::new(rls_requests_total.clone()))?;
+        registry.register(Box::new(rls_hits_total.clone()))?;
         registry.register(Box::new(api_commands_total.clone()))?;
         registry.register(Box::new(api_connections.clone()))?;
         registry.register(Box::new(api_holds.clone()))?;
@@ -274,6 +300,8 @@ impl Metrics {
             api_commands_total,
             api_connections,
             api_holds,
+            rls_requests_total,
+            rls_hits_total,
             store_up,
             store_requests_total,
             store_latency_seconds,

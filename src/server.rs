@@ -42,6 +42,7 @@ use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
+use crate::rls::{Rls, RlsService};
 use crate::runtime::collector::RuntimeCollector;
 use crate::runtime::learned::LearnedCollector;
 use crate::runtime::{BuildError, Runtime};
@@ -76,6 +77,14 @@ pub enum StartError {
     /// The metrics registry could not be built.
     #[error("{0}")]
     Metrics(#[from] MetricsError),
+    /// The rate limit service's listener could not be bound.
+    #[error("server.rls: cannot listen on {addr}: {source}")]
+    Rls {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A runtime metric could not be registered.
     #[error("cannot register runtime metrics: {0}")]
     Collector(#[from] prometheus::Error),
@@ -215,6 +224,13 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         let mut svc = api.pingora_service(&[addr.to_string()]);
         svc.threads = Some(1);
         server.add_service(svc);
+    }
+    if let Some(addr) = server_cfg.rls {
+        // Envoy's rate limit service follows the live runtime too (domains, rules, stores,
+        // the kill switch); its address is fixed until a restart.
+        let listener = crate::rls::bind(addr).map_err(|source| StartError::Rls { addr, source })?;
+        let rls = RlsService::new(listener, Rls::new(runtime.clone(), clock));
+        server.add_service(background_service("envoy rate limit service", rls));
     }
     if let Some(addr) = server_cfg.admin {
         // The admin API follows the live runtime too (its /config, limits, token and kill

@@ -22,6 +22,7 @@ mod params;
 mod report;
 mod resolve;
 mod resources;
+pub mod rls;
 mod scalar;
 mod segments;
 mod server;

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 
 use std::path::PathBuf;
 
+pub use crate::config::rls::{Rls, RlsDescriptor, RlsDomain, RlsLimit, RlsRule};
 pub use crate::config::secret::Secret;
 use crate::limits::{
     AdaptiveBounds, KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams,
@@ -41,6 +42,9 @@ pub struct Config {
     /// `resources:`: named limits for limiter API callers, in file order. A resource is a
     /// [`Limit`] keyed by the command's domain (the `customer` key part).
     pub resources: Vec<Limit>,
+    /// `rls:`: Envoy's rate limit service, its ratelimit files read and their rules made
+    /// limits.
+    pub rls: Rls,
 }
 
 /// One `segments.NAME` entry: a roaring-bitmap file of integer IDs and the key part whose
@@ -201,6 +205,8 @@ pub struct Server {
     pub demo_upstream: Option<SocketAddr>,
     /// Where the limiter API (Redis protocol) listens (`server.limiter_api`), if at all.
     pub limiter_api: Option<SocketAddr>,
+    /// Where Envoy's rate limit service (gRPC) listens (`server.rls`), if at all.
+    pub rls: Option<SocketAddr>,
     /// Where the admin API (HTTP) listens (`server.admin`), if at all: never on a proxy
     /// port, loopback in the example config.
     pub admin: Option<SocketAddr>,

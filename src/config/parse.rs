@@ -18,6 +18,7 @@ use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{At, Pos, Report};
 use crate::config::resolve::Known;
 use crate::config::resources;
+use crate::config::rls;
 use crate::config::scalar;
 use crate::config::segments;
 use crate::config::server;
@@ -30,7 +31,7 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-pub(crate) const TOP_KEYS: [&str; 8] = [
+pub(crate) const TOP_KEYS: [&str; 9] = [
     "server",
     "tls",
     "api",
@@ -39,6 +40,7 @@ pub(crate) const TOP_KEYS: [&str; 8] = [
     "defaults",
     "origins",
     "resources",
+    "rls",
 ];
 
 /// The keys `defaults:` takes.
@@ -198,6 +200,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         connections: &server.server.connections,
     };
     let resources = resources::parse(r, section("resources"), &known);
+    let rls = rls::parse(r, section("rls"), &stores, file);
     let (default_specs, unmatched) = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
@@ -284,6 +287,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         origins,
         unmatched,
         resources: resources.into_iter().map(|l| l.v).collect(),
+        rls,
     })
 }
 

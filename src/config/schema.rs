@@ -28,6 +28,7 @@ use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
 use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
+use crate::config::rls::RLS_KEYS;
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
 use crate::config::server::{
     MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, SERVER_KEYS,
@@ -122,6 +123,7 @@ pub fn schema() -> Result<Value, SchemaError> {
         ("defaults", defaults(&mut keys)),
         ("origins", origins()),
         ("resources", resources()),
+        ("rls", rls(&mut keys)),
     ];
     let root = keys.object("(root)", &TOP_KEYS, |key| {
         sections
@@ -264,7 +266,7 @@ fn server(keys: &mut Keys<'_>) -> Value {
     keys.object("server", &SERVER_KEYS, |key| {
         Some(match key {
             "listen" => list(listen_item.clone(), 1, None),
-            "metrics" | "limiter_api" | "demo_upstream" | "admin" => socket_addr(),
+            "metrics" | "limiter_api" | "demo_upstream" | "admin" | "rls" => socket_addr(),
             "admin_token_file" => json!({"type": "string", "minLength": 1}),
             "instance" => json!({
                 "type": ["string", "number", "boolean"],
@@ -337,6 +339,17 @@ fn api(keys: &mut Keys<'_>) -> Value {
             "allow_unconfigured" => boolean(),
             "store" => text(),
             "password_file" => json!({"type": "string", "minLength": 1}),
+            _ => return None,
+        })
+    })
+}
+
+fn rls(keys: &mut Keys<'_>) -> Value {
+    keys.object("rls", &RLS_KEYS, |key| {
+        Some(match key {
+            "config_dir" => json!({"type": "string", "minLength": 1}),
+            "store" => text(),
+            "max_keys" => int(1, bounds::MAX_KEYS as u64),
             _ => return None,
         })
     })

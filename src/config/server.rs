@@ -19,10 +19,11 @@ use crate::config::tls;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 19] = [
+pub(crate) const SERVER_KEYS: [&str; 20] = [
     "listen",
     "metrics",
     "limiter_api",
+    "rls",
     "admin",
     "admin_token_file",
     "instance",
@@ -81,6 +82,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         customer_header: None,
         demo_upstream: None,
         limiter_api: None,
+        rls: None,
         admin: None,
         admin_token: None,
         instance: None,
@@ -116,7 +118,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     }
                 }
             }
-            "metrics" | "demo_upstream" | "limiter_api" | "admin" => {
+            "metrics" | "demo_upstream" | "limiter_api" | "admin" | "rls" => {
                 let addr = scalar::socket_addr(r, v, &path);
                 if let Some(addr) = addr {
                     binds.push(At::new(addr, v.pos, &path));
@@ -125,6 +127,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     "metrics" => server.metrics = addr,
                     "demo_upstream" => server.demo_upstream = addr,
                     "admin" => server.admin = addr,
+                    "rls" => server.rls = addr,
                     _ => server.limiter_api = addr,
                 }
             }

@@ -25,6 +25,7 @@ pub mod limit;
 pub mod limiter;
 pub mod policy;
 pub mod resources;
+pub mod rls;
 pub mod router;
 pub mod stores;
 pub mod switch;
@@ -41,6 +42,7 @@ use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
 use crate::runtime::limiter::{Limiter, LimiterError};
 use crate::runtime::resources::Resources;
+use crate::runtime::rls::RlsRt;
 use crate::runtime::router::Router;
 use crate::runtime::stores::Stores;
 use crate::runtime::switch::KillSwitch;
@@ -119,6 +121,8 @@ pub struct Runtime {
     pub stores: Stores,
     /// The limiter API's resources (`resources:`), by name.
     pub resources: Resources,
+    /// Envoy's rate limit service: `rls.config_dir`'s domains and their rules.
+    pub rls: RlsRt,
     /// The TLS listeners' certificates and acceptor; `None` without `tls.certificates`.
     /// Kept over reloads that change neither the settings nor the files' bytes.
     pub tls: Option<Arc<TlsStore>>,
@@ -177,6 +181,14 @@ pub enum BuildError {
         /// What went wrong.
         source: LimiterError,
     },
+    /// An Envoy rate limit service rule's state could not be built.
+    #[error("rls rule `{rule}`: {source}")]
+    Rls {
+        /// The rule's path.
+        rule: String,
+        /// What went wrong.
+        source: LimiterError,
+    },
     /// A limiter's state could not be built.
     #[error("origin `{origin}`, limit `{limit}`: {source}")]
     Limit {
@@ -209,6 +221,7 @@ impl Runtime {
                     .iter()
                     .flat_map(|o| o.all_limits().flat_map(|l| l.states(&o.name)))
                     .chain(p.resources.states())
+                    .chain(p.rls.states())
                     .collect()
             })
             .unwrap_or_default();
@@ -310,6 +323,8 @@ impl Runtime {
         let resources =
             Resources::build(&config, &before, &segments, &stores, metrics, &mut carried)
                 .map_err(|(resource, source)| BuildError::Resource { resource, source })?;
+        let rls = RlsRt::build(&config, &before, &stores, metrics, &mut carried)
+            .map_err(|(rule, source)| BuildError::Rls { rule, source })?;
         carried.dropped = before.len().saturating_sub(carried.kept);
         let router = Router::new(
             config
@@ -329,6 +344,7 @@ impl Runtime {
             kill,
             stores,
             resources,
+            rls,
             tls,
             managed,
         };

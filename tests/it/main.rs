@@ -49,6 +49,7 @@ mod reload;
 mod reload_files;
 mod reload_hardening;
 mod request_limits;
+mod rls;
 mod schema;
 mod simulate;
 mod snapshot;

@@ -37,7 +37,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("custom tag", concat!(base!(), "    tls: !yes true\n"), "t.yaml:5:15: origins.a.tls: YAML tag `!yes` is not supported"),
     ("two documents", concat!(base!(), "---\n", base!()), "t.yaml:5:1: (syntax): only one YAML document is allowed"),
     ("unknown top key, close", "origin:\n  a: {}\n", "t.yaml:1:1: origin: unknown key `origin`; did you mean `origins`?"),
-    ("unknown top key, far", concat!(base!(), "zzz: 1\n"), "t.yaml:5:1: zzz: unknown key `zzz`; expected one of server, tls, api, stores, segments, defaults, origins, resources"),
+    ("unknown top key, far", concat!(base!(), "zzz: 1\n"), "t.yaml:5:1: zzz: unknown key `zzz`; expected one of server, tls, api, stores, segments, defaults, origins, resources, rls"),
     ("missing origins", "server:\n  threads: 2\n", "t.yaml:1:1: origins: missing required field `origins`"),
     ("empty origins", "origins: {}\n", "t.yaml:1:10: origins: at least one origin is needed"),
     ("origins is a list", "origins:\n  - a\n", "t.yaml:2:3: origins: expected a mapping, found a list"),

@@ -90,6 +90,7 @@ fn parses_the_design_example() {
             customer_header: Some("x-customer-id".into()),
             demo_upstream: None,
             limiter_api: None,
+            rls: None,
             admin: None,
             admin_token: None,
             instance: None,
