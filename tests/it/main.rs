@@ -9,6 +9,7 @@
 
 mod common;
 
+mod access_log;
 mod admin;
 mod api_auth;
 mod api_binary;
