@@ -17,6 +17,7 @@
 //! - [`acme`]: certificates ordered and renewed from an ACME CA (`tls.acme`).
 //! - [`simulate`]: replaying an access log through a runtime, offline.
 //! - [`problem`]: the RFC 9457 answers the HTTP front ends share.
+//! - [`accesslog`]: the access log: per-request records, buffered, written by a thread.
 //! - [`runtime`]: a config made live: routing, upstreams, per-limit state, decisions.
 //! - [`store`]: shared state in Redis and the shared limiters with their fallbacks.
 //! - [`tls`]: the certificate store (PEM files, SNI by SAN) and the TLS acceptor.
@@ -28,6 +29,7 @@
 //! - [`metrics`]: the Prometheus registry and its families.
 //! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
 
+pub mod accesslog;
 pub mod acme;
 pub mod admin;
 pub mod api;

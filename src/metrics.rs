@@ -89,6 +89,9 @@ pub struct Metrics {
     /// `tollgate_store_fallback_decisions_total{store}`: decisions made by the fallback
     /// because the store did not answer within its budget or its breaker was open.
     pub store_fallback_decisions_total: IntCounterVec,
+    /// `tollgate_access_log_dropped_total`: access log lines dropped because the buffer
+    /// was full (the writer fell behind the disk) or a write failed.
+    pub access_log_dropped_total: IntCounter,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -273,6 +276,11 @@ impl Metrics {
         registry.register(Box::new(store_requests_total.clone()))?;
         registry.register(Box::new(store_latency_seconds.clone()))?;
         registry.register(Box::new(store_fallback_decisions_total.clone()))?;
+        let access_log_dropped_total = IntCounter::new(
+            "tollgate_access_log_dropped_total",
+            "Access log lines dropped: the buffer was full (the writer fell behind) or a write failed.",
+        )?;
+        registry.register(Box::new(access_log_dropped_total.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -306,6 +314,7 @@ impl Metrics {
             store_requests_total,
             store_latency_seconds,
             store_fallback_decisions_total,
+            access_log_dropped_total,
         })
     }
 

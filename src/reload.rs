@@ -198,6 +198,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.instance != new.instance {
         changed.push("server.instance");
     }
+    if old.access_log != new.access_log {
+        changed.push("server.access_log");
+    }
     changed
 }
 

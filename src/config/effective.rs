@@ -387,6 +387,40 @@ struct EffServer {
     h2_max_streams: u32,
     h2_max_header_list: u32,
     h2_max_resets: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    access_log: Option<EffAccessLog>,
+}
+
+#[derive(Serialize)]
+struct EffAccessLog {
+    path: String,
+    format: &'static str,
+    only: &'static str,
+    query: &'static str,
+    headers: Vec<String>,
+}
+
+impl EffAccessLog {
+    fn of(a: &crate::config::AccessLog) -> Self {
+        use crate::config::{AccessLogFormat, AccessLogOnly, AccessLogPath};
+        Self {
+            path: match &a.path {
+                AccessLogPath::Stdout => "stdout".to_string(),
+                AccessLogPath::File(p) => p.display().to_string(),
+            },
+            format: match a.format {
+                AccessLogFormat::Json => "json",
+                AccessLogFormat::Combined => "combined",
+            },
+            only: match a.only {
+                AccessLogOnly::All => "all",
+                AccessLogOnly::Rejected => "rejected",
+                AccessLogOnly::Errors => "errors",
+            },
+            query: if a.query { "keep" } else { "drop" },
+            headers: a.headers.clone(),
+        }
+    }
 }
 
 impl EffServer {
@@ -411,6 +445,7 @@ impl EffServer {
             h2_max_streams: s.connections.h2_max_streams,
             h2_max_header_list: s.connections.h2_max_header_list,
             h2_max_resets: s.connections.h2_max_resets,
+            access_log: s.access_log.as_ref().map(EffAccessLog::of),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod parse;
 pub mod schema;
 pub mod secret;
 
+mod access_log;
 mod acme;
 mod api;
 mod bounds;

@@ -222,6 +222,55 @@ pub struct Server {
     pub kill_switch: bool,
     /// How long a downstream connection may take and how many may be open.
     pub connections: Connections,
+    /// The per-request access log (`server.access_log`); `None`: no access log.
+    pub access_log: Option<AccessLog>,
+}
+
+/// `server.access_log`: where each request's line goes, in which format, and which
+/// requests get one. Written off the request path (see `docs/access-log.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    /// The file (relative to the config file's directory), or standard output.
+    pub path: AccessLogPath,
+    /// `json` (the default: one object per line, what `tollgate simulate` reads) or
+    /// `combined` (nginx's).
+    pub format: AccessLogFormat,
+    /// Which requests are logged (`only`, default `all`).
+    pub only: AccessLogOnly,
+    /// Whether the path keeps its query (`query: keep`); dropped by default, since a
+    /// query can carry tokens.
+    pub query: bool,
+    /// Request headers added to each line (lower-cased), never a credential.
+    pub headers: Vec<String>,
+}
+
+/// Where the access log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogPath {
+    /// Standard output (`path: stdout`): for containers and journald.
+    Stdout,
+    /// A file, created if missing, appended to, reopened when moved or on SIGUSR1.
+    File(std::path::PathBuf),
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line with every field (`tollgate simulate` reads it as it is).
+    Json,
+    /// nginx's `combined` format, for tools that read nothing else.
+    Combined,
+}
+
+/// Which requests get a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogOnly {
+    /// Every request.
+    All,
+    /// Requests a limit rejected.
+    Rejected,
+    /// Requests answered with a status of 400 or more, or with none.
+    Errors,
 }
 
 /// The admin API's bearer token, read from `server.admin_token_file`: a [`Secret`], whose

@@ -19,6 +19,9 @@
 use serde_json::{json, Map, Value};
 use strum::IntoEnumIterator;
 
+use crate::config::access_log::{
+    ACCESS_LOG_KEYS, FORMATS, MAX_HEADERS, ONLY, QUERY, SECRET_HEADERS,
+};
 use crate::config::acme::{ACME_KEYS, CHALLENGES, MAX_ACME_HOSTS, RETRY_KEYS};
 use crate::config::api::API_KEYS;
 use crate::config::bounds;
@@ -263,8 +266,29 @@ fn server(keys: &mut Keys<'_>) -> Value {
         "properties": {"tls": {"const": true}, "h2c": {"const": true}},
     });
     let listen_item = json!({"oneOf": [socket_addr(), listener]});
+    let mut access_log = keys.object("server.access_log", &ACCESS_LOG_KEYS, |key| {
+        Some(match key {
+            "path" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
+            "format" => json!({"enum": FORMATS}),
+            "only" => json!({"enum": ONLY}),
+            "query" => json!({"enum": QUERY}),
+            "headers" => list(
+                json!({
+                    "type": "string",
+                    "pattern": format!("^{HEADER_NAME}$"),
+                    "not": {"enum": SECRET_HEADERS},
+                }),
+                0,
+                Some(MAX_HEADERS),
+            ),
+            _ => return None,
+        })
+    });
+    access_log["type"] = json!("object");
+    access_log["required"] = json!(["path"]);
     keys.object("server", &SERVER_KEYS, |key| {
         Some(match key {
+            "access_log" => access_log.clone(),
             "listen" => list(listen_item.clone(), 1, None),
             "metrics" | "limiter_api" | "demo_upstream" | "admin" | "rls" => socket_addr(),
             "admin_token_file" => json!({"type": "string", "minLength": 1}),

@@ -1,8 +1,8 @@
 //! The `server:` section: listeners (proxy, in their string or object form, metrics,
 //! limiter API, admin API, demo upstream) and the admin token, threads,
 //! shutdown window, trusted proxies, the customer header, the instance name, the kill
-//! switch and the bounds on downstream connections (HTTP/2's included), with their
-//! defaults.
+//! switch, the bounds on downstream connections (HTTP/2's included) and the access log
+//! ([`super::access_log`]), with their defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::config::access_log;
 use crate::config::model::{AdminToken, Connections, Listener, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
@@ -19,8 +20,9 @@ use crate::config::tls;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 20] = [
+pub(crate) const SERVER_KEYS: [&str; 21] = [
     "listen",
+    "access_log",
     "metrics",
     "limiter_api",
     "rls",
@@ -88,6 +90,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         instance: None,
         kill_switch: false,
         connections: Connections::default(),
+        access_log: None,
     };
     let mut binds = Vec::new();
     let mut listeners = Vec::new();
@@ -214,6 +217,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     server.connections.h2_max_resets = u32::try_from(n).unwrap_or(u32::MAX);
                 }
             }
+            "access_log" => server.access_log = access_log::parse(r, v, &path, file),
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
                     if crate::limits::key::is_header_name(name) {

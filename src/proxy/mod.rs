@@ -14,6 +14,7 @@
 //! decisions; it never builds runtime state and never imports the reloader or the process
 //! assembly ([`crate::server`]), which sit above it.
 
+pub mod access;
 pub mod challenge;
 pub mod conn;
 pub mod connections;
@@ -29,6 +30,7 @@ pub mod listeners;
 pub mod metrics_app;
 pub mod pingora_log;
 pub mod proxy_protocol;
+pub mod request_id;
 pub mod route;
 pub mod service;
 pub mod tls_accept;

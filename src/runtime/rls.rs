@@ -255,6 +255,7 @@ impl RlsRt {
             segments: &segments,
             stores,
             tops: &tops,
+            servers: &[],
         };
         let mut out = RlsRt::default();
         for domain in &config.rls.domains {

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod access_log;
 mod acme;
 mod admin;
 mod api_auth;

@@ -96,6 +96,7 @@ fn parses_the_design_example() {
             instance: None,
             kill_switch: false,
             connections: Default::default(),
+            access_log: None,
         }
     );
     assert_eq!(c.origins.len(), 2);
