@@ -14,8 +14,8 @@
 //!   appended on its own line and forward what the client wrote.
 //! - **Field count.** Pingora's HTTP/1 parser reads at most [`MAX_FORWARDED_FIELDS`]
 //!   header fields, in tollgate as in a Pingora upstream (tollgate's demo upstream is one).
-//!   A request that arrives with that many, without `X-Forwarded-For`, would go upstream
-//!   with one more: the upstream refuses it by closing the connection, which tollgate saw as
+//!   A request that arrives with that many, without `X-Forwarded-For` and `X-Request-Id`,
+//!   would go upstream with two more: the upstream refuses it by closing the connection, which tollgate saw as
 //!   a failed upstream (502, and a retry of an idempotent request). Such a request is the
 //!   client's: it is answered 431 Request Header Fields Too Large (RFC 6585 §5) before any
 //!   limit counts it ([`forwarded_fields`]). More fields than that never reach tollgate's
@@ -109,10 +109,12 @@ fn trim_list(bytes: &[u8]) -> &[u8] {
 }
 
 /// How many header fields the request carries upstream: its own, with every
-/// `X-Forwarded-For` line merged into the one line tollgate sends.
+/// `X-Forwarded-For` line merged into the one line tollgate sends, and every
+/// `X-Request-Id` line into the one ID tollgate sends (kept or generated).
 pub fn forwarded_fields(headers: &HeaderMap) -> usize {
     let xff_lines = headers.get_all(X_FORWARDED_FOR).iter().count();
-    headers.len() - xff_lines + 1
+    let id_lines = headers.get_all(super::request_id::HEADER).iter().count();
+    headers.len() - xff_lines - id_lines + 2
 }
 
 #[cfg(test)]
@@ -183,14 +185,16 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_fields_count_one_forwarded_for_line() {
+    fn forwarded_fields_count_one_forwarded_for_line_and_one_request_id() {
         let h = headers(&[("host", "a"), ("accept", "*/*")]);
-        assert_eq!(forwarded_fields(&h), 3);
+        assert_eq!(forwarded_fields(&h), 4);
         let h = headers(&[
             ("host", "a"),
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "2.2.2.2"),
+            ("x-request-id", "a"),
+            ("x-request-id", "b"),
         ]);
-        assert_eq!(forwarded_fields(&h), 2);
+        assert_eq!(forwarded_fields(&h), 3);
     }
 }
