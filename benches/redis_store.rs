@@ -418,7 +418,7 @@ fn main() {
             while started.elapsed() < len / 2 {
                 let v = l.acquire(1, 1, clock.now()).await;
                 n += 1;
-                admitted += u64::from(v.verdict.allowed);
+                admitted += u64::from(v.value.allowed);
             }
             (n, admitted)
         });

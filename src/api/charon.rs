@@ -652,7 +652,7 @@ async fn reserve_in_store(
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
     let counters = &r.limit.counters;
     let outcome = c.limiter.acquire_range(key, mask, min, copies).await;
-    let (guard, forced, rejection) = match outcome.result {
+    let (guard, forced, rejection) = match outcome.value {
         Ok(guard) => {
             counters.allowed.inc();
             (Some(guard), 0, None)

@@ -2,9 +2,12 @@
 //! every kind.
 //!
 //! A request meets its limits in two phases (see `docs/architecture.md`): the
-//! [`Phase::Request`] limits (quota kinds: rate, token bucket) when the request arrives, and
-//! the [`Phase::Upstream`] limits (holding kinds: inflight) once an upstream server is
-//! picked, because their key may name that server. Both phases run [`run`].
+//! [`Phase::Request`] limits (the quota kinds: rate, token bucket, sliding log, tiered) when
+//! the request arrives, and the [`Phase::Upstream`] limits (the holding kinds: inflight,
+//! concurrency) once an upstream server is picked, because their key may name that server.
+//! Both phases run [`run`], one loop for all six kinds, whose state lives in this process
+//! or in a shared store alike (a shared limit's decision is one store call, within the
+//! phase's budget, or its fallback's).
 //!
 //! **No-burn rule.** Every admission records what it took as a [`Taken`]; when a later
 //! limit (of either phase) rejects, every `Taken` is undone, so a request that is turned

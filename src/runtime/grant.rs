@@ -18,7 +18,7 @@
 
 use crate::limits::{Facts, Grant, Nanos, TieredDecision, TieredParams, NEVER};
 use crate::runtime::limiter::{ConcurrencyRt, Limiter};
-use crate::store::{Micros, SharedGrant, Source};
+use crate::store::{Micros, Source, Sourced};
 
 /// A request's answer with its context: the grant, where it came from and, for a tiered
 /// limit, the decision (tier, which limit decided).
@@ -41,9 +41,9 @@ impl Granted {
         }
     }
 
-    fn shared(g: SharedGrant) -> Self {
+    fn shared(g: Sourced<Grant>) -> Self {
         Self {
-            grant: g.grant,
+            grant: g.value,
             source: Some(g.source),
             tiered: None,
         }

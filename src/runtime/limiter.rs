@@ -26,9 +26,9 @@ use crate::limits::{
 use crate::runtime::learned::{self, LearnCtx, Learned};
 use crate::segments::Segment;
 use crate::store::{
-    KeyNames, LogDecision, RedisStore, SharedConcurrency, SharedConcurrencyGuard, SharedInflight,
-    SharedInflightGuard, SharedRate, SharedSlidingLog, SharedTiered, SharedTieredDecision,
-    SharedTokenBucket, SharedVerdict, Source,
+    KeyNames, LogAdmission, RedisStore, SharedConcurrency, SharedConcurrencyGuard, SharedInflight,
+    SharedInflightGuard, SharedRate, SharedSlidingLog, SharedTiered, SharedTokenBucket, Source,
+    Sourced, TieredAdmission,
 };
 
 /// A cost header that is not a positive integer: answered with 400, because a caller that
@@ -97,7 +97,7 @@ pub enum Hold {
         /// The key charged (its stable hash).
         key: u64,
         /// The decision, with what its refund needs.
-        decision: Box<LogDecision>,
+        decision: Box<Sourced<LogAdmission>>,
     },
     /// Hits a shared tiered limit recorded: taken back in the background if a later limit
     /// rejects (tier entries stay).
@@ -105,7 +105,7 @@ pub enum Hold {
         /// The key charged (its stable hash).
         key: u64,
         /// The decision, with what its refund needs.
-        decision: Box<SharedTieredDecision>,
+        decision: Box<Sourced<TieredAdmission>>,
     },
     /// Fleet-wide concurrency copies: given back when dropped, locally at once and to the
     /// store in the background.
@@ -914,16 +914,20 @@ impl Limiter {
         Ok(match self {
             Limiter::SharedTokenBucket(l) => {
                 let cost = l.cost.resolve(facts, l.params.capacity)?;
-                let SharedVerdict { verdict, source } =
-                    Box::pin(l.limiter.acquire(key, cost, now)).await;
+                let Sourced {
+                    value: verdict,
+                    source,
+                } = Box::pin(l.limiter.acquire(key, cost, now)).await;
                 let hold = verdict
                     .allowed
                     .then_some(Hold::SharedRefund { key, cost, source });
                 Decision::of(verdict, hold)
             }
             Limiter::SharedRate(l) => {
-                let SharedVerdict { verdict, source } =
-                    Box::pin(l.limiter.acquire(key, 1, now)).await;
+                let Sourced {
+                    value: verdict,
+                    source,
+                } = Box::pin(l.limiter.acquire(key, 1, now)).await;
                 let hold = verdict.allowed.then_some(Hold::SharedRefund {
                     key,
                     cost: 1,
@@ -931,7 +935,7 @@ impl Limiter {
                 });
                 Decision::of(verdict, hold)
             }
-            Limiter::SharedInflight(l) => match Box::pin(l.limiter.acquire(key)).await.result {
+            Limiter::SharedInflight(l) => match Box::pin(l.limiter.acquire(key)).await.value {
                 Ok(guard) => Decision::of(
                     Verdict::allow(l.max.saturating_sub(l.limiter.held(key)), 0),
                     Some(Hold::SharedInflight(guard)),
@@ -960,7 +964,7 @@ impl Limiter {
             }
             Limiter::SharedConcurrency(l) => {
                 let mask = group_mask(&l.groups, facts);
-                match Box::pin(l.limiter.acquire(key, mask, 1)).await.result {
+                match Box::pin(l.limiter.acquire(key, mask, 1)).await.value {
                     Ok(guard) => Decision::of(
                         Verdict::allow(guard.remaining(), 0),
                         Some(Hold::SharedConcurrency(guard)),

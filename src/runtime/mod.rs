@@ -9,13 +9,20 @@
 //! [`crate::tls`] and [`crate::metrics`], never on a front end: see the module map in
 //! `docs/architecture.md`.
 //!
+//! Each limit variant is one [`Limiter`] of one of the six kinds (inflight, rate, token
+//! bucket, tiered, concurrency, sliding log), whose state lives in this process or, for a
+//! limit with `store:`, in a shared store; the decision loop ([`decide`]), the API
+//! ([`grant`], [`resources`]) and the collector treat both alike.
+//!
 //! Limiter state is identified by origin, limit name, override match and key parts (a
 //! [`limit::StateId`]). A reload looks each identity up in the previous runtime and reuses
-//! its state when its shape is unchanged (window and `max_keys` for rate, sketch size for
-//! inflight, every bucket parameter for token buckets), so an unchanged limit keeps its
-//! counters and buckets; `max` alone never shapes state, so raising a rate or inflight
-//! `max` keeps the counts too. New identities start fresh; identities absent from the new
-//! config are dropped with the old runtime once the last request holding it finishes.
+//! its state when it is in the same place (the very same store, for a shared one) and its
+//! shape is unchanged, so an unchanged limit keeps its counters, buckets, logs, tiers and
+//! holds. In process, `max` alone never shapes a rate's or inflight's state, so raising it
+//! keeps the counts too; a shared limiter's shape is every parameter, so there it starts a
+//! new limiter (and fallback) while Redis keeps the counts (`docs/architecture.md`,
+//! *Invariants*). New identities start fresh; identities absent from the new config are
+//! dropped with the old runtime once the last request holding it finishes.
 
 pub mod collector;
 pub mod decide;

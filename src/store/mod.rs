@@ -3,11 +3,13 @@
 //!
 //! - [`redis`]: the store itself: one pipelined connection on its own runtime thread, a
 //!   budget per call, a breaker with a background probe, one Lua script per decision.
+//! - [`remote`]: the seam, what every kind whose state lives in the store shares, written
+//!   once: the deny cache, the store call within its budget, the fallback, lease renewal,
+//!   and answers that say who gave them ([`Sourced`], [`Source`]).
 //! - [`shared`], [`shared_log`], [`shared_tiered`], [`shared_concurrency`]: the limiters the
 //!   runtime calls, one per kind ([`SharedTokenBucket`], [`SharedRate`], [`SharedInflight`],
-//!   [`SharedSlidingLog`], [`SharedTiered`], [`SharedConcurrency`]): each asks the store
-//!   and, when the store cannot answer in time, decides with its fallback; each says where
-//!   its answer came from ([`Source`]).
+//!   [`SharedSlidingLog`], [`SharedTiered`], [`SharedConcurrency`]): each supplies only its
+//!   script calls, how to read their replies and its fallback limiter.
 //! - [`deny_cache`]: rejections remembered locally until their `retry_after`, so that a
 //!   flood from one key does not become a flood of store calls.
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
@@ -25,6 +27,7 @@ pub mod deny_cache;
 mod held;
 pub mod key;
 pub mod redis;
+pub mod remote;
 pub mod shared;
 pub mod shared_concurrency;
 pub mod shared_log;
@@ -36,13 +39,11 @@ pub use self::redis::{
 };
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};
-pub use shared::{
-    InflightOutcome, SharedGrant, SharedInflight, SharedInflightGuard, SharedRate,
-    SharedTokenBucket, SharedVerdict, Source,
-};
-pub use shared_concurrency::{ConcurrencyOutcome, SharedConcurrency, SharedConcurrencyGuard};
-pub use shared_log::{LogDecision, LogTicket, SharedSlidingLog};
-pub use shared_tiered::{SharedTiered, SharedTieredDecision, TieredTicket};
+pub use remote::{Source, Sourced};
+pub use shared::{SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket};
+pub use shared_concurrency::{SharedConcurrency, SharedConcurrencyGuard};
+pub use shared_log::{LogAdmission, LogTicket, SharedSlidingLog};
+pub use shared_tiered::{SharedTiered, TieredAdmission, TieredTicket};
 
 /// Why a store call did not produce an answer. Only construction errors (`BadUrl`,
 /// `Runtime`) reach the config; the others make the caller fall back.

@@ -1,15 +1,7 @@
-//! The shared limiters: one per kind, each owning its store's fallback, so that the
-//! runtime calls one async method and gets a decision and where it came from.
-//!
-//! A decision goes, in order, to:
-//! 1. the local deny cache (token bucket, rate and sliding log, not `strict`): a key the
-//!    store rejected is rejected here until its `retry_after`, without a store call
-//!    ([`Source::DenyCache`]);
-//! 2. the store, within its budget ([`Source::Store`]);
-//! 3. the fallback, when the store missed its budget, answered an error or its breaker is
-//!    open ([`Source::Fallback`], counted in `tollgate_store_fallback_decisions_total`):
-//!    `local` decides with an in-process limiter of the same kind at this instance's share
-//!    of the limit, `allow` admits, `deny` rejects (retry after one probe interval).
+//! The shared token bucket, rate and inflight limits: each supplies its script calls and
+//! its fallback to the seam (`crate::store::remote`: deny cache, store within its budget,
+//! fallback), so that the runtime calls one async method and gets a decision and where it
+//! came from ([`Sourced`]).
 //!
 //! **Local share.** With `n = instances`: a rate's and an inflight limit's `max` become
 //! `⌈max / n⌉`; a bucket's capacity `⌈capacity / n⌉` and its refill `⌈amount / n⌉` tokens
@@ -40,87 +32,52 @@
 //! dirty key's overwrite can race an operation in flight; the key then stays dirty and is
 //! written again at the next renewal: Redis is off by it for at most one interval.
 
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
-use crate::limits::clock::{nanos, Nanos};
+use crate::limits::clock::Nanos;
 use crate::limits::inflight::{InflightGuard, InflightLimiter};
 use crate::limits::rate::{RateLimiter, RateParams};
 use crate::limits::sketch::SketchSize;
 use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
 use crate::limits::verdict::{Grant, Verdict};
-use crate::store::deny_cache::DenyCache;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::redis::{Fallback, Micros, RateCounts, RedisStore};
+use crate::store::remote::{renew_every_third, share, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
 
-/// Where a shared decision came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// The store decided.
-    Store,
-    /// The store could not answer in time (or its breaker is open): the fallback decided.
-    Fallback,
-    /// A rejection remembered from the store, answered locally.
-    DenyCache,
-}
-
-/// A decision and where it came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SharedVerdict {
-    /// The decision.
-    pub verdict: Verdict,
-    /// Who made it; pass it back to `refund`.
-    pub source: Source,
-}
-
-/// A decision on a request for between `min` and `want` units, and where it came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SharedGrant {
-    /// The grant: the largest count in `[min, want]` that fitted, or none.
-    pub grant: Grant,
-    /// Who made it; pass it back to `refund` with the granted count.
-    pub source: Source,
-}
-
-/// The fallback's grant when the store cannot answer: the local limiter's (`local`), the
-/// whole request (`allow`), or nothing (`deny`).
+/// The fallback's grant of between `min` and `want` when the store did not answer: the
+/// local limiter's (`local`), the whole request (`allow`, reporting `limit` left), or
+/// nothing (`deny`).
 fn fallback_grant(
-    store: &RedisStore,
+    remote: &Remote,
+    fallback: Fallback,
     want: u64,
     limit: u64,
     local: impl FnOnce() -> Grant,
-) -> SharedGrant {
-    store.metrics().fallback.inc();
-    let grant = match store.config().fallback {
+) -> Grant {
+    match fallback {
         Fallback::Local => local(),
         Fallback::Allow => Grant {
             verdict: Verdict::allow(limit, 0),
             granted: want,
         },
-        Fallback::Deny => Grant::rejected(denied(store)),
-    };
-    SharedGrant {
-        grant,
-        source: Source::Fallback,
+        Fallback::Deny => Grant::rejected(remote.denied()),
     }
 }
 
-/// A rejection answered from the deny cache.
-fn cached(verdict: Verdict) -> SharedGrant {
-    SharedGrant {
-        grant: Grant::rejected(verdict),
-        source: Source::DenyCache,
+/// The fallback's verdict on a request of a fixed cost (as [`fallback_grant`]).
+fn fallback_verdict(
+    remote: &Remote,
+    fallback: Fallback,
+    limit: u64,
+    local: impl FnOnce() -> Verdict,
+) -> Verdict {
+    match fallback {
+        Fallback::Local => local(),
+        Fallback::Allow => Verdict::allow(limit, 0),
+        Fallback::Deny => remote.denied(),
     }
-}
-
-/// The default size of a shared limiter's deny cache, in keys (41 bytes each).
-pub const DEFAULT_DENY_CACHE_KEYS: usize = 4096;
-
-/// `⌈v / n⌉`, this instance's share of `v` across `n` instances.
-pub(crate) fn share(v: u64, n: u32) -> u64 {
-    v.div_ceil(u64::from(n.max(1)))
 }
 
 /// A bucket's local share (module doc): capacity and refill divided by `n`, rounded up,
@@ -139,25 +96,19 @@ pub fn local_bucket_share(p: TokenBucketParams, n: u32) -> TokenBucketParams {
     }
 }
 
-/// The fallback `deny` verdict: retry after one probe interval.
-pub(crate) fn denied(store: &RedisStore) -> Verdict {
-    Verdict::reject(0, 0, nanos(store.config().probe_every).max(1))
-}
-
 /// A token bucket whose state is shared through a store.
 pub struct SharedTokenBucket {
-    store: RedisStore,
+    remote: Remote,
     names: Arc<KeyNames>,
     params: TokenBucketParams,
     local: TokenBucket,
-    deny: Option<DenyCache>,
 }
 
 impl SharedTokenBucket {
     /// The store this limiter decides in: a reload keeps the limiter only while the
     /// runtime keeps this very store (same connection), not just one of the same name.
     pub fn store(&self) -> &RedisStore {
-        &self.store
+        self.remote.store()
     }
 
     /// A bucket of `params` in `store`, under `names`; the local fallback holds at most
@@ -170,19 +121,15 @@ impl SharedTokenBucket {
         max_keys: usize,
         deny_cache_keys: usize,
     ) -> Self {
-        let local_keys = match store.config().fallback {
-            Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => 0,
-        };
+        let remote = Remote::new(store, if params.strict { 0 } else { deny_cache_keys });
         Self {
-            store: store.clone(),
-            names: Arc::new(names),
-            params,
             local: TokenBucket::new(
                 local_bucket_share(params, store.config().instances),
-                local_keys,
+                remote.local_keys(max_keys, 0),
             ),
-            deny: (deny_cache_keys > 0 && !params.strict).then(|| DenyCache::new(deny_cache_keys)),
+            remote,
+            names: Arc::new(names),
+            params,
         }
     }
 
@@ -190,14 +137,14 @@ impl SharedTokenBucket {
     /// time until it is full. One read-only script call within the store's budget; it
     /// writes nothing (the admin API's `/state`).
     pub async fn peek(&self, key: u64) -> Result<(u64, Nanos), StoreError> {
-        self.store
+        self.store()
             .token_bucket_get(&self.names, key, &self.params, None)
             .await
     }
 
     /// Decides a request of `cost` tokens for the key hashed to `key` (the stable hash), at
     /// Redis's time. `now` is the local clock, for the deny cache and the fallback.
-    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> SharedVerdict {
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Sourced<Verdict> {
         self.acquire_at(key, cost, now, None).await
     }
 
@@ -209,40 +156,19 @@ impl SharedTokenBucket {
         cost: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> SharedVerdict {
-        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, cost, now)) {
-            return SharedVerdict {
-                verdict,
-                source: Source::DenyCache,
-            };
-        }
-        match self
-            .store
-            .token_bucket(&self.names, key, &self.params, cost, at)
+    ) -> Sourced<Verdict> {
+        let call = self
+            .store()
+            .token_bucket(&self.names, key, &self.params, cost, at);
+        let fallback = |f| {
+            fallback_verdict(&self.remote, f, self.params.capacity, || {
+                self.local.acquire(key, cost, now)
+            })
+        };
+        let same = |v| v;
+        self.remote
+            .decide((key, cost, now), call, same, same, fallback)
             .await
-        {
-            Ok(verdict) => {
-                if let Some(deny) = &self.deny {
-                    deny.insert(key, cost, &verdict, now);
-                }
-                SharedVerdict {
-                    verdict,
-                    source: Source::Store,
-                }
-            }
-            Err(_) => {
-                self.store.metrics().fallback.inc();
-                let verdict = match self.store.config().fallback {
-                    Fallback::Local => self.local.acquire(key, cost, now),
-                    Fallback::Allow => Verdict::allow(self.params.capacity, 0),
-                    Fallback::Deny => denied(&self.store),
-                };
-                SharedVerdict {
-                    verdict,
-                    source: Source::Fallback,
-                }
-            }
-        }
     }
 
     /// Decides a request for between `min` and `want` tokens (a `min` above `want` is
@@ -257,29 +183,19 @@ impl SharedTokenBucket {
         want: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> SharedGrant {
+    ) -> Sourced<Grant> {
         let min = min.min(want);
-        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
-            return cached(verdict);
-        }
-        match self
-            .store
-            .token_bucket_many(&self.names, key, &self.params, min, want, at)
-            .await
-        {
-            Ok(grant) => {
-                if let Some(deny) = &self.deny {
-                    deny.insert(key, min, &grant.verdict, now);
-                }
-                SharedGrant {
-                    grant,
-                    source: Source::Store,
-                }
-            }
-            Err(_) => fallback_grant(&self.store, want, self.params.capacity, || {
+        let call = self
+            .store()
+            .token_bucket_many(&self.names, key, &self.params, min, want, at);
+        let fallback = |f| {
+            fallback_grant(&self.remote, f, want, self.params.capacity, || {
                 self.local.acquire_many(key, min, want, now)
-            }),
-        }
+            })
+        };
+        self.remote
+            .decide((key, min, now), call, |g| g, Grant::rejected, fallback)
+            .await
     }
 
     /// Gives back `cost` tokens of an admission that came from `from` (a later limit
@@ -288,8 +204,8 @@ impl SharedTokenBucket {
         match from {
             Source::Store => {
                 let (store, names, params) =
-                    (self.store.clone(), Arc::clone(&self.names), self.params);
-                self.store.handle().spawn(async move {
+                    (self.store().clone(), Arc::clone(&self.names), self.params);
+                self.remote.spawn(async move {
                     let _ = store
                         .token_bucket_refund(&names, key, &params, cost, None)
                         .await;
@@ -303,7 +219,7 @@ impl SharedTokenBucket {
     /// The tokens the key's bucket holds, taking nothing, and where the answer came from.
     pub async fn tokens(&self, key: u64, now: Nanos, at: Option<Micros>) -> (u64, Source) {
         match self
-            .store
+            .store()
             .token_bucket_get(&self.names, key, &self.params, at)
             .await
         {
@@ -319,31 +235,30 @@ impl SharedTokenBucket {
 
     /// Store calls the deny cache saved.
     pub fn deny_cache_hits(&self) -> u64 {
-        self.deny.as_ref().map_or(0, DenyCache::hits)
+        self.remote.deny_cache_hits()
     }
 }
 
 /// A sliding-window rate whose counts are shared through a store (exact per key there).
 pub struct SharedRate {
-    store: RedisStore,
+    remote: Remote,
     names: Arc<KeyNames>,
     params: RateParams,
     local_max: u64,
     local: RateLimiter,
-    deny: Option<DenyCache>,
 }
 
 impl SharedRate {
     /// The store this limiter decides in: a reload keeps the limiter only while the
     /// runtime keeps this very store (same connection), not just one of the same name.
     pub fn store(&self) -> &RedisStore {
-        &self.store
+        self.remote.store()
     }
 
     /// The fleet's window for the key in the store now, counting nothing: the admin API's
     /// `/state`.
     pub async fn peek(&self, key: u64) -> Result<RateCounts, StoreError> {
-        self.store.rate_get(&self.names, key, &self.params).await
+        self.store().rate_get(&self.names, key, &self.params).await
     }
 
     /// A rate of `params` in `store`, under `names`; the local fallback's table holds
@@ -355,23 +270,18 @@ impl SharedRate {
         max_keys: usize,
         deny_cache_keys: usize,
     ) -> Self {
-        let local_max = share(params.max, store.config().instances);
-        let max_keys = match store.config().fallback {
-            Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => 1,
-        };
+        let remote = Remote::new(store, if params.strict { 0 } else { deny_cache_keys });
         Self {
-            store: store.clone(),
+            local_max: remote.share(params.max),
+            local: RateLimiter::new(params.per, remote.local_keys(max_keys, 1)),
+            remote,
             names: Arc::new(names),
             params,
-            local_max,
-            local: RateLimiter::new(params.per, max_keys),
-            deny: (deny_cache_keys > 0 && !params.strict).then(|| DenyCache::new(deny_cache_keys)),
         }
     }
 
     /// Decides one event of weight `cost` for the key hashed to `key`, at Redis's time.
-    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> SharedVerdict {
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Sourced<Verdict> {
         self.acquire_at(key, cost, now, None).await
     }
 
@@ -382,43 +292,18 @@ impl SharedRate {
         cost: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> SharedVerdict {
-        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, cost, now)) {
-            return SharedVerdict {
-                verdict,
-                source: Source::DenyCache,
-            };
-        }
-        match self
-            .store
-            .rate(&self.names, key, &self.params, cost, at)
+    ) -> Sourced<Verdict> {
+        let call = self.store().rate(&self.names, key, &self.params, cost, at);
+        let fallback = |f| {
+            fallback_verdict(&self.remote, f, self.params.max, || {
+                self.local
+                    .acquire(key, self.local_max, cost, self.params.strict, now)
+            })
+        };
+        let same = |v| v;
+        self.remote
+            .decide((key, cost, now), call, same, same, fallback)
             .await
-        {
-            Ok(verdict) => {
-                if let Some(deny) = &self.deny {
-                    deny.insert(key, cost, &verdict, now);
-                }
-                SharedVerdict {
-                    verdict,
-                    source: Source::Store,
-                }
-            }
-            Err(_) => {
-                self.store.metrics().fallback.inc();
-                let verdict = match self.store.config().fallback {
-                    Fallback::Local => {
-                        self.local
-                            .acquire(key, self.local_max, cost, self.params.strict, now)
-                    }
-                    Fallback::Allow => Verdict::allow(self.params.max, 0),
-                    Fallback::Deny => denied(&self.store),
-                };
-                SharedVerdict {
-                    verdict,
-                    source: Source::Fallback,
-                }
-            }
-        }
     }
 
     /// Decides a request for between `min` and `want` events (a `min` above `want` is
@@ -433,30 +318,20 @@ impl SharedRate {
         want: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> SharedGrant {
+    ) -> Sourced<Grant> {
         let min = min.min(want);
-        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
-            return cached(verdict);
-        }
-        match self
-            .store
-            .rate_many(&self.names, key, &self.params, min, want, at)
-            .await
-        {
-            Ok(grant) => {
-                if let Some(deny) = &self.deny {
-                    deny.insert(key, min, &grant.verdict, now);
-                }
-                SharedGrant {
-                    grant,
-                    source: Source::Store,
-                }
-            }
-            Err(_) => fallback_grant(&self.store, want, self.params.max, || {
+        let call = self
+            .store()
+            .rate_many(&self.names, key, &self.params, min, want, at);
+        let fallback = |f| {
+            fallback_grant(&self.remote, f, want, self.params.max, || {
                 self.local
                     .acquire_many(key, self.local_max, min, want, self.params.strict, now)
-            }),
-        }
+            })
+        };
+        self.remote
+            .decide((key, min, now), call, |g| g, Grant::rejected, fallback)
+            .await
     }
 
     /// Takes back an admission that came from `from`; a store refund is sent in the
@@ -465,8 +340,8 @@ impl SharedRate {
         match from {
             Source::Store => {
                 let (store, names, params) =
-                    (self.store.clone(), Arc::clone(&self.names), self.params);
-                self.store.handle().spawn(async move {
+                    (self.store().clone(), Arc::clone(&self.names), self.params);
+                self.remote.spawn(async move {
                     let _ = store.rate_refund(&names, key, &params, cost, None).await;
                 });
             }
@@ -482,7 +357,7 @@ impl SharedRate {
 
     /// Store calls the deny cache saved.
     pub fn deny_cache_hits(&self) -> u64 {
-        self.deny.as_ref().map_or(0, DenyCache::hits)
+        self.remote.deny_cache_hits()
     }
 }
 
@@ -492,7 +367,7 @@ pub struct SharedInflight {
 }
 
 struct InflightShared {
-    store: RedisStore,
+    remote: Remote,
     names: KeyNames,
     max: u64,
     local_max: u64,
@@ -500,12 +375,22 @@ struct InflightShared {
     held: Held,
 }
 
-/// The outcome of a shared inflight acquire.
-pub struct InflightOutcome {
-    /// The guard holding the unit, or the estimate that was over `max`.
-    pub result: Result<SharedInflightGuard, u64>,
-    /// Who decided.
-    pub source: Source,
+impl Leased for InflightShared {
+    fn renewing(&self) -> bool {
+        self.remote.store().is_up()
+    }
+
+    fn held(&self) -> &Held {
+        &self.held
+    }
+
+    async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
+        self.remote
+            .store()
+            .inflight_renew(&self.names, key, count, dirty)
+            .await
+            .is_ok()
+    }
 }
 
 /// Holds one unit of a key's fleet-wide inflight count. Dropping it gives the unit back
@@ -522,23 +407,21 @@ impl SharedInflight {
     /// The store this limiter decides in: a reload keeps the limiter only while the
     /// runtime keeps this very store (same connection), not just one of the same name.
     pub fn store(&self) -> &RedisStore {
-        &self.shared.store
+        self.shared.remote.store()
     }
 
     /// The fleet's units in flight for the key hashed to `key`, counting instances with a
     /// live lease only: one read-only script call, bounded by the store's budget (the
     /// admin API's `/state`).
     pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
-        self.shared
-            .store
-            .inflight_total(&self.shared.names, key)
-            .await
+        self.store().inflight_total(&self.shared.names, key).await
     }
 
     /// An inflight limit of `max` units per key across the fleet, in `store`, under
     /// `names`; the local fallback uses a sketch of `sketch`. Starts the renewal task on
     /// the store's runtime (it ends when this limiter and its last guard are gone).
     pub fn new(store: &RedisStore, names: KeyNames, max: u64, sketch: SketchSize) -> Self {
+        let remote = Remote::new(store, 0);
         let sketch = match store.config().fallback {
             Fallback::Local => sketch,
             Fallback::Allow | Fallback::Deny => SketchSize {
@@ -547,23 +430,21 @@ impl SharedInflight {
             },
         };
         let shared = Arc::new(InflightShared {
-            store: store.clone(),
+            local_max: remote.share(max),
+            remote,
             names,
             max,
-            local_max: share(max, store.config().instances),
             local: InflightLimiter::new(sketch),
             held: Held::new(),
         });
-        let every = (store.config().lease / 3).max(Duration::from_millis(1));
-        store
-            .handle()
-            .spawn(renew_loop(Arc::downgrade(&shared), every));
+        renew_every_third(store, &shared);
         Self { shared }
     }
 
     /// Takes one unit for the key hashed to `key` if the fleet's total stays within `max`
-    /// (the fallback's share while the store cannot answer).
-    pub async fn acquire(&self, key: u64) -> InflightOutcome {
+    /// (the fallback's share while the store cannot answer): the guard holding it, or the
+    /// estimate that was over `max`.
+    pub async fn acquire(&self, key: u64) -> Sourced<Result<SharedInflightGuard, u64>> {
         let s = &self.shared;
         let guard = |source, local| {
             s.held.add(key, 1, source != Source::Store);
@@ -574,31 +455,17 @@ impl SharedInflight {
                 _local: local,
             }
         };
-        match s.store.inflight_acquire(&s.names, key, s.max).await {
-            Ok(Ok(_)) => InflightOutcome {
-                result: Ok(guard(Source::Store, None)),
-                source: Source::Store,
-            },
-            Ok(Err(estimate)) => InflightOutcome {
-                result: Err(estimate),
-                source: Source::Store,
-            },
-            Err(_) => {
-                s.store.metrics().fallback.inc();
-                let result = match s.store.config().fallback {
-                    Fallback::Local => s
-                        .local
-                        .acquire(key, s.local_max)
-                        .map(|(g, _)| guard(Source::Fallback, Some(g))),
-                    Fallback::Allow => Ok(guard(Source::Fallback, None)),
-                    Fallback::Deny => Err(s.max.saturating_add(1)),
-                };
-                InflightOutcome {
-                    result,
-                    source: Source::Fallback,
-                }
-            }
-        }
+        let call = s.remote.store().inflight_acquire(&s.names, key, s.max);
+        let stored = |admitted: Result<u64, u64>| admitted.map(|_| guard(Source::Store, None));
+        let fallback = |f| match f {
+            Fallback::Local => s
+                .local
+                .acquire(key, s.local_max)
+                .map(|(g, _)| guard(Source::Fallback, Some(g))),
+            Fallback::Allow => Ok(guard(Source::Fallback, None)),
+            Fallback::Deny => Err(s.max.saturating_add(1)),
+        };
+        s.remote.call(call, stored, fallback).await
     }
 
     /// Units this instance holds for the key, whoever admitted them.
@@ -627,13 +494,14 @@ impl SharedInflightGuard {
 impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
-        let send = self.source == Source::Store && s.store.is_up();
+        let send = self.source == Source::Store && s.remote.store().is_up();
         s.held.sub(self.key, 1, !send);
         if send {
             let (shared, key) = (Arc::clone(s), self.key);
-            s.store.handle().spawn(async move {
+            s.remote.spawn(async move {
                 if shared
-                    .store
+                    .remote
+                    .store()
                     .inflight_release(&shared.names, key)
                     .await
                     .is_err()
@@ -642,34 +510,6 @@ impl Drop for SharedInflightGuard {
                 }
             });
         }
-    }
-}
-
-/// Renews this instance's leases every `every` while the limiter or a guard lives.
-async fn renew_loop(shared: Weak<InflightShared>, every: Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let Some(s) = shared.upgrade() else {
-            return;
-        };
-        if !s.store.is_up() {
-            continue;
-        }
-        // Concurrent calls on the multiplexed connection: one pipelined burst.
-        let mut calls = tokio::task::JoinSet::new();
-        for (key, count, dirty) in s.held.to_renew() {
-            let s = Arc::clone(&s);
-            calls.spawn(async move {
-                if s.store
-                    .inflight_renew(&s.names, key, count, dirty)
-                    .await
-                    .is_ok()
-                {
-                    s.held.renewed(key, count);
-                }
-            });
-        }
-        while calls.join_next().await.is_some() {}
     }
 }
 

@@ -48,8 +48,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -60,7 +59,7 @@ use crate::limits::concurrency::{
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
-use crate::store::shared::{share, Source};
+use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
 
 /// Incarnations of shared concurrency limiters in this process.
@@ -72,7 +71,7 @@ pub struct SharedConcurrency {
 }
 
 struct ConcShared {
-    store: RedisStore,
+    remote: Remote,
     names: KeyNames,
     /// This limiter's field in every counter: `instance#incarnation`.
     holder: String,
@@ -169,14 +168,6 @@ struct Count {
     dirty: AtomicBool,
 }
 
-/// The outcome of a shared concurrency acquire.
-pub struct ConcurrencyOutcome {
-    /// The guard holding the copies, or the first limit that did not fit.
-    pub result: Result<SharedConcurrencyGuard, Rejection>,
-    /// Who decided.
-    pub source: Source,
-}
-
 /// Copies of a key (and of its global and group counters) held across the fleet. Dropping
 /// it gives them back, exactly once: locally at once, to the store in the background.
 pub struct SharedConcurrencyGuard {
@@ -204,16 +195,13 @@ impl SharedConcurrency {
         if n > MAX_GROUPS {
             return Err(ConcurrencyError::TooManyGroups(n));
         }
-        let instances = store.config().instances;
+        let remote = Remote::new(store, 0);
         let local_params = ConcurrencyParams {
-            max: share(params.max, instances),
-            global: params.global.map(|g| share(g, instances)),
-            groups: params.groups.iter().map(|&g| share(g, instances)).collect(),
+            max: remote.share(params.max),
+            global: params.global.map(|g| remote.share(g)),
+            groups: params.groups.iter().map(|&g| remote.share(g)).collect(),
         };
-        let local_keys = match store.config().fallback {
-            Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => 1,
-        };
+        let local_keys = remote.local_keys(max_keys, 1);
         let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
         let groups = (0..n)
             .map(|i| {
@@ -222,7 +210,7 @@ impl SharedConcurrency {
             })
             .collect();
         let shared = Arc::new(ConcShared {
-            store: store.clone(),
+            remote,
             holder: format!("{}#{incarnation}", store.config().instance),
             global: params.global.map(|_| CounterKeys::global(&names)),
             groups,
@@ -234,16 +222,13 @@ impl SharedConcurrency {
             releases: Releases::default(),
             params,
         });
-        let every = (store.config().lease / 3).max(Duration::from_millis(1));
-        store
-            .handle()
-            .spawn(renew_loop(Arc::downgrade(&shared), every));
+        renew_every_third(store, &shared);
         Ok(Self { shared })
     }
 
     /// The store this limiter decides in.
     pub fn store(&self) -> &RedisStore {
-        &self.shared.store
+        self.shared.remote.store()
     }
 
     /// The parameters (the fleet's).
@@ -253,7 +238,12 @@ impl SharedConcurrency {
 
     /// Takes `copies` for the key hashed to `key` in `groups` (bit `i`: group `i`), or
     /// nothing: [`SharedConcurrency::acquire_range`] with `min = copies`.
-    pub async fn acquire(&self, key: u64, groups: u64, copies: u64) -> ConcurrencyOutcome {
+    pub async fn acquire(
+        &self,
+        key: u64,
+        groups: u64,
+        copies: u64,
+    ) -> Sourced<Result<SharedConcurrencyGuard, Rejection>> {
         self.acquire_range(key, groups, copies, copies).await
     }
 
@@ -268,73 +258,69 @@ impl SharedConcurrency {
         groups: u64,
         min: u64,
         copies: u64,
-    ) -> ConcurrencyOutcome {
+    ) -> Sourced<Result<SharedConcurrencyGuard, Rejection>> {
         let s = &self.shared;
         let groups = groups & s.valid;
         let min = min.min(copies);
         if copies == 0 {
-            return ConcurrencyOutcome {
-                result: Ok(s.guard(key, groups, 0, s.params.max, Source::Store)),
-                source: Source::Store,
-            };
+            return Sourced::new(
+                Ok(s.guard(key, groups, 0, s.params.max, Source::Store)),
+                Source::Store,
+            );
         }
-        // Releases sent before this request that had not landed when it was sent: Redis
-        // may see the request first.
-        let mark = s.releases.mark();
-        let racing = s.releases.pending_before(mark);
-        let mut decided = s.store_acquire(key, groups, min, copies).await;
-        if racing && matches!(decided, Ok(Err(_))) {
+        let call = async {
+            // Releases sent before this request that had not landed when it was sent:
+            // Redis may see the request first.
+            let mark = s.releases.mark();
+            let racing = s.releases.pending_before(mark);
+            let decided = s.store_acquire(key, groups, min, copies).await;
+            if !(racing && matches!(decided, Ok(Err(_)))) {
+                return decided;
+            }
             // Refused while releases sent before this request were on their way: once they
             // have landed, ask again (module doc). Past the budget, the refusal stands.
-            let budget = s.store.decision_budget();
-            if s.store
+            let budget = s.remote.store().decision_budget();
+            if s.remote
+                .store()
                 .within(budget, s.releases.all_landed_before(mark))
                 .await
-                .is_some()
+                .is_none()
             {
-                match s.store_acquire(key, groups, min, copies).await {
-                    Ok(again) => decided = Ok(again),
+                return decided;
+            }
+            match s.store_acquire(key, groups, min, copies).await {
+                Ok(again) => Ok(again),
+                Err(_) => {
                     // The retry may still run in Redis: the next renewal writes the truth.
-                    Err(_) => {
-                        s.held.mark_dirty(key);
-                        s.mark_dirty(groups);
-                    }
+                    s.held.mark_dirty(key);
+                    s.mark_dirty(groups);
+                    decided
                 }
             }
-        }
-        match decided {
-            Ok(Ok((granted, remaining))) => ConcurrencyOutcome {
-                result: Ok(s.guard(key, groups, granted, remaining, Source::Store)),
-                source: Source::Store,
-            },
-            Ok(Err(rejection)) => ConcurrencyOutcome {
-                result: Err(rejection),
-                source: Source::Store,
-            },
-            Err(_) => {
-                // The call may still run in Redis: the next renewal writes the truth.
-                s.held.mark_dirty(key);
-                s.mark_dirty(groups);
-                s.store.metrics().fallback.inc();
-                let result = match s.store.config().fallback {
-                    Fallback::Local => s
-                        .local
-                        .reserve(key, groups, copies, min)
-                        .map(|n| s.guard(key, groups, n, 0, Source::Fallback)),
-                    Fallback::Allow => Ok(s.guard(key, groups, copies, 0, Source::Fallback)),
-                    Fallback::Deny => Err(Rejection {
-                        limit: Limit::Key,
-                        in_use: s.params.max,
-                        max: s.params.max,
-                        wanted: min,
-                    }),
-                };
-                ConcurrencyOutcome {
-                    result,
-                    source: Source::Fallback,
-                }
+        };
+        let stored = |decided: Result<(u64, u64), Rejection>| {
+            decided
+                .map(|(granted, remaining)| s.guard(key, groups, granted, remaining, Source::Store))
+        };
+        let fallback = |f| {
+            // The call may still run in Redis: the next renewal writes the truth.
+            s.held.mark_dirty(key);
+            s.mark_dirty(groups);
+            match f {
+                Fallback::Local => s
+                    .local
+                    .reserve(key, groups, copies, min)
+                    .map(|n| s.guard(key, groups, n, 0, Source::Fallback)),
+                Fallback::Allow => Ok(s.guard(key, groups, copies, 0, Source::Fallback)),
+                Fallback::Deny => Err(Rejection {
+                    limit: Limit::Key,
+                    in_use: s.params.max,
+                    max: s.params.max,
+                    wanted: min,
+                }),
             }
-        }
+        };
+        s.remote.call(call, stored, fallback).await
     }
 
     /// Copies this instance holds for the key, whoever admitted them.
@@ -347,7 +333,7 @@ impl SharedConcurrency {
     pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
         let s = &self.shared;
         let counter = CounterKeys::of_key(&s.names, key);
-        let totals = s.store.counters_total(&[&counter]).await?;
+        let totals = s.remote.store().counters_total(&[&counter]).await?;
         Ok(totals.first().copied().unwrap_or(0))
     }
 
@@ -378,7 +364,10 @@ impl SharedConcurrency {
         if counters.is_empty() {
             return Ok(Vec::new());
         }
-        s.store.counters_renew(&s.holder, &counters, &counts).await
+        s.remote
+            .store()
+            .counters_renew(&s.holder, &counters, &counts)
+            .await
     }
 
     /// Keys the local fallback admitted untracked (its table was full).
@@ -435,7 +424,7 @@ impl ConcShared {
                     .map_or((Limit::Key, self.params.max), |c| (c.3, c.1))
             }
         };
-        if shared.is_empty() || !self.store.is_cluster() {
+        if shared.is_empty() || !self.remote.store().is_cluster() {
             // One script over every counter: exact and atomic.
             let mut counters = vec![&own];
             counters.extend(shared.iter().map(|c| c.0));
@@ -443,7 +432,8 @@ impl ConcShared {
             maxes.extend(shared.iter().map(|c| c.1));
             return Ok(
                 match self
-                    .store
+                    .remote
+                    .store()
                     .counters_acquire(&self.holder, &counters, &maxes, min, copies)
                     .await?
                 {
@@ -460,9 +450,11 @@ impl ConcShared {
         let maxes: Vec<u64> = shared.iter().map(|c| c.1).collect();
         let (own_list, own_max) = ([&own], [self.params.max]);
         let (mine, theirs) = tokio::join!(
-            self.store
+            self.remote
+                .store()
                 .counters_acquire(&self.holder, &own_list, &own_max, min, copies),
-            self.store
+            self.remote
+                .store()
                 .counters_acquire(&self.holder, &variant, &maxes, min, copies),
         );
         let taken = |r: &Result<CountersOutcome, StoreError>| match r {
@@ -511,10 +503,11 @@ impl ConcShared {
             return;
         }
         let flight = InFlight::new(self);
-        self.store.handle().spawn(async move {
+        self.remote.store().handle().spawn(async move {
             let s = &flight.shared;
             let refs: Vec<&CounterKeys> = counters.iter().collect();
-            if s.store
+            if s.remote
+                .store()
                 .counters_release(&s.holder, &refs, copies)
                 .await
                 .is_err()
@@ -585,10 +578,10 @@ impl ConcShared {
         if copies == 0 {
             return;
         }
-        if source == Source::Fallback && self.store.config().fallback == Fallback::Local {
+        if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
             let _ = self.local.release(key, groups, copies);
         }
-        let send = source == Source::Store && self.store.is_up();
+        let send = source == Source::Store && self.remote.store().is_up();
         self.held.sub(key, copies, !send);
         for i in self.dirty_indices(groups) {
             if let Some(c) = self.counts.get(i) {
@@ -606,23 +599,28 @@ impl ConcShared {
             return;
         }
         let flight = InFlight::new(self);
-        self.store.handle().spawn(async move {
+        self.remote.store().handle().spawn(async move {
             let s = &flight.shared;
             let own = CounterKeys::of_key(&s.names, key);
             let variant: Vec<&CounterKeys> =
                 s.variant_counters(groups).iter().map(|c| c.0).collect();
-            let ok = if variant.is_empty() || !s.store.is_cluster() {
+            let ok = if variant.is_empty() || !s.remote.store().is_cluster() {
                 let mut all = vec![&own];
                 all.extend(variant);
-                s.store
+                s.remote
+                    .store()
                     .counters_release(&s.holder, &all, copies)
                     .await
                     .is_ok()
             } else {
                 let own_list = [&own];
                 let (a, b) = tokio::join!(
-                    s.store.counters_release(&s.holder, &own_list, copies),
-                    s.store.counters_release(&s.holder, &variant, copies),
+                    s.remote
+                        .store()
+                        .counters_release(&s.holder, &own_list, copies),
+                    s.remote
+                        .store()
+                        .counters_release(&s.holder, &variant, copies),
                 );
                 a.is_ok() && b.is_ok()
             };
@@ -726,67 +724,63 @@ impl Drop for SharedConcurrencyGuard {
     }
 }
 
-/// Renews this limiter's leases every `every` while the limiter or a guard lives: every
-/// key it holds copies of (or that Redis may disagree about), and its global and group
-/// counts, each repaired from the local truth (module doc).
-async fn renew_loop(shared: Weak<ConcShared>, every: Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let Some(s) = shared.upgrade() else {
-            return;
-        };
-        if !s.store.is_up() {
-            continue;
-        }
-        let mut calls = tokio::task::JoinSet::new();
-        for (key, count, dirty) in s.held.to_renew() {
-            let s = Arc::clone(&s);
-            calls.spawn(async move {
-                let own = CounterKeys::of_key(&s.names, key);
-                if s.store
-                    .counters_renew(&s.holder, &[&own], &[(count, dirty)])
-                    .await
-                    .is_ok()
-                {
-                    s.held.renewed(key, count);
-                }
-            });
-        }
-        let active = s
+impl Leased for ConcShared {
+    fn renewing(&self) -> bool {
+        self.remote.store().is_up()
+    }
+
+    fn held(&self) -> &Held {
+        &self.held
+    }
+
+    async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
+        let own = CounterKeys::of_key(&self.names, key);
+        self.remote
+            .store()
+            .counters_renew(&self.holder, &[&own], &[(count, dirty)])
+            .await
+            .is_ok()
+    }
+
+    /// The global and group counters, when this limiter holds copies there or Redis may
+    /// disagree about them, each repaired from the local truth (module doc).
+    fn renew_more(self: &Arc<Self>, calls: &mut tokio::task::JoinSet<()>) {
+        let active = self
             .counts
             .iter()
             .any(|c| c.copies.load(Ordering::Relaxed) > 0 || c.dirty.load(Ordering::Relaxed));
-        if active {
-            let s = Arc::clone(&s);
-            calls.spawn(async move {
-                let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-                let first = usize::from(s.global.is_none());
-                let before: Vec<(u64, bool)> = s
-                    .counts
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.copies.load(Ordering::Relaxed),
-                            c.dirty.swap(false, Ordering::Relaxed),
-                        )
-                    })
-                    .collect();
-                let counts = &before[first..];
-                let written = !counters.is_empty()
-                    && s.store
-                        .counters_renew(&s.holder, &counters, counts)
-                        .await
-                        .is_ok();
-                for (c, (count, dirty)) in s.counts.iter().zip(&before) {
-                    // Not written, or written while the count moved: the next renewal
-                    // writes it again.
-                    let moved = c.copies.load(Ordering::Relaxed) != *count;
-                    if *dirty && (!written || moved) {
-                        c.dirty.store(true, Ordering::Relaxed);
-                    }
-                }
-            });
+        if !active {
+            return;
         }
-        while calls.join_next().await.is_some() {}
+        let s = Arc::clone(self);
+        calls.spawn(async move {
+            let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
+            let first = usize::from(s.global.is_none());
+            let before: Vec<(u64, bool)> = s
+                .counts
+                .iter()
+                .map(|c| {
+                    (
+                        c.copies.load(Ordering::Relaxed),
+                        c.dirty.swap(false, Ordering::Relaxed),
+                    )
+                })
+                .collect();
+            let counts = &before[first..];
+            let written = !counters.is_empty()
+                && s.remote
+                    .store()
+                    .counters_renew(&s.holder, &counters, counts)
+                    .await
+                    .is_ok();
+            for (c, (count, dirty)) in s.counts.iter().zip(&before) {
+                // Not written, or written while the count moved: the next renewal writes
+                // it again.
+                let moved = c.copies.load(Ordering::Relaxed) != *count;
+                if *dirty && (!written || moved) {
+                    c.dirty.store(true, Ordering::Relaxed);
+                }
+            }
+        });
     }
 }

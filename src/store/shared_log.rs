@@ -1,6 +1,6 @@
 //! A sliding log (Grab's frequency caps) whose entries live in a shared store, with the
-//! store's fallback and a deny cache (see `crate::store::shared` for the order: deny
-//! cache, store within its budget, fallback).
+//! store's fallback and a deny cache (the seam, `crate::store::remote`: deny cache, store
+//! within its budget, fallback).
 //!
 //! **Exactness.** In Redis each entry is a sorted-set member at its instant in Redis's
 //! microseconds: a window counts exactly the entries of its last `per` (the in-process log
@@ -27,22 +27,20 @@ use std::sync::Arc;
 use crate::limits::clock::Nanos;
 use crate::limits::sliding_log::{LogWindow, SlidingLog, SlidingLogError};
 use crate::limits::verdict::{Verdict, NEVER};
-use crate::store::deny_cache::DenyCache;
 use crate::store::key::KeyNames;
-use crate::store::redis::{EntryId, Fallback, Micros, RedisStore, SLIDING_LOG_MAX};
-use crate::store::shared::{denied, share, Source};
+use crate::store::redis::{EntryId, Fallback, LogGrant, Micros, RedisStore, SLIDING_LOG_MAX};
+use crate::store::remote::{Remote, Source, Sourced};
 use crate::store::StoreError;
 
 /// A sliding log shared through a store.
 pub struct SharedSlidingLog {
-    store: RedisStore,
+    remote: Remote,
     names: Arc<KeyNames>,
     windows: Arc<[LogWindow]>,
     local: SlidingLog,
-    deny: Option<DenyCache>,
 }
 
-/// What a refund of a [`LogDecision`] needs.
+/// What a refund of a [`LogAdmission`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogTicket {
     /// Entries in the store, named after `id`, decided at Redis's time or `at`.
@@ -58,17 +56,25 @@ pub enum LogTicket {
     None,
 }
 
-/// A sliding-log decision through a store.
+/// A sliding-log decision through a store (who made it: the [`Sourced`] around it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogDecision {
+pub struct LogAdmission {
     /// Admitted or rejected (see [`crate::store::LogGrant`] for the fields).
     pub verdict: Verdict,
     /// Entries recorded: in `[min, cost]` when admitted, 0 when rejected.
     pub granted: u64,
-    /// Who decided.
-    pub source: Source,
     /// What [`SharedSlidingLog::refund`] needs.
     pub ticket: LogTicket,
+}
+
+impl LogAdmission {
+    fn rejected(verdict: Verdict) -> Self {
+        Self {
+            verdict,
+            granted: 0,
+            ticket: LogTicket::None,
+        }
+    }
 }
 
 impl SharedSlidingLog {
@@ -82,31 +88,26 @@ impl SharedSlidingLog {
         max_keys: usize,
         deny_cache_keys: usize,
     ) -> Result<Self, SlidingLogError> {
-        let n = store.config().instances;
+        let remote = Remote::new(store, deny_cache_keys);
         let shares: Vec<LogWindow> = windows
             .iter()
             .map(|w| LogWindow {
-                max: share(w.max, n),
+                max: remote.share(w.max),
                 per: w.per,
             })
             .collect();
-        let local_keys = match store.config().fallback {
-            Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => 1,
-        };
         Ok(Self {
-            store: store.clone(),
+            local: SlidingLog::new(&shares, remote.local_keys(max_keys, 1))?,
+            remote,
             names: Arc::new(names),
             windows: windows.into(),
-            local: SlidingLog::new(&shares, local_keys)?,
-            deny: (deny_cache_keys > 0).then(|| DenyCache::new(deny_cache_keys)),
         })
     }
 
     /// The store this limiter decides in (a reload keeps the limiter only while the
     /// runtime keeps this very store).
     pub fn store(&self) -> &RedisStore {
-        &self.store
+        self.remote.store()
     }
 
     /// The windows (the fleet's, not the local share).
@@ -117,14 +118,14 @@ impl SharedSlidingLog {
     /// Each window's count of the key's log in the store now (the fleet's, in window
     /// order), recording nothing: the admin API's `/state`.
     pub async fn peek(&self, key: u64) -> Result<Vec<u64>, StoreError> {
-        self.store
+        self.store()
             .sliding_log_get(&self.names, key, &self.windows)
             .await
     }
 
     /// Decides a request of `cost` entries for the key hashed to `key`, at Redis's time.
     /// `now` is the local clock (deny cache, fallback).
-    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> LogDecision {
+    pub async fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Sourced<LogAdmission> {
         self.acquire_at(key, cost, cost, now, None).await
     }
 
@@ -139,18 +140,11 @@ impl SharedSlidingLog {
         cost: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> LogDecision {
+    ) -> Sourced<LogAdmission> {
         let min = min.min(cost);
-        let never = self.windows.iter().any(|w| min > w.max);
-        let decision = self.decide(key, min, cost, now, at).await;
-        if never && !decision.verdict.allowed {
-            return LogDecision {
-                verdict: Verdict {
-                    retry_after: NEVER,
-                    ..decision.verdict
-                },
-                ..decision
-            };
+        let mut decision = self.decide(key, min, cost, now, at).await;
+        if !decision.verdict.allowed && self.windows.iter().any(|w| min > w.max) {
+            decision.value.verdict.retry_after = NEVER;
         }
         decision
     }
@@ -162,64 +156,54 @@ impl SharedSlidingLog {
         cost: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> LogDecision {
-        let rejected = |verdict, source| LogDecision {
-            verdict,
-            granted: 0,
-            source,
-            ticket: LogTicket::None,
-        };
+    ) -> Sourced<LogAdmission> {
         if min > SLIDING_LOG_MAX {
             // More entries than one script may write: it can never be recorded.
-            return rejected(Verdict::reject(0, 0, NEVER), Source::Store);
+            return Sourced::new(
+                LogAdmission::rejected(Verdict::reject(0, 0, NEVER)),
+                Source::Store,
+            );
         }
-        if let Some(verdict) = self.deny.as_ref().and_then(|d| d.check(key, min, now)) {
-            return rejected(verdict, Source::DenyCache);
-        }
-        let id = self.store.entry_id();
-        match self
-            .store
-            .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
+        let call = async {
+            let id = self.store().entry_id();
+            let grant = self
+                .store()
+                .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
+                .await?;
+            Ok(Recorded { grant, id })
+        };
+        let stored = |r: Recorded| LogAdmission {
+            verdict: r.grant.verdict,
+            granted: r.grant.granted,
+            ticket: if r.grant.granted > 0 {
+                LogTicket::Store { id: r.id, at }
+            } else {
+                LogTicket::None
+            },
+        };
+        let fallback = |f| match f {
+            Fallback::Local => self.local_decide(key, min, cost, now),
+            Fallback::Allow => LogAdmission {
+                verdict: Verdict::allow(self.windows.iter().map(|w| w.max).min().unwrap_or(0), 0),
+                granted: cost,
+                ticket: LogTicket::None,
+            },
+            Fallback::Deny => LogAdmission::rejected(self.remote.denied()),
+        };
+        self.remote
+            .decide(
+                (key, min, now),
+                call,
+                stored,
+                LogAdmission::rejected,
+                fallback,
+            )
             .await
-        {
-            Ok(grant) => {
-                if let Some(deny) = &self.deny {
-                    deny.insert(key, min, &grant.verdict, now);
-                }
-                let ticket = if grant.granted > 0 {
-                    LogTicket::Store { id, at }
-                } else {
-                    LogTicket::None
-                };
-                LogDecision {
-                    verdict: grant.verdict,
-                    granted: grant.granted,
-                    source: Source::Store,
-                    ticket,
-                }
-            }
-            Err(_) => {
-                self.store.metrics().fallback.inc();
-                match self.store.config().fallback {
-                    Fallback::Local => self.local_decide(key, min, cost, now),
-                    Fallback::Allow => LogDecision {
-                        verdict: Verdict::allow(
-                            self.windows.iter().map(|w| w.max).min().unwrap_or(0),
-                            0,
-                        ),
-                        granted: cost,
-                        source: Source::Fallback,
-                        ticket: LogTicket::None,
-                    },
-                    Fallback::Deny => rejected(denied(&self.store), Source::Fallback),
-                }
-            }
-        }
     }
 
     /// The fallback's decision: the in-process log at this instance's share, granting the
     /// largest `n` in `[min, cost]` its room allows.
-    fn local_decide(&self, key: u64, min: u64, cost: u64, now: Nanos) -> LogDecision {
+    fn local_decide(&self, key: u64, min: u64, cost: u64, now: Nanos) -> LogAdmission {
         let n = if min == cost {
             cost
         } else {
@@ -228,10 +212,9 @@ impl SharedSlidingLog {
         };
         let verdict = self.local.acquire(key, n, now);
         let granted = if verdict.allowed { n } else { 0 };
-        LogDecision {
+        LogAdmission {
             verdict,
             granted,
-            source: Source::Fallback,
             ticket: if granted > 0 {
                 LogTicket::Local(now)
             } else {
@@ -242,18 +225,18 @@ impl SharedSlidingLog {
 
     /// Removes exactly the entries `decision` recorded for the key hashed to `key` (a
     /// later limit rejected the request). A store refund is sent in the background.
-    pub fn refund(&self, key: u64, decision: &LogDecision) {
+    pub fn refund(&self, key: u64, decision: &LogAdmission) {
         match &decision.ticket {
             LogTicket::Store { id, at } => {
                 let (store, names, windows, id, at) = (
-                    self.store.clone(),
+                    self.store().clone(),
                     Arc::clone(&self.names),
                     Arc::clone(&self.windows),
                     id.clone(),
                     *at,
                 );
                 let granted = decision.granted;
-                self.store.handle().spawn(async move {
+                self.remote.spawn(async move {
                     let _ = store
                         .sliding_log_refund(&names, key, &windows, &id, granted, at)
                         .await;
@@ -273,6 +256,18 @@ impl SharedSlidingLog {
 
     /// Store calls the deny cache saved.
     pub fn deny_cache_hits(&self) -> u64 {
-        self.deny.as_ref().map_or(0, DenyCache::hits)
+        self.remote.deny_cache_hits()
+    }
+}
+
+/// The store's reply and the id its entries are named after.
+struct Recorded {
+    grant: LogGrant,
+    id: EntryId,
+}
+
+impl crate::store::remote::Rejects for Recorded {
+    fn verdict(&self) -> &Verdict {
+        &self.grant.verdict
     }
 }

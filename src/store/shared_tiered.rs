@@ -1,6 +1,6 @@
 //! Charon's burst tiers whose per-key state lives in a shared store, with the store's
-//! fallback (see `crate::store::shared` for the order: store within its budget, then
-//! fallback; there is no deny cache yet: until a refusal changed nothing, a burst that
+//! fallback (the seam, `crate::store::remote`: store within its budget, then fallback;
+//! there is no deny cache yet: until a refusal changed nothing, a burst that
 //! found no room still entered the tiers it reached, so every rejection had to reach the
 //! store).
 //!
@@ -35,12 +35,12 @@ use crate::limits::tiered::{
 use crate::limits::verdict::Verdict;
 use crate::store::key::KeyNames;
 use crate::store::redis::{EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant};
-use crate::store::shared::{denied, share, Source};
+use crate::store::remote::{Remote, Sourced};
 use crate::store::StoreError;
 
 /// A tiered limit shared through a store.
 pub struct SharedTiered {
-    store: RedisStore,
+    remote: Remote,
     names: Arc<KeyNames>,
     params: Arc<TieredParams>,
     local: TieredLimiter,
@@ -50,7 +50,7 @@ pub struct SharedTiered {
     entries: Box<[AtomicU64]>,
 }
 
-/// What a refund of a [`SharedTieredDecision`] needs.
+/// What a refund of a [`TieredAdmission`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TieredTicket {
     /// Hits in the store, named after `id`.
@@ -70,13 +70,11 @@ pub enum TieredTicket {
     None,
 }
 
-/// A tiered decision through a store.
+/// A tiered decision through a store (who made it: the [`Sourced`] around it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedTieredDecision {
+pub struct TieredAdmission {
     /// The decision, as the in-process limiter describes it (`tier` for the headers).
     pub decision: TieredDecision,
-    /// Who decided.
-    pub source: Source,
     /// What [`SharedTiered::refund`] needs.
     pub ticket: TieredTicket,
 }
@@ -92,26 +90,22 @@ impl SharedTiered {
         max_keys: usize,
     ) -> Result<Self, TieredError> {
         let params = normalize(params)?.params;
-        let n = store.config().instances;
+        let remote = Remote::new(store, 0);
         let mut local_params = params.clone();
         for t in &mut local_params.tiers {
-            t.limit = share(t.limit, n);
+            t.limit = remote.share(t.limit);
         }
-        local_params.hard_limit = params.hard_limit.map(|h| share(h, n));
-        local_params.global_limit = params.global_limit.map(|g| share(g, n));
-        let local_keys = match store.config().fallback {
-            Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => 1,
-        };
+        local_params.hard_limit = params.hard_limit.map(|h| remote.share(h));
+        local_params.global_limit = params.global_limit.map(|g| remote.share(g));
         let global = match params.global_limit {
-            Some(g) if store.is_cluster() => Some(Arc::new(GlobalShare::new(share(g, n)))),
+            Some(g) if store.is_cluster() => Some(Arc::new(GlobalShare::new(remote.share(g)))),
             _ => None,
         };
         Ok(Self {
-            store: store.clone(),
             names: Arc::new(names),
             entries: params.tiers.iter().map(|_| AtomicU64::new(0)).collect(),
-            local: TieredLimiter::new(&local_params, local_keys)?,
+            local: TieredLimiter::new(&local_params, remote.local_keys(max_keys, 1))?,
+            remote,
             params: Arc::new(params),
             global,
         })
@@ -119,7 +113,7 @@ impl SharedTiered {
 
     /// The store this limiter decides in.
     pub fn store(&self) -> &RedisStore {
-        &self.store
+        self.remote.store()
     }
 
     /// The normalized parameters (the fleet's).
@@ -131,14 +125,14 @@ impl SharedTiered {
     /// API's `/state`. On a Cluster the global limit is this instance's share, counted
     /// locally, so `available` leaves it out (its `global_room` is `None`).
     pub async fn peek(&self, key: u64) -> Result<TieredKeyState, StoreError> {
-        self.store
+        self.store()
             .tiered_get(&self.names, key, &self.params, self.global.is_none())
             .await
     }
 
     /// Decides one request for the key hashed to `key`, at Redis's time; `now` is the local
     /// clock (fallback, the Cluster's global share).
-    pub async fn acquire(&self, key: u64, now: Nanos) -> SharedTieredDecision {
+    pub async fn acquire(&self, key: u64, now: Nanos) -> Sourced<TieredAdmission> {
         self.acquire_at(key, 1, 1, now, None).await
     }
 
@@ -152,7 +146,7 @@ impl SharedTiered {
         max: u64,
         now: Nanos,
         at: Option<Micros>,
-    ) -> SharedTieredDecision {
+    ) -> Sourced<TieredAdmission> {
         let min = min.max(1);
         let max = max.max(min);
         let (global, reserved) = match (&self.global, self.params.global_limit) {
@@ -168,82 +162,80 @@ impl SharedTiered {
             (None, Some(limit)) => (GlobalArg::InStore { limit }, 0),
             (None, None) => (GlobalArg::None, 0),
         };
-        let id = self.store.entry_id();
-        let result = self
-            .store
-            .tiered(
-                &self.names,
-                key,
-                &self.params,
-                &id,
-                (min, max),
-                global,
-                now,
-                at,
-            )
-            .await;
-        let used = result.as_ref().map_or(0, |g| g.decision.granted);
-        if let Some(share) = &self.global {
-            share.give_back(reserved - used.min(reserved), now, now);
-        }
-        match result {
-            Ok(grant) => {
-                self.count_entries(grant.entered);
-                let ticket = if grant.decision.granted > 0 {
-                    TieredTicket::Store {
-                        id,
-                        grant,
-                        global,
-                        at,
-                    }
+        let call = async {
+            let id = self.store().entry_id();
+            let result = self
+                .store()
+                .tiered(
+                    &self.names,
+                    key,
+                    &self.params,
+                    &id,
+                    (min, max),
+                    global,
+                    now,
+                    at,
+                )
+                .await;
+            let used = result.as_ref().map_or(0, |g| g.decision.granted);
+            if let Some(share) = &self.global {
+                share.give_back(reserved - used.min(reserved), now, now);
+            }
+            result.map(|grant| (grant, id))
+        };
+        let stored = |(grant, id): (TieredGrant, EntryId)| {
+            self.count_entries(grant.entered);
+            let ticket = if grant.decision.granted > 0 {
+                TieredTicket::Store {
+                    id,
+                    grant,
+                    global,
+                    at,
+                }
+            } else {
+                TieredTicket::None
+            };
+            TieredAdmission {
+                decision: grant.decision,
+                ticket,
+            }
+        };
+        let fallback = |f| {
+            let decision = match f {
+                Fallback::Local => self.local.acquire_many(key, min, max, now),
+                Fallback::Allow => TieredDecision {
+                    verdict: Verdict::allow(0, 0),
+                    granted: max,
+                    tier: 0,
+                    decided_by: DecidedBy::TierWindow,
+                    first_tier: 0,
+                    at: now,
+                },
+                Fallback::Deny => TieredDecision {
+                    verdict: self.remote.denied(),
+                    granted: 0,
+                    tier: 0,
+                    decided_by: DecidedBy::TierWindow,
+                    first_tier: 0,
+                    at: now,
+                },
+            };
+            TieredAdmission {
+                ticket: if f == Fallback::Local && decision.granted > 0 {
+                    TieredTicket::Local
                 } else {
                     TieredTicket::None
-                };
-                SharedTieredDecision {
-                    decision: grant.decision,
-                    source: Source::Store,
-                    ticket,
-                }
+                },
+                decision,
             }
-            Err(_) => {
-                self.store.metrics().fallback.inc();
-                let decision = match self.store.config().fallback {
-                    Fallback::Local => self.local.acquire_many(key, min, max, now),
-                    Fallback::Allow => TieredDecision {
-                        verdict: Verdict::allow(0, 0),
-                        granted: max,
-                        tier: 0,
-                        decided_by: DecidedBy::TierWindow,
-                        first_tier: 0,
-                        at: now,
-                    },
-                    Fallback::Deny => TieredDecision {
-                        verdict: denied(&self.store),
-                        granted: 0,
-                        tier: 0,
-                        decided_by: DecidedBy::TierWindow,
-                        first_tier: 0,
-                        at: now,
-                    },
-                };
-                let local = self.store.config().fallback == Fallback::Local;
-                SharedTieredDecision {
-                    ticket: if local && decision.granted > 0 {
-                        TieredTicket::Local
-                    } else {
-                        TieredTicket::None
-                    },
-                    decision,
-                    source: Source::Fallback,
-                }
-            }
-        }
+        };
+        self.remote.call(call, stored, fallback).await
     }
 
     /// Takes back the hits `d` recorded for the key hashed to `key` (a later limit rejected
     /// the request); the tiers it entered stay entered. A store refund is sent in the
     /// background, a global share's admissions are given back at once.
-    pub fn refund(&self, key: u64, d: &SharedTieredDecision, now: Nanos) {
+    pub fn refund(&self, key: u64, d: &TieredAdmission, now: Nanos) {
         match &d.ticket {
             TieredTicket::Store {
                 id,
@@ -255,12 +247,12 @@ impl SharedTiered {
                     share.give_back(grant.decision.granted, grant.decision.at, now);
                 }
                 let (store, names, params) = (
-                    self.store.clone(),
+                    self.store().clone(),
                     Arc::clone(&self.names),
                     Arc::clone(&self.params),
                 );
                 let (id, grant, global, at) = (id.clone(), *grant, *global, *at);
-                self.store.handle().spawn(async move {
+                self.remote.spawn(async move {
                     let _ = store
                         .tiered_refund(&names, key, &params, &id, &grant, global, at)
                         .await;

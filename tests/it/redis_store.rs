@@ -723,7 +723,7 @@ async fn two_proxies_share_one_bucket_exactly() {
             for _ in 0..10 {
                 let v = l.acquire(77, 1, 0).await;
                 assert_eq!(v.source, Source::Store);
-                admitted += u64::from(v.verdict.allowed);
+                admitted += u64::from(v.value.allowed);
             }
             admitted
         }));
@@ -761,7 +761,7 @@ async fn deny_cache_answers_a_flood_locally() {
         // A local clock moving 1 ms per request: the flood lasts 1 s, under one refill.
         let v = l.acquire(5, 1, i * MS).await;
         *sources.entry(v.source).or_insert(0) += 1;
-        assert_eq!(v.verdict.allowed, i < 10, "request {i}");
+        assert_eq!(v.value.allowed, i < 10, "request {i}");
         strict.acquire(5, 1, i * MS).await;
     }
     // 10 admitted and 1 rejected by Redis; the rest answered from the cache.
@@ -774,7 +774,7 @@ async fn deny_cache_answers_a_flood_locally() {
     // A cached rejection counts down from Redis's retry_after.
     let v = l.acquire(5, 1, 1_000 * MS).await;
     assert_eq!(v.source, Source::DenyCache);
-    assert!(v.verdict.retry_after <= 10 * SEC - 990 * MS, "{v:?}");
+    assert!(v.value.retry_after <= 10 * SEC - 990 * MS, "{v:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -925,10 +925,10 @@ async fn noscript_is_answered_transparently() {
     let redis = RedisServer::start();
     let (store, metrics) = start_up(standalone(&redis.url())).await;
     let l = fault_bucket(&store);
-    assert!(l.acquire(1, 1, 0).await.verdict.allowed);
+    assert!(l.acquire(1, 1, 0).await.value.allowed);
     redis.cmd(&["SCRIPT", "FLUSH"]);
     let v = l.acquire(1, 1, 0).await;
-    assert_eq!((v.source, v.verdict.remaining), (Source::Store, 3));
+    assert_eq!((v.source, v.value.remaining), (Source::Store, 3));
     assert_eq!((metrics.error.get(), metrics.timeout.get()), (0, 0));
     assert!(store.is_up());
     // One EVAL answered the NOSCRIPT and cached the script again: the next call is a plain
@@ -945,7 +945,7 @@ async fn noscript_is_answered_transparently() {
             })
     };
     assert_eq!(evals(), Some(1));
-    assert_eq!(l.acquire(1, 1, 0).await.verdict.remaining, 2);
+    assert_eq!(l.acquire(1, 1, 0).await.value.remaining, 2);
     assert_eq!(evals(), Some(1));
 }
 
@@ -1081,7 +1081,7 @@ async fn fallback_modes_and_local_shares() {
     );
     let mut admitted = 0;
     for _ in 0..20 {
-        admitted += u64::from(l.acquire(1, 1, 0).await.verdict.allowed);
+        admitted += u64::from(l.acquire(1, 1, 0).await.value.allowed);
     }
     assert_eq!(admitted, 10);
     let r = SharedRate::new(
@@ -1097,27 +1097,27 @@ async fn fallback_modes_and_local_shares() {
     );
     let mut admitted = 0;
     for _ in 0..20 {
-        admitted += u64::from(r.acquire(1, 1, 0).await.verdict.allowed);
+        admitted += u64::from(r.acquire(1, 1, 0).await.value.allowed);
     }
     assert_eq!(admitted, 4, "ceil(10 / 3)");
     // A fallback admission is refunded locally.
     let v = l.acquire(2, 10, 0).await;
-    assert_eq!((v.source, v.verdict.remaining), (Source::Fallback, 0));
+    assert_eq!((v.source, v.value.remaining), (Source::Fallback, 0));
     l.refund(2, 10, v.source, 0);
-    assert!(l.acquire(2, 10, 0).await.verdict.allowed);
+    assert!(l.acquire(2, 10, 0).await.value.allowed);
     // Allow and deny.
     let store = down(Fallback::Allow);
     let l = SharedTokenBucket::new(&store, names(&store, "b"), bucket(1, 1, SEC, false), 100, 0);
     for _ in 0..5 {
-        assert!(l.acquire(1, 1, 0).await.verdict.allowed);
+        assert!(l.acquire(1, 1, 0).await.value.allowed);
     }
     let store = down(Fallback::Deny);
     let l = SharedTokenBucket::new(&store, names(&store, "b"), bucket(1, 1, SEC, false), 100, 0);
-    let v = l.acquire(1, 1, 0).await.verdict;
+    let v = l.acquire(1, 1, 0).await.value;
     assert_eq!(v, Verdict::reject(0, 0, 50 * MS));
     let i = SharedInflight::new(&store, names(&store, "i"), 10, SketchSize::DEFAULT);
     let o = i.acquire(1).await;
-    assert_eq!((o.result.err(), o.source), (Some(11), Source::Fallback));
+    assert_eq!((o.value.err(), o.source), (Some(11), Source::Fallback));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1144,7 +1144,7 @@ async fn a_killed_instance_loses_its_share_after_one_lease() {
         for _ in 0..3 {
             let o = la.acquire(7).await;
             assert_eq!(o.source, Source::Store);
-            guards.push(o.result.unwrap());
+            guards.push(o.value.unwrap());
         }
         println!("CHILD HOLDS 3");
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -1183,10 +1183,10 @@ async fn a_killed_instance_loses_its_share_after_one_lease() {
     let (b, _) = start_up(leased(&redis.url(), "b")).await;
     let n = names(&b, "conc");
     let lb = SharedInflight::new(&b, n.clone(), 5, SketchSize::DEFAULT);
-    let b1 = lb.acquire(7).await.result.unwrap();
-    let b2 = lb.acquire(7).await.result.unwrap();
+    let b1 = lb.acquire(7).await.value.unwrap();
+    let b2 = lb.acquire(7).await.value.unwrap();
     assert_eq!(
-        lb.acquire(7).await.result.err(),
+        lb.acquire(7).await.value.err(),
         Some(6),
         "the fleet holds 5 of 5"
     );
@@ -1209,7 +1209,7 @@ async fn a_killed_instance_loses_its_share_after_one_lease() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let b3 = lb.acquire(7).await;
-    assert!(b3.result.is_ok(), "room again");
+    assert!(b3.value.is_ok(), "room again");
     // b's own guards give their units back.
     drop((b1, b2, b3));
     let released = Instant::now();
@@ -1229,12 +1229,12 @@ async fn renewals_repair_redis_from_the_local_count() {
     let n = names(&store, "conc");
     let l = SharedInflight::new(&store, n.clone(), 10, SketchSize::DEFAULT);
     let guards: Vec<_> = futures_join((0..4).map(|_| l.acquire(9))).await;
-    let guards: Vec<_> = guards.into_iter().map(|o| o.result.unwrap()).collect();
+    let guards: Vec<_> = guards.into_iter().map(|o| o.value.unwrap()).collect();
     // Redis loses everything; the units are still held here.
     redis.kill();
     let during = l.acquire(9).await;
     assert_eq!(during.source, Source::Fallback);
-    let during = during.result.unwrap();
+    let during = during.value.unwrap();
     assert_eq!(l.held(9), 5);
     redis.restart();
     assert!(store.wait_up(Duration::from_secs(3)).await);
@@ -1269,12 +1269,12 @@ async fn renewals_skip_keys_whose_releases_landed() {
     let (store, metrics) = start_up(c).await;
     let n = names(&store, "conc");
     let l = SharedInflight::new(&store, n.clone(), 10, SketchSize::DEFAULT);
-    let held = l.acquire(1).await.result.unwrap();
+    let held = l.acquire(1).await.value.unwrap();
     let before = Counts::of(&metrics);
     let since = Instant::now();
     // 20 keys come and go: an acquire and a release each.
     for key in 100..120 {
-        drop(l.acquire(key).await.result.unwrap());
+        drop(l.acquire(key).await.value.unwrap());
     }
     let started = Instant::now();
     while Counts::of(&metrics).since(&before).ok < 40 {
@@ -1333,7 +1333,7 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
         let l = if i % 2 == 0 { &la } else { &lb };
         let v = l.acquire(42, 1, 0).await;
         assert_eq!(v.source, Source::Store);
-        admitted += u64::from(v.verdict.allowed);
+        admitted += u64::from(v.value.allowed);
     }
     assert_eq!(admitted, 50);
     // Keys of many limit keys land on every node; each decision is one script.
@@ -1351,7 +1351,7 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
     for key in 0..60 {
         let v = r.acquire(key, 1, 0).await;
         assert_eq!(
-            (v.source, v.verdict.allowed),
+            (v.source, v.value.allowed),
             (Source::Store, true),
             "key {key}"
         );
@@ -1367,8 +1367,8 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
     let g1 = i.acquire(5).await;
     let g2 = i.acquire(5).await;
     assert_eq!(g1.source, Source::Store);
-    assert!(g1.result.is_ok() && g2.result.is_ok());
-    assert_eq!(i.acquire(5).await.result.err(), Some(3));
+    assert!(g1.value.is_ok() && g2.value.is_ok());
+    assert_eq!(i.acquire(5).await.value.err(), Some(3));
     use tollgate::store::StateKind::{InflightCounts, InflightLeases};
     let (counts, leases) = (n.key(5, InflightCounts), n.key(5, InflightLeases));
     assert_eq!(cluster.keyslot(&counts), cluster.keyslot(&leases));

@@ -246,7 +246,7 @@ async fn concurrency_table_matches_the_local_limiter() {
                             (n, None, hold)
                         })
                     };
-                    match (got.result, want) {
+                    match (got.value, want) {
                         (Ok(g), Ok((n, remaining, hold))) => {
                             assert_eq!(g.copies(), n, "{what}");
                             if let Some(r) = remaining {
@@ -316,7 +316,7 @@ async fn a_blacklist_group_of_max_0_names_its_group_and_never_invites_a_retry() 
     let n = names(&store, "blacklist");
     let shared =
         SharedConcurrency::new(&store, n, p(5, None, &[2, 0]), &["ok", "blacklist"], 64).unwrap();
-    let r = shared.acquire(1, 0b10, 1).await.result.err().unwrap();
+    let r = shared.acquire(1, 0b10, 1).await.value.err().unwrap();
     assert_eq!(
         r,
         Rejection {
@@ -326,9 +326,9 @@ async fn a_blacklist_group_of_max_0_names_its_group_and_never_invites_a_retry() 
             wanted: 1
         }
     );
-    assert!(shared.acquire(1, 0b01, 1).await.result.is_ok());
+    assert!(shared.acquire(1, 0b01, 1).await.value.is_ok());
     // Copies of 0 hold nothing and always pass.
-    let g = shared.acquire(1, 0b10, 0).await.result.unwrap();
+    let g = shared.acquire(1, 0b10, 0).await.value.unwrap();
     assert_eq!(g.copies(), 0);
 }
 
@@ -352,7 +352,7 @@ async fn two_proxies_share_groups_and_a_global_limit_exactly() {
             let group = u64::from(i % 4 < 2);
             let o = l.acquire(i, group, 1).await;
             assert_eq!(o.source, Source::Store);
-            (group, o.result.ok())
+            (group, o.value.ok())
         }));
     }
     let mut held = Vec::new();

@@ -91,20 +91,20 @@ async fn fallbacks_decide_at_this_instances_share() {
     .unwrap();
     let a = c.acquire(1, 0, 1).await;
     assert_eq!(a.source, Source::Fallback);
-    let b = c.acquire(1, 0, 1).await.result.unwrap();
-    let r = c.acquire(1, 0, 1).await.result.err().unwrap();
+    let b = c.acquire(1, 0, 1).await.value.unwrap();
+    let r = c.acquire(1, 0, 1).await.value.err().unwrap();
     assert_eq!((r.limit, r.max), (Limit::Key, 2));
-    let g1 = c.acquire(2, 1, 1).await.result.unwrap();
-    let g2 = c.acquire(2, 1, 1).await.result.unwrap();
+    let g1 = c.acquire(2, 1, 1).await.value.unwrap();
+    let g2 = c.acquire(2, 1, 1).await.value.unwrap();
     assert_eq!(
-        c.acquire(3, 1, 1).await.result.err().unwrap().limit,
+        c.acquire(3, 1, 1).await.value.err().unwrap().limit,
         Limit::Group(0)
     );
     assert_eq!((c.in_use_here(), c.group_in_use_here(0)), (4, 2));
     drop((a, b, g1, g2));
     assert_eq!((c.in_use_here(), c.group_in_use_here(0)), (0, 0));
     assert!(
-        c.acquire(1, 1, 1).await.result.is_ok(),
+        c.acquire(1, 1, 1).await.value.is_ok(),
         "given back to the fallback"
     );
     // Allow: everything passes; deny: nothing, retry after one probe interval.
@@ -117,7 +117,7 @@ async fn fallbacks_decide_at_this_instances_share() {
     for _ in 0..5 {
         assert!(log.acquire(1, 1, 0).await.verdict.allowed);
         assert!(t.acquire(1, 0).await.decision.verdict.allowed);
-        guards.push(c.acquire(1, 0, 1).await.result.unwrap());
+        guards.push(c.acquire(1, 0, 1).await.value.unwrap());
     }
     let store = down(Fallback::Deny);
     let log = SharedSlidingLog::new(&store, names(&store, "log"), &caps(), 100, 0).unwrap();
@@ -132,7 +132,7 @@ async fn fallbacks_decide_at_this_instances_share() {
         t.acquire(1, 0).await.decision.verdict,
         Verdict::reject(0, 0, 50 * MS)
     );
-    assert!(c.acquire(1, 0, 1).await.result.is_err());
+    assert!(c.acquire(1, 0, 1).await.value.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +159,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_its_budget() {
         assert!(d.decision.verdict.allowed && d.source == Source::Fallback);
         let o = c.acquire(key, 1, 1).await;
         assert_eq!(o.source, Source::Fallback);
-        guards.push(o.result.unwrap());
+        guards.push(o.value.unwrap());
         let took = started.elapsed();
         assert!(
             took < 3 * (store.config().timeout + SLACK),
@@ -188,14 +188,14 @@ async fn concurrency_renewals_repair_redis_from_the_local_counts() {
         SharedConcurrency::new(&store, n.clone(), conc(10, Some(20), &[5]), &["g"], 100).unwrap();
     let mut guards = Vec::new();
     for _ in 0..3 {
-        guards.push(c.acquire(9, 1, 1).await.result.unwrap());
+        guards.push(c.acquire(9, 1, 1).await.value.unwrap());
     }
     // Redis loses everything; the copies are still held here, and one more is admitted
     // by the fallback.
     redis.kill();
     let o = c.acquire(9, 1, 1).await;
     assert_eq!(o.source, Source::Fallback);
-    guards.push(o.result.unwrap());
+    guards.push(o.value.unwrap());
     redis.restart();
     assert!(store.wait_up(Duration::from_secs(3)).await);
     // Within a renewal interval (200 ms) Redis holds the local truth: 4 copies of the key,
@@ -234,12 +234,12 @@ async fn a_dead_holder_loses_its_copies_after_one_lease() {
         }
     );
     let died = Instant::now();
-    let r = l.acquire(2, 0, 1).await.result.err().unwrap();
+    let r = l.acquire(2, 0, 1).await.value.err().unwrap();
     assert_eq!((r.limit, r.in_use), (Limit::Global, 3));
     // This limiter's own copies are renewed past several leases; the dead one's are gone
     // after one.
     let guard = loop {
-        if let Ok(g) = l.acquire(2, 0, 1).await.result {
+        if let Ok(g) = l.acquire(2, 0, 1).await.value {
             break g;
         }
         assert!(
@@ -359,7 +359,7 @@ async fn cluster_runs_sliding_logs_tiers_and_concurrency() {
     for t in tasks {
         let (groups, o) = t.await.unwrap();
         assert_eq!(o.source, Source::Store);
-        if let Ok(g) = o.result {
+        if let Ok(g) = o.value {
             held.push((groups, g));
         }
     }
@@ -396,12 +396,12 @@ async fn a_reload_that_moves_a_customer_releases_to_the_group_it_took_from() {
     // Before the reload: groups [a, b]; the customer is in `a` (bit 0).
     let before =
         SharedConcurrency::new(&store, n.clone(), params.clone(), &["a", "b"], 100).unwrap();
-    let old = before.acquire(1, 0b01, 1).await.result.unwrap();
+    let old = before.acquire(1, 0b01, 1).await.value.unwrap();
     // The reload lists the groups as [b, a] and moves the customer to `b` (now bit 0): a
     // new limiter, while the old guard still holds its copy.
     let after = SharedConcurrency::new(&store, n.clone(), params, &["b", "a"], 100).unwrap();
     drop(before);
-    let new = after.acquire(1, 0b01, 1).await.result.unwrap();
+    let new = after.acquire(1, 0b01, 1).await.value.unwrap();
     let (a, b) = (CounterKeys::group(&n, "a"), CounterKeys::group(&n, "b"));
     let key = CounterKeys::of_key(&n, 1);
     super::concurrency::agree_for(

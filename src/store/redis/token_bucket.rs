@@ -1,0 +1,122 @@
+//! Token buckets in Redis: one hash per key, refilled and taken from by one script
+//! (`scripts/token_bucket.lua`), with its read and refund scripts.
+
+use crate::limits::clock::Nanos;
+use crate::limits::token_bucket::TokenBucketParams;
+use crate::limits::verdict::Grant;
+use crate::limits::verdict::Verdict;
+use crate::store::key::{KeyNames, StateKind};
+use crate::store::redis::{
+    nanos, never_above, round_micros, scripts, verdict, Arg, Micros, RedisStore, SCRIPT_MAX,
+};
+use crate::store::StoreError;
+
+impl RedisStore {
+    /// One token-bucket decision for the key hashed to `hash` (see token_bucket.lua), at
+    /// Redis's time or `at`.
+    pub async fn token_bucket(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TokenBucketParams,
+        cost: u64,
+        at: Option<Micros>,
+    ) -> Result<Verdict, StoreError> {
+        let grant = self
+            .token_bucket_many(names, hash, params, cost, cost, at)
+            .await?;
+        Ok(grant.verdict)
+    }
+
+    /// One token-bucket decision on a request for between `min` and `want` tokens (see
+    /// token_bucket.lua): the largest count in `[min, want]` the bucket holds is taken, in
+    /// the same script call, or nothing. `min` above `want` is lowered to it.
+    pub async fn token_bucket_many(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TokenBucketParams,
+        min: u64,
+        want: u64,
+        at: Option<Micros>,
+    ) -> Result<Grant, StoreError> {
+        let p = BucketArgs::new(params);
+        let key = names.key(hash, StateKind::TokenBucket);
+        let (want, min) = (want.min(SCRIPT_MAX), min.min(want).min(SCRIPT_MAX));
+        let args = [
+            Arg::U(p.capacity),
+            Arg::U(p.amount),
+            Arg::U(p.every),
+            Arg::U(want),
+            Arg::U(u64::from(params.strict)),
+            Arg::U(min),
+        ];
+        let s = &self.inner.scripts.token_bucket;
+        let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
+        let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
+        Ok(Grant {
+            verdict: never_above(
+                verdict(allowed, remaining, reset, retry),
+                min,
+                params.capacity,
+            ),
+            granted: scripts::count(granted),
+        })
+    }
+
+    /// The tokens a bucket holds and the time until it is full, taking nothing (`RL.GET`).
+    pub async fn token_bucket_get(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TokenBucketParams,
+        at: Option<Micros>,
+    ) -> Result<(u64, Nanos), StoreError> {
+        let p = BucketArgs::new(params);
+        let key = names.key(hash, StateKind::TokenBucket);
+        let args = [Arg::U(p.capacity), Arg::U(p.amount), Arg::U(p.every)];
+        let s = &self.inner.scripts.token_bucket_get;
+        let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
+        let [tokens, reset] = scripts::ints::<2>(&v)?;
+        Ok((scripts::count(tokens), nanos(reset)))
+    }
+
+    /// Gives back `cost` tokens taken by an admitted request; returns the tokens after.
+    pub async fn token_bucket_refund(
+        &self,
+        names: &KeyNames,
+        hash: u64,
+        params: &TokenBucketParams,
+        cost: u64,
+        at: Option<Micros>,
+    ) -> Result<u64, StoreError> {
+        let p = BucketArgs::new(params);
+        let key = names.key(hash, StateKind::TokenBucket);
+        let args = [
+            Arg::U(p.capacity),
+            Arg::U(p.amount),
+            Arg::U(p.every),
+            Arg::U(cost.min(SCRIPT_MAX)),
+        ];
+        let s = &self.inner.scripts.token_bucket_refund;
+        let v = self.eval(s, &[&key], &args, at, self.background()).await?;
+        Ok(scripts::count(scripts::int(&v)?))
+    }
+}
+
+/// A token bucket's parameters in the scripts' units.
+struct BucketArgs {
+    capacity: u64,
+    amount: u64,
+    every: u64,
+}
+
+impl BucketArgs {
+    fn new(p: &TokenBucketParams) -> Self {
+        Self {
+            capacity: p.capacity.min(SCRIPT_MAX),
+            amount: p.amount.clamp(1, SCRIPT_MAX),
+            every: round_micros(p.every).clamp(1, SCRIPT_MAX),
+        }
+    }
+}
