@@ -69,13 +69,11 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::MutexGuard;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::table::{self, scan, Table, Ways};
 use crate::limits::verdict::{Verdict, NEVER};
-
-/// Slots per set, as in the token bucket: a set is scanned with conditional moves.
-const WAYS: usize = 8;
 
 /// Groups a limiter can have: the caller passes membership as one `u64` bitset.
 pub const MAX_GROUPS: usize = 64;
@@ -236,7 +234,8 @@ struct State {
     params: ConcurrencyParams,
     /// Bits of the configured groups; other bits of a caller's mask are ignored.
     valid: u64,
-    sets: Box<[Set]>,
+    /// The copies each key holds (a slot's value); a key holding nothing has no slot.
+    table: Table<u64>,
     global: Counter,
     groups: Box<[Counter]>,
     /// Copies held untracked (their key's set was full of holding keys).
@@ -246,14 +245,11 @@ struct State {
 }
 
 /// One set: its lock and its slots, 136 bytes.
-type Set = Mutex<[Slot; WAYS]>;
+#[cfg(test)]
+type Set = table::Set<u64>;
 
-/// A key and the copies it holds, or an empty slot (key 0).
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    key: u64,
-    held: u64,
-}
+/// A key and the copies it holds, or an empty slot (key 0): 16 bytes.
+type Slot = table::Slot<u64>;
 
 /// A shared count on its own cache-line pair, so that cores updating different counters
 /// do not false-share.
@@ -281,16 +277,12 @@ impl Iterator for Bits {
 impl ConcurrencyLimiter {
     /// The most keys one table may hold, whatever it is handed (the config refuses more):
     /// the token bucket's bound.
-    pub const MAX_KEYS: usize = crate::limits::token_bucket::TokenBucket::MAX_KEYS;
+    pub const MAX_KEYS: usize = table::MAX_KEYS;
 
     /// The bytes [`ConcurrencyLimiter::new`] allocates for `max_keys` (after the same
     /// clamping): whole sets of 8 slots.
     pub fn table_bytes(max_keys: usize) -> usize {
-        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
-    }
-
-    fn sets_for(max_keys: usize) -> usize {
-        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
+        Table::<u64>::bytes_for(max_keys.min(Self::MAX_KEYS))
     }
 
     /// A limiter with `params`, counting exactly for at most `max_keys` keys holding copies
@@ -303,15 +295,12 @@ impl ConcurrencyLimiter {
         if n > MAX_GROUPS {
             return Err(ConcurrencyError::TooManyGroups(n));
         }
-        let sets = Self::sets_for(max_keys);
         Ok(Self {
             state: Arc::new(State {
                 valid: u64::MAX
                     .checked_shr(MAX_GROUPS as u32 - n as u32)
                     .unwrap_or(0),
-                sets: (0..sets)
-                    .map(|_| Mutex::new([Slot::default(); WAYS]))
-                    .collect(),
+                table: Table::new(max_keys.min(Self::MAX_KEYS), ()),
                 global: Counter::default(),
                 groups: (0..n).map(|_| Counter::default()).collect(),
                 untracked: Counter::default(),
@@ -366,12 +355,12 @@ impl ConcurrencyLimiter {
     /// Copies `key` holds, tracked in its slot (untracked copies are not included).
     pub fn held(&self, key: u64) -> u64 {
         let s = &self.state;
-        let key = key.max(1);
-        let slots = s.set(key).lock();
+        let key = table::stored(key);
+        let slots = s.set(key);
         slots
             .iter()
             .find(|slot| slot.key == key)
-            .map_or(0, |slot| slot.held)
+            .map_or(0, |slot| slot.value)
     }
 
     /// Copies held across all keys, untracked ones included.
@@ -384,8 +373,9 @@ impl ConcurrencyLimiter {
         if s.params.global.is_some() {
             return s.global.0.load(Relaxed);
         }
-        let held = |set: &Set| set.lock().iter().map(|slot| slot.held).sum::<u64>();
-        s.sets.iter().map(held).sum::<u64>() + s.untracked.0.load(Relaxed)
+        let mut held = 0;
+        s.table.each(|slot| held += slot.value);
+        held + s.untracked.0.load(Relaxed)
     }
 
     /// Copies group `group` holds: an exact gauge (0 for a group that does not exist).
@@ -403,8 +393,7 @@ impl ConcurrencyLimiter {
 
     /// Keys holding copies in the table. Locks each set in turn: metrics and tests only.
     pub fn len(&self) -> usize {
-        let held = |set: &Set| set.lock().iter().filter(|slot| slot.key != 0).count();
-        self.state.sets.iter().map(held).sum()
+        self.state.table.len()
     }
 
     /// Whether no key holds copies in the table.
@@ -467,10 +456,9 @@ impl Drop for ConcurrencyGuard {
 }
 
 impl State {
-    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
-    fn set(&self, key: u64) -> &Set {
-        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
-        &self.sets[index as usize]
+    /// The locked set of `key` (already [`table::stored`]).
+    fn set(&self, key: u64) -> MutexGuard<'_, Ways<u64>> {
+        self.table.lock(self.table.index(key))
     }
 
     /// The shared counters a request in `groups` (already masked) touches, with their
@@ -491,11 +479,11 @@ impl State {
     fn grant(&self, key: u64, groups: u64, copies: u64, min: u64) -> Result<Grant, Rejection> {
         let groups = groups & self.valid;
         let min = min.min(copies);
-        let key = key.max(1);
+        let key = table::stored(key);
         let max = self.params.max;
-        let mut slots = self.set(key).lock();
-        let (hit, empty) = scan(&slots, key);
-        let held = slots.get(hit).map_or(0, |slot| slot.held);
+        let mut slots = self.set(key);
+        let (hit, empty) = scan(&slots, |s| s.key == key);
+        let held = slots.get(hit).map_or(0, |slot| slot.value);
         let key_room = max.saturating_sub(held);
         if key_room < min {
             return Err(reject(Limit::Key, held, max, min));
@@ -531,10 +519,10 @@ impl State {
             true
         } else if let Some(slot) = slots.get_mut(hit) {
             // held + want ≤ max: no overflow.
-            slot.held += want;
+            slot.value += want;
             true
         } else if let Some(slot) = slots.get_mut(empty) {
-            *slot = Slot { key, held: want };
+            *slot = Slot { key, value: want };
             true
         } else {
             self.untracked.0.fetch_add(want, Relaxed);
@@ -573,10 +561,10 @@ impl State {
         if copies == 0 {
             return Ok(());
         }
-        let key = key.max(1);
-        let mut slots = self.set(key).lock();
-        let (hit, _) = scan(&slots, key);
-        let held = slots.get(hit).map_or(0, |slot| slot.held);
+        let key = table::stored(key);
+        let mut slots = self.set(key);
+        let (hit, _) = scan(&slots, |s| s.key == key);
+        let held = slots.get(hit).map_or(0, |slot| slot.value);
         let from_key = held.min(copies);
         let from_pool = copies - from_key;
         let over = |limit, held| OverRelease {
@@ -599,8 +587,8 @@ impl State {
             }
         }
         if let Some(slot) = slots.get_mut(hit) {
-            slot.held -= from_key;
-            if slot.held == 0 {
+            slot.value -= from_key;
+            if slot.value == 0 {
                 slot.key = 0;
             }
         }
@@ -614,11 +602,11 @@ impl State {
             return;
         }
         if tracked {
-            let key = key.max(1);
-            let mut slots = self.set(key).lock();
+            let key = table::stored(key);
+            let mut slots = self.set(key);
             if let Some(slot) = slots.iter_mut().find(|slot| slot.key == key) {
-                slot.held = slot.held.saturating_sub(copies);
-                if slot.held == 0 {
+                slot.value = slot.value.saturating_sub(copies);
+                if slot.value == 0 {
                     slot.key = 0;
                 }
             }
@@ -630,17 +618,6 @@ impl State {
             give_saturating(count, copies);
         }
     }
-}
-
-/// The way holding `key` and an empty way, `WAYS` for none. Conditional moves, not an
-/// early exit: a hit's way is random, so a branch on it would mispredict.
-fn scan(slots: &[Slot; WAYS], key: u64) -> (usize, usize) {
-    let (mut hit, mut empty) = (WAYS, WAYS);
-    for (way, slot) in slots.iter().enumerate() {
-        hit = if slot.key == key { way } else { hit };
-        empty = if slot.key == 0 { way } else { empty };
-    }
-    (hit, empty)
 }
 
 fn reject(limit: Limit, in_use: u64, max: u64, wanted: u64) -> Rejection {
@@ -968,7 +945,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!([size_of::<Set>(), size_of::<Counter>()], [136, 128]);
-        assert_eq!(l.state.sets.len(), 1);
+        assert_eq!(l.state.table.sets(), 1);
         let guards: Vec<_> = (1..=8).map(|k| l.acquire(k, 1, 1).unwrap()).collect();
         assert!(guards.iter().all(ConcurrencyGuard::tracked));
         // Key 9 finds its set full of holding keys: admitted untracked, counted.

@@ -57,17 +57,13 @@
 //! before `max_keys` keys hold entries (0.01% of them beyond their set at `max_keys / 4`,
 //! 0.8% at half).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
+use crate::limits::table::{self, scan, Table, WAYS};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::limits::victim;
-
-/// Slots per set, as in the token bucket.
-const WAYS: usize = 8;
 
 /// The longest window spans at most this many units (see the module doc).
 const SPAN: u64 = 1 << 31;
@@ -109,6 +105,12 @@ pub enum SlidingLogError {
 
 /// Exact sliding logs per key, checked against every window at once.
 pub struct SlidingLog {
+    /// The logs' heads, headed by the windows and the arena of their entries.
+    table: Table<LogHead, Logs>,
+}
+
+/// What every decision reads besides the table: the windows and the entries' arena.
+struct Logs {
     /// The windows, `per` at least 1, in the caller's order.
     windows: Box<[LogWindow]>,
     /// The longest `per`: entries older than that are pruned.
@@ -117,28 +119,26 @@ pub struct SlidingLog {
     shift: u32,
     /// Entries per key (`E`): the ring length of every slot.
     cap: u32,
-    sets: Box<[Set]>,
     /// `E` entries per slot, slot `set · WAYS + way`; guarded by the slot's set lock
     /// (relaxed atomics only to write through a shared reference: plain moves on x86).
     entries: Box<[AtomicU32]>,
-    evictions: Evictions,
 }
 
-/// One set: its lock and its slots, 200 bytes.
-type Set = Mutex<[Slot; WAYS]>;
-
-/// A key's log: `len` entries from `head` in its ring, offsets from `base` units.
+/// A key's log: `len` entries from `head` in its ring, offsets from `base` units (16
+/// bytes; a slot with its key, 24).
 #[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    key: u64,
+struct LogHead {
     base: u64,
     head: u32,
     len: u32,
 }
 
-/// The eviction count, on its own cache-line pair (see the token bucket).
-#[repr(align(128))]
-struct Evictions(AtomicU64);
+/// A way of the table: a key and its log's head.
+type Slot = table::Slot<LogHead>;
+
+/// One set: its lock and its slots, 200 bytes.
+#[cfg(test)]
+type Set = table::Set<LogHead>;
 
 /// One slot and its ring, while its set is locked.
 struct Log<'a> {
@@ -171,7 +171,7 @@ impl SlidingLog {
             .collect();
         let (entries, longest, shift) = geometry(&windows).ok_or(SlidingLogError::NoWindows)?;
         let too_large = SlidingLogError::TooLarge { entries, max_keys };
-        let sets = max_keys.max(1).div_ceil(WAYS);
+        let sets = Table::<LogHead>::sets_for(max_keys);
         let cap = u32::try_from(entries).map_err(|_| too_large.clone())?;
         let len = (sets.checked_mul(WAYS))
             .and_then(|slots| slots.checked_mul(cap as usize))
@@ -179,16 +179,15 @@ impl SlidingLog {
         // One zeroed allocation: the OS maps its pages when first written.
         let entries =
             bytemuck::allocation::try_zeroed_slice_box::<AtomicU32>(len).map_err(|()| too_large)?;
-        Ok(Self {
+        let logs = Logs {
             windows,
             longest,
             shift,
             cap,
-            sets: (0..sets)
-                .map(|_| Mutex::new([Slot::default(); WAYS]))
-                .collect(),
             entries,
-            evictions: Evictions(AtomicU64::new(0)),
+        };
+        Ok(Self {
+            table: Table::new(max_keys, logs),
         })
     }
 
@@ -199,11 +198,11 @@ impl SlidingLog {
     /// limiter never allocates more.
     pub fn memory_bytes(windows: &[LogWindow], max_keys: usize) -> Option<usize> {
         let (entries, _, _) = geometry(windows)?;
-        let slots = max_keys.max(1).div_ceil(WAYS).checked_mul(WAYS)?;
+        let slots = Table::<LogHead>::sets_for(max_keys).checked_mul(WAYS)?;
         let ring = usize::try_from(entries)
             .ok()?
             .checked_mul(size_of::<u32>())?;
-        let per_slot = ring.checked_add(size_of::<Set>() / WAYS)?;
+        let per_slot = ring.checked_add(Table::<LogHead>::bytes_for(WAYS) / WAYS)?;
         slots.checked_mul(per_slot)
     }
 
@@ -239,21 +238,21 @@ impl SlidingLog {
     /// exactly the log as if the admission had not happened. Fewer are found only if they
     /// have been pruned (expired), evicted or already refunded.
     pub fn refund(&self, key: u64, cost: u64, at: Nanos) -> u64 {
-        let key = key.max(1);
-        let set = self.set_index(key);
-        let mut slots = self.sets[set].lock();
-        let (hit, _) = scan(&slots, key);
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let mut slots = self.table.lock(set);
+        let (hit, _) = scan(&slots, |s| s.key == key);
         let Some(slot) = slots.get_mut(hit) else {
             return 0;
         };
         let ring = self.ring(set, hit);
         let log = Log { slot, ring };
-        let q = at >> self.shift;
+        let q = at >> self.logs().shift;
         // Recorded at the base if its unit was before it (see `push`).
-        let Ok(off) = u32::try_from(q.saturating_sub(log.slot.base)) else {
+        let Ok(off) = u32::try_from(q.saturating_sub(log.slot.value.base)) else {
             return 0;
         };
-        let len = log.slot.len;
+        let len = log.slot.value.len;
         let first = partition(len, |i| log.at(i) < off);
         let mut n = 0;
         while first + n < len && u64::from(n) < cost && log.at(first + n) == off {
@@ -262,8 +261,8 @@ impl SlidingLog {
         for i in first + n..len {
             log.put(i - n, log.at(i));
         }
-        log.slot.len -= n;
-        if log.slot.len == 0 {
+        log.slot.value.len -= n;
+        if log.slot.value.len == 0 {
             *log.slot = Slot::default();
         }
         u64::from(n)
@@ -272,13 +271,13 @@ impl SlidingLog {
     /// Entries of `key` counting in window `window` (an index into the windows given to
     /// [`SlidingLog::new`]) at `now`: for the admin state endpoint and tests.
     pub fn count(&self, key: u64, window: usize, now: Nanos) -> u64 {
-        let Some(w) = self.windows.get(window) else {
+        let Some(w) = self.logs().windows.get(window) else {
             return 0;
         };
-        let key = key.max(1);
-        let set = self.set_index(key);
-        let mut slots = self.sets[set].lock();
-        let (hit, _) = scan(&slots, key);
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let mut slots = self.table.lock(set);
+        let (hit, _) = scan(&slots, |s| s.key == key);
         let Some(slot) = slots.get_mut(hit) else {
             return 0;
         };
@@ -286,31 +285,30 @@ impl SlidingLog {
             slot,
             ring: self.ring(set, hit),
         };
-        u64::from(log.slot.len - self.first_live(&log, w.per, now))
+        u64::from(log.slot.value.len - self.first_live(&log, w.per, now))
     }
 
     /// The windows (`per` at least 1).
     pub fn windows(&self) -> &[LogWindow] {
-        &self.windows
+        &self.logs().windows
     }
 
     /// The unit of time entries are recorded in, in ns: an entry counts up to this much
     /// minus 1 ns longer than exactly (see the module doc).
     pub fn resolution(&self) -> Nanos {
-        1 << self.shift
+        1 << self.logs().shift
     }
 
     /// Entries a key's ring holds: the `max` of the longest window.
     pub fn entries_per_key(&self) -> u32 {
-        self.cap
+        self.logs().cap
     }
 
     /// Keys holding entries (a log empty by now still counts until touched).
     ///
     /// Locks each set in turn, so it is for metrics and tests, not the hot path.
     pub fn len(&self) -> usize {
-        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
-        self.sets.iter().map(held).sum()
+        self.table.len()
     }
 
     /// Whether no key holds entries.
@@ -324,18 +322,18 @@ impl SlidingLog {
     /// count means `max_keys` is too small for the keys holding entries. Reusing the slot
     /// of a log that is empty by now loses nothing and is not counted.
     pub fn evictions(&self) -> u64 {
-        self.evictions.0.load(Relaxed)
+        self.table.evictions()
     }
 
     /// Judges `min` (at most `want`) for `key` at `now`; when it fits, grants
     /// `n = min(want, room)` (which fits too: `room` is the smallest room over the
     /// windows) and records it if `record`.
     fn decide(&self, key: u64, min: u64, want: u64, now: Nanos, record: bool) -> Grant {
-        let key = key.max(1);
-        let set = self.set_index(key);
-        let q = now >> self.shift;
-        let mut slots = self.sets[set].lock();
-        let (hit, empty) = scan(&slots, key);
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let q = now >> self.logs().shift;
+        let mut slots = self.table.lock(set);
+        let (hit, empty) = scan(&slots, |s| s.key == key);
         if let Some(slot) = slots.get_mut(hit) {
             let mut log = Log {
                 slot,
@@ -349,7 +347,7 @@ impl SlidingLog {
                 // Admitted: len + n ≤ cap ≤ u32::MAX.
                 self.push(&mut log, q, n as u32);
             }
-            if log.slot.len == 0 {
+            if log.slot.value.len == 0 {
                 *log.slot = Slot::default();
             }
             return grant(v, j.allowed, n);
@@ -361,7 +359,7 @@ impl SlidingLog {
             let way = self.victim(&slots, set, empty, now);
             slots[way] = Slot {
                 key,
-                ..Slot::default()
+                value: LogHead::default(),
             };
             let mut log = Log {
                 slot: &mut slots[way],
@@ -378,10 +376,10 @@ impl SlidingLog {
         let mut room = u64::MAX;
         let mut allowed = true;
         let (mut ready, mut never) = (now, 0);
-        for w in self.windows.iter() {
+        for w in self.logs().windows.iter() {
             let (first, count) = log.map_or((0, 0), |log| {
                 let first = self.first_live(log, w.per, now);
-                (first, u64::from(log.slot.len - first))
+                (first, u64::from(log.slot.value.len - first))
             });
             room = room.min(w.max.saturating_sub(count));
             if count.saturating_add(cost) <= w.max {
@@ -415,7 +413,9 @@ impl SlidingLog {
         now: Nanos,
     ) -> Verdict {
         let reset = |newest: Option<u64>| {
-            newest.map_or(0, |n| self.expire(n, self.longest).saturating_sub(now))
+            newest.map_or(0, |n| {
+                self.expire(n, self.logs().longest).saturating_sub(now)
+            })
         };
         if !j.allowed {
             return Verdict::reject(j.room, reset(newest), j.retry_after.max(1));
@@ -433,7 +433,7 @@ impl SlidingLog {
     /// `per`: `t' + per` with `t'` the last nanosecond of the unit.
     fn expire(&self, q: u64, per: Nanos) -> Nanos {
         q.saturating_add(1)
-            .saturating_mul(1 << self.shift)
+            .saturating_mul(1 << self.logs().shift)
             .saturating_sub(1)
             .saturating_add(per)
     }
@@ -441,37 +441,39 @@ impl SlidingLog {
     /// The index of the first entry of `log` still counting in a window of `per` at `now`
     /// (entries are sorted, so the ones before it are exactly those that expired).
     fn first_live(&self, log: &Log<'_>, per: Nanos, now: Nanos) -> u32 {
-        partition(log.slot.len, |i| self.expire(log.quantum(i), per) <= now)
+        partition(log.slot.value.len, |i| {
+            self.expire(log.quantum(i), per) <= now
+        })
     }
 
     /// Drops the entries expired in every window, i.e. in the longest.
     fn prune(&self, log: &mut Log<'_>, now: Nanos) {
-        while log.slot.len > 0 && self.expire(log.quantum(0), self.longest) <= now {
-            log.slot.head = log.wrap(log.slot.head as usize + 1);
-            log.slot.len -= 1;
+        while log.slot.value.len > 0 && self.expire(log.quantum(0), self.logs().longest) <= now {
+            log.slot.value.head = log.wrap(log.slot.value.head as usize + 1);
+            log.slot.value.len -= 1;
         }
     }
 
     /// Records `cost` entries at unit `q`, keeping the ring sorted (`len + cost ≤ cap`).
     fn push(&self, log: &mut Log<'_>, q: u64, cost: u32) {
-        if log.slot.len == 0 {
-            log.slot.base = q.saturating_sub(MARGIN);
-            log.slot.head = 0;
+        if log.slot.value.len == 0 {
+            log.slot.value.base = q.saturating_sub(MARGIN);
+            log.slot.value.head = 0;
         }
         // A `now` before the base moves the base down; only a skew of about the longest
         // window, which would not fit 32 bits, is recorded at the base (later than it
         // happened: the strict side).
-        let q = if q < log.slot.base && !log.lower_base(q) {
-            log.slot.base
+        let q = if q < log.slot.value.base && !log.lower_base(q) {
+            log.slot.value.base
         } else {
             q
         };
-        if q - log.slot.base > u64::from(u32::MAX) {
+        if q - log.slot.value.base > u64::from(u32::MAX) {
             log.rebase(q);
         }
         // Pruned at `now`, the live entries span at most SPAN + 1 units: this fits.
-        let off = u32::try_from(q - log.slot.base).unwrap_or(u32::MAX);
-        let len = log.slot.len;
+        let off = u32::try_from(q - log.slot.value.base).unwrap_or(u32::MAX);
+        let len = log.slot.value.len;
         // Entries almost always arrive in order: this stops at once.
         let mut at = len;
         while at > 0 && log.at(at - 1) > off {
@@ -483,27 +485,23 @@ impl SlidingLog {
         for i in at..at + cost {
             log.put(i, off);
         }
-        log.slot.len = len + cost;
+        log.slot.value.len = len + cost;
     }
 
     /// The way a new key takes: `empty` if it is a way, else the log of least
     /// [`Score`](victim::Score) (see [`SlidingLog::score`]); taking a live one is counted.
     fn victim(&self, slots: &[Slot; WAYS], set: usize, empty: usize, now: Nanos) -> usize {
-        if empty < WAYS {
-            return empty;
-        }
-        let (way, evicts) = victim::choose(slots.iter().enumerate().map(|(way, slot)| {
-            let mut slot = *slot;
+        self.table.victim(slots, empty, 0, |way, head| {
+            let mut slot = Slot {
+                key: 0,
+                value: *head,
+            };
             let log = Log {
                 slot: &mut slot,
                 ring: self.ring(set, way),
             };
             self.score(&log, now)
-        }));
-        if evicts {
-            self.evictions.0.fetch_add(1, Relaxed);
-        }
-        way
+        })
     }
 
     /// What forgetting `log` would wrongly admit at `now`: its loss is the room a new key
@@ -515,28 +513,29 @@ impl SlidingLog {
             return victim::Score::FREE;
         };
         let (mut fresh, mut room) = (u64::MAX, u64::MAX);
-        for w in self.windows.iter() {
-            let count = u64::from(log.slot.len - self.first_live(log, w.per, now));
+        for w in self.logs().windows.iter() {
+            let count = u64::from(log.slot.value.len - self.first_live(log, w.per, now));
             fresh = fresh.min(w.max);
             room = room.min(w.max.saturating_sub(count));
         }
         victim::Score::new(
             fresh.saturating_sub(room),
-            self.expire(newest, self.longest),
+            self.expire(newest, self.logs().longest),
             now,
         )
     }
 
-    /// The set index of `key` (already mapped away from 0), by Lemire's multiply-high.
-    fn set_index(&self, key: u64) -> usize {
-        ((u128::from(key) * self.sets.len() as u128) >> 64) as usize
+    /// The windows and the arena.
+    #[inline(always)]
+    fn logs(&self) -> &Logs {
+        self.table.head()
     }
 
     /// The ring of slot `way` of set `set`.
     fn ring(&self, set: usize, way: usize) -> &[AtomicU32] {
-        let cap = self.cap as usize;
+        let cap = self.logs().cap as usize;
         let start = (set * WAYS + way) * cap;
-        &self.entries[start..start + cap]
+        &self.logs().entries[start..start + cap]
     }
 }
 
@@ -565,7 +564,7 @@ impl Log<'_> {
     }
 
     fn index(&self, i: u32) -> usize {
-        self.wrap(self.slot.head as usize + i as usize) as usize
+        self.wrap(self.slot.value.head as usize + i as usize) as usize
     }
 
     /// The offset of entry `i` (0: the oldest).
@@ -579,30 +578,30 @@ impl Log<'_> {
 
     /// The unit of entry `i`.
     fn quantum(&self, i: u32) -> u64 {
-        self.slot.base + u64::from(self.at(i))
+        self.slot.value.base + u64::from(self.at(i))
     }
 
     /// The unit of the newest entry.
     fn newest(&self) -> Option<u64> {
-        self.slot.len.checked_sub(1).map(|i| self.quantum(i))
+        self.slot.value.len.checked_sub(1).map(|i| self.quantum(i))
     }
 
     /// Moves the base down to MARGIN units below `q` (before the base), if the newest
     /// entry's offset still fits; returns whether it did.
     fn lower_base(&mut self, q: u64) -> bool {
         let new_base = q.saturating_sub(MARGIN);
-        let delta = self.slot.base - new_base;
-        let newest = self.slot.len.checked_sub(1).map_or(0, |i| self.at(i));
+        let delta = self.slot.value.base - new_base;
+        let newest = self.slot.value.len.checked_sub(1).map_or(0, |i| self.at(i));
         let Ok(delta) = u32::try_from(delta) else {
             return false;
         };
         if newest.checked_add(delta).is_none() {
             return false;
         }
-        for i in 0..self.slot.len {
+        for i in 0..self.slot.value.len {
             self.put(i, self.at(i) + delta);
         }
-        self.slot.base = new_base;
+        self.slot.value.base = new_base;
         true
     }
 
@@ -610,14 +609,14 @@ impl Log<'_> {
     /// `q` gets an offset that fits.
     fn rebase(&mut self, q: u64) {
         let oldest = self.quantum(0);
-        let base = self.slot.base;
+        let base = self.slot.value.base;
         let new_base = oldest.min(q).saturating_sub(MARGIN).max(base);
         // new_base ≤ oldest: every offset stays ≥ 0, and delta ≤ the oldest offset.
         let delta = (new_base - base) as u32;
-        for i in 0..self.slot.len {
+        for i in 0..self.slot.value.len {
             self.put(i, self.at(i) - delta);
         }
-        self.slot.base = new_base;
+        self.slot.value.base = new_base;
     }
 }
 
@@ -653,16 +652,6 @@ fn partition(len: u32, before: impl Fn(u32) -> bool) -> u32 {
     lo
 }
 
-/// The way holding `key` and an empty way, `WAYS` for none (conditional moves).
-fn scan(slots: &[Slot; WAYS], key: u64) -> (usize, usize) {
-    let (mut hit, mut empty) = (WAYS, WAYS);
-    for (way, slot) in slots.iter().enumerate() {
-        hit = if slot.key == key { way } else { hit };
-        empty = if slot.key == 0 { way } else { empty };
-    }
-    (hit, empty)
-}
-
 impl SlidingLog {
     /// Calls `f` for every key holding entries, with its entries' instants, oldest first
     /// (a log empty by now is included until touched; [`SlidingLog::import`] drops it).
@@ -671,10 +660,10 @@ impl SlidingLog {
     /// One way at a time is copied under its set's lock (at most `E` entries), and `f`
     /// runs with no lock held; `buf` is reused between keys.
     pub fn export(&self, buf: &mut Vec<Nanos>, mut f: impl FnMut(u64, &[Nanos])) {
-        for set in 0..self.sets.len() {
+        for set in 0..self.table.sets() {
             for way in 0..WAYS {
                 let key = {
-                    let mut slots = self.sets[set].lock();
+                    let mut slots = self.table.lock(set);
                     let slot = &mut slots[way];
                     if slot.key == 0 {
                         continue;
@@ -684,7 +673,7 @@ impl SlidingLog {
                         ring: self.ring(set, way),
                     };
                     buf.clear();
-                    buf.extend((0..log.slot.len).map(|i| self.last_ns(log.quantum(i))));
+                    buf.extend((0..log.slot.value.len).map(|i| self.last_ns(log.quantum(i))));
                     log.slot.key
                 };
                 f(key, buf);
@@ -703,16 +692,16 @@ impl SlidingLog {
     /// as every entry of the log).
     pub fn import(&self, key: u64, entries: &mut [Nanos], now: Nanos) -> Restored {
         for t in entries.iter_mut() {
-            *t = (*t).min(now) >> self.shift;
+            *t = (*t).min(now) >> self.logs().shift;
         }
         entries.sort_unstable();
-        let live_from = entries.partition_point(|&q| self.expire(q, self.longest) <= now);
+        let live_from = entries.partition_point(|&q| self.expire(q, self.logs().longest) <= now);
         let live = &entries[live_from..];
-        let live = &live[live.len().saturating_sub(self.cap as usize)..];
-        let key = key.max(1);
-        let set = self.set_index(key);
-        let mut slots = self.sets[set].lock();
-        let (hit, _) = scan(&slots, key);
+        let live = &live[live.len().saturating_sub(self.logs().cap as usize)..];
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let mut slots = self.table.lock(set);
+        let (hit, _) = scan(&slots, |s| s.key == key);
         let Some(&oldest) = live.first() else {
             if let Some(slot) = slots.get_mut(hit) {
                 *slot = Slot::default();
@@ -726,7 +715,10 @@ impl SlidingLog {
                     slot: &mut slot,
                     ring: self.ring(set, way),
                 };
-                slot_free(log.newest().map(|n| self.expire(n, self.longest)), now)
+                slot_free(
+                    log.newest().map(|n| self.expire(n, self.logs().longest)),
+                    now,
+                )
             })
         };
         let Some(way) = (hit < WAYS).then_some(hit).or_else(free) else {
@@ -735,10 +727,12 @@ impl SlidingLog {
         let base = oldest.saturating_sub(MARGIN);
         slots[way] = Slot {
             key,
-            base,
-            head: 0,
-            // At most `cap` entries: fits u32.
-            len: live.len() as u32,
+            value: LogHead {
+                base,
+                head: 0,
+                // At most `cap` entries: fits u32.
+                len: live.len() as u32,
+            },
         };
         let log = Log {
             slot: &mut slots[way],
@@ -754,7 +748,7 @@ impl SlidingLog {
     /// The last nanosecond of unit `q`: the instant an entry of that unit counts from.
     fn last_ns(&self, q: u64) -> Nanos {
         q.saturating_add(1)
-            .saturating_mul(1 << self.shift)
+            .saturating_mul(1 << self.logs().shift)
             .saturating_sub(1)
     }
 }

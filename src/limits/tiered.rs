@@ -110,11 +110,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
+use crate::limits::table::{self, scan, Table, WAYS};
 use crate::limits::verdict::{Verdict, NEVER};
 use crate::limits::victim;
 
@@ -132,8 +132,6 @@ pub const MAX_GLOBAL_LIMIT: u64 = u32::MAX as u64;
 /// Durations above this (146 years) are clamped to it, so sums of durations never overflow.
 pub const MAX_DURATION: Nanos = 1 << 62;
 
-/// Ways per set: as the token bucket's, rarely overflowing at half load.
-const WAYS: usize = 8;
 /// An entry time meaning "never entered".
 const NOT_ENTERED: Nanos = Nanos::MAX;
 /// `2^SPAN_BITS` time units cover the longest window.
@@ -428,7 +426,8 @@ pub struct TieredLimiter {
     /// Entries into each tier (bursts, and a new key entering tier 1), since construction:
     /// the `tollgate_tier_entries_total` counter. Written only when a tier is entered.
     entries: Box<[AtomicU64]>,
-    sets: Box<[Set]>,
+    /// The ways' heads; each way owns a region of the arenas below.
+    table: Table<Times>,
     /// One fingerprint byte per way (the key's low byte), a word per set, read without the
     /// lock to start loading the metadata of the way the key probably holds before the set
     /// is scanned: a hint, so a stale one costs one wasted load.
@@ -443,24 +442,21 @@ pub struct TieredLimiter {
     /// it to a way only if the decision changes something.
     fresh: Box<[AtomicU64]>,
     global: Option<Global>,
-    evictions: Evictions,
 }
 
 /// One set: its lock and its ways' heads, 200 bytes.
-type Set = Mutex<[Head; WAYS]>;
+type Set = table::Set<Times>;
 
-/// A way's key (0 = empty), the instant its state becomes equal to a new key's, and the base
-/// time its log offsets count from.
+/// A way's key (0 = empty) and its [`Times`].
+type Head = table::Slot<Times>;
+
+/// The instant a way's state becomes equal to a new key's, and the base time its log
+/// offsets count from.
 #[derive(Debug, Clone, Copy, Default)]
-struct Head {
-    key: u64,
+struct Times {
     expires: Nanos,
     base: Nanos,
 }
-
-/// The eviction count, on its own cache-line pair (see the token bucket's).
-#[repr(align(128))]
-struct Evictions(AtomicU64);
 
 /// The global limit: `(second as u32) << 32 | count` of the aligned second being counted, on
 /// its own cache-line pair since every admission of every key writes it.
@@ -1156,7 +1152,7 @@ impl TieredLimiter {
     pub fn new(params: &TieredParams, max_keys: usize) -> Result<Self, TieredError> {
         let params = normalize(params)?.params;
         let shape = Shape::new(&params);
-        let sets = max_keys.max(1).div_ceil(WAYS);
+        let sets = Table::<Times>::sets_for(max_keys);
         let meta_stride = shape.meta_words().next_multiple_of(8);
         let bytes = Self::bytes_for(&shape, sets as u128 * WAYS as u128);
         let too_large = || TieredError::TooLarge { bytes };
@@ -1184,15 +1180,12 @@ impl TieredLimiter {
             }),
             shape,
             params,
-            sets: (0..sets)
-                .map(|_| Mutex::new([Head::default(); WAYS]))
-                .collect(),
+            table: Table::new(max_keys, ()),
             hints: (0..sets).map(|_| AtomicU64::new(0)).collect(),
             meta,
             meta_start,
             meta_stride,
             logs,
-            evictions: Evictions(AtomicU64::new(0)),
         })
     }
 
@@ -1214,7 +1207,7 @@ impl TieredLimiter {
 
     /// Bytes reserved for the table and the arenas (the pages touched are usually fewer).
     pub fn reserved_bytes(&self) -> usize {
-        size_of_val(&*self.sets)
+        self.table.sets() * size_of::<Set>()
             + size_of_val(&*self.hints)
             + size_of_val(&*self.meta)
             + size_of_val(&*self.logs)
@@ -1237,16 +1230,16 @@ impl TieredLimiter {
     pub fn acquire_many(&self, key: u64, min: u64, max: u64, now: Nanos) -> TieredDecision {
         let min = min.max(1);
         let max = max.max(min);
-        let key = key.max(1);
-        let set = self.set_of(key);
+        let key = table::stored(key);
+        let set = self.table.index(key);
         self.touch(set, key);
-        let mut heads = self.sets[set].lock();
-        let (hit, empty) = scan(&heads, key);
-        let live = hit < WAYS && heads[hit].expires > now;
+        let mut heads = self.table.lock(set);
+        let (hit, empty) = scan(&heads, |h| h.key == key);
+        let live = hit < WAYS && heads[hit].value.expires > now;
         let view = if live {
-            let view = self.view(set * WAYS + hit, heads[hit].base);
+            let view = self.view(set * WAYS + hit, heads[hit].value.base);
             view.rebase_if_due(now);
-            heads[hit].base = view.base();
+            heads[hit].value.base = view.base();
             view
         } else {
             self.fresh_view(now)
@@ -1277,8 +1270,8 @@ impl TieredLimiter {
             } else {
                 (self.claim(&mut heads, set, key, (hit, empty), now), 1)
             };
-            let view = self.view(set * WAYS + way, heads[way].base);
-            let mut expires = heads[way].expires;
+            let view = self.view(set * WAYS + way, heads[way].value.base);
+            let mut expires = heads[way].value.expires;
             if !live {
                 expires = expires.max(self.enter(&view, 1, now));
             }
@@ -1286,7 +1279,7 @@ impl TieredLimiter {
             if self.shape.hard {
                 expires = expires.max(view.push(n, now, 1));
             }
-            heads[way].expires = expires;
+            heads[way].value.expires = expires;
             let (tier, remaining, reset) = view.headline_of(tier, now);
             return TieredDecision {
                 verdict: Verdict::allow(remaining, reset),
@@ -1325,8 +1318,8 @@ impl TieredLimiter {
         } else {
             self.claim(&mut heads, set, key, (hit, empty), now)
         };
-        let view = self.view(set * WAYS + way, heads[way].base);
-        let mut expires = heads[way].expires;
+        let view = self.view(set * WAYS + way, heads[way].value.base);
+        let mut expires = heads[way].value.expires;
         let (mut left, mut first_tier, mut current) = (granted, 0, chain.current);
         for (&tier, &room) in chain.tiers[..chain.len].iter().zip(&chain.rooms) {
             if left == 0 {
@@ -1349,7 +1342,7 @@ impl TieredLimiter {
         if self.shape.hard {
             expires = expires.max(view.push(n, now, granted));
         }
-        heads[way].expires = expires;
+        heads[way].value.expires = expires;
         // The tier the last copy reached is current, and its ring was popped by the chain.
         let (tier, remaining, reset) = view.headline_of(current, now);
         TieredDecision {
@@ -1373,16 +1366,16 @@ impl TieredLimiter {
         if let Some(g) = &self.global {
             g.refund(decision.granted, decision.at, now);
         }
-        let key = key.max(1);
-        let set = self.set_of(key);
-        let mut heads = self.sets[set].lock();
-        let (hit, _) = scan(&heads, key);
-        if hit == WAYS || heads[hit].expires <= now {
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let mut heads = self.table.lock(set);
+        let (hit, _) = scan(&heads, |h| h.key == key);
+        if hit == WAYS || heads[hit].value.expires <= now {
             return;
         }
-        let view = self.view(set * WAYS + hit, heads[hit].base);
+        let view = self.view(set * WAYS + hit, heads[hit].value.base);
         view.rebase_if_due(now);
-        heads[hit].base = view.base();
+        heads[hit].value.base = view.base();
         if decision.at < view.base() {
             // Rebased since: the decision's hits have all left their windows.
             return;
@@ -1441,14 +1434,7 @@ impl TieredLimiter {
 
     /// Keys holding live state at `now`. Locks each set in turn: for metrics and tests.
     pub fn len(&self, now: Nanos) -> usize {
-        let live = |set: &Set| {
-            let heads = set.lock();
-            heads
-                .iter()
-                .filter(|h| h.key != 0 && h.expires > now)
-                .count()
-        };
-        self.sets.iter().map(live).sum()
+        self.table.count(|t| t.expires > now)
     }
 
     /// Whether no key holds live state at `now`.
@@ -1460,7 +1446,7 @@ impl TieredLimiter {
     /// new key and fails open once. A rising count means `max_keys` is too small. Reusing a
     /// way whose state has emptied loses nothing and is not counted.
     pub fn evictions(&self) -> u64 {
-        self.evictions.0.load(Ordering::Relaxed)
+        self.table.evictions()
     }
 
     /// Entries into `tier` (1-based in the normalized tiers) since construction: bursts into
@@ -1475,12 +1461,12 @@ impl TieredLimiter {
     /// not even a rebase, which only a write of a new offset needs (expiries are computed
     /// in `u64` from the base).
     fn read<R>(&self, key: u64, now: Nanos, f: impl FnOnce(&View) -> R) -> R {
-        let key = key.max(1);
-        let set = self.set_of(key);
-        let heads = self.sets[set].lock();
-        let (hit, _) = scan(&heads, key);
-        if hit < WAYS && heads[hit].expires > now {
-            f(&self.view(set * WAYS + hit, heads[hit].base))
+        let key = table::stored(key);
+        let set = self.table.index(key);
+        let heads = self.table.lock(set);
+        let (hit, _) = scan(&heads, |h| h.key == key);
+        if hit < WAYS && heads[hit].value.expires > now {
+            f(&self.view(set * WAYS + hit, heads[hit].value.base))
         } else {
             f(&self.fresh_view(now))
         }
@@ -1534,8 +1520,10 @@ impl TieredLimiter {
         };
         heads[way] = Head {
             key,
-            expires: 0,
-            base: now,
+            value: Times {
+                expires: 0,
+                base: now,
+            },
         };
         self.hint(set, way, key);
         let meta = self.meta_start + (set * WAYS + way) * self.meta_stride;
@@ -1551,17 +1539,10 @@ impl TieredLimiter {
     /// The way a new key takes: `empty` if it is a way, else the way of least
     /// [`Score`](victim::Score) (see [`TieredLimiter::score`]); taking a live one is counted.
     fn victim(&self, heads: &[Head; WAYS], set: usize, empty: usize, now: Nanos) -> usize {
-        if empty < WAYS {
-            return empty;
-        }
         let fresh = self.fresh_view(now).fits_at(now, None);
-        let (way, evicts) = victim::choose(
-            (heads.iter().enumerate()).map(|(way, head)| self.score(set, way, head, fresh, now)),
-        );
-        if evicts {
-            self.evictions.0.fetch_add(1, Ordering::Relaxed);
-        }
-        way
+        self.table.victim(heads, empty, 0, |way, times| {
+            self.score(set, way, times, fresh, now)
+        })
     }
 
     /// What forgetting the key in `way` of `set` would wrongly admit at `now`: its loss is
@@ -1571,12 +1552,12 @@ impl TieredLimiter {
     /// loses everything and a key with one hit in tier 1 loses 1; it empties when its head
     /// says (every tier inactive, every window empty). The global limit is the same for every
     /// key and is left out.
-    fn score(&self, set: usize, way: usize, head: &Head, fresh: u64, now: Nanos) -> victim::Score {
-        if head.expires <= now {
+    fn score(&self, set: usize, way: usize, t: &Times, fresh: u64, now: Nanos) -> victim::Score {
+        if t.expires <= now {
             return victim::Score::FREE;
         }
-        let room = self.view(set * WAYS + way, head.base).fits_at(now, None);
-        victim::Score::new(fresh.saturating_sub(room), head.expires, now)
+        let room = self.view(set * WAYS + way, t.base).fits_at(now, None);
+        victim::Score::new(fresh.saturating_sub(room), t.expires, now)
     }
 
     /// Loads the metadata of the way whose fingerprint matches `key`'s, or of every way of
@@ -1615,11 +1596,6 @@ impl TieredLimiter {
         hints.store(old | (key & 0xff) << shift, Ordering::Relaxed);
     }
 
-    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
-    fn set_of(&self, key: u64) -> usize {
-        ((u128::from(key) * self.sets.len() as u128) >> 64) as usize
-    }
-
     fn view(&self, way: usize, base: Nanos) -> View<'_> {
         let meta = self.meta_start + way * self.meta_stride;
         let logs = way * self.shape.log_words;
@@ -1642,17 +1618,6 @@ impl TieredLimiter {
             base: Cell::new(now),
         }
     }
-}
-
-/// The way holding `key` and an empty way (`WAYS` for none). Conditional moves, not an early
-/// exit: a hit's way is random, so a branch on it would mispredict.
-fn scan(heads: &[Head; WAYS], key: u64) -> (usize, usize) {
-    let (mut hit, mut empty) = (WAYS, WAYS);
-    for (way, head) in heads.iter().enumerate() {
-        hit = if head.key == key { way } else { hit };
-        empty = if head.key == 0 { way } else { empty };
-    }
-    (hit, empty)
 }
 
 /// One key's tiered state, as [`TieredLimiter::export`] reads it and
@@ -1679,15 +1644,15 @@ impl TieredLimiter {
         let rings = self.shape.rings.len();
         entry.entered.resize(self.shape.n, NOT_ENTERED);
         entry.hits.resize_with(rings, Vec::new);
-        for set in 0..self.sets.len() {
+        for set in 0..self.table.sets() {
             for way in 0..WAYS {
                 {
-                    let heads = self.sets[set].lock();
+                    let heads = self.table.lock(set);
                     let head = heads[way];
                     if head.key == 0 {
                         continue;
                     }
-                    let view = self.view(set * WAYS + way, head.base);
+                    let view = self.view(set * WAYS + way, head.value.base);
                     entry.key = head.key;
                     for (tier, at) in entry.entered.iter_mut().enumerate() {
                         *at = view.entered(tier + 1);
@@ -1697,7 +1662,7 @@ impl TieredLimiter {
                         hits.clear();
                         hits.extend((0..ring.len).map(|pos| {
                             let q = u64::from(view.entry(r, ring, pos));
-                            head.base.saturating_add(q << self.shape.shift)
+                            head.value.base.saturating_add(q << self.shape.shift)
                         }));
                     }
                 }
@@ -1755,27 +1720,23 @@ impl TieredLimiter {
                 _ => {}
             }
         }
-        let key = entry.key.max(1);
-        let set = self.set_of(key);
-        let mut heads = self.sets[set].lock();
-        let (hit, empty) = scan(&heads, key);
+        let key = table::stored(entry.key);
+        let set = self.table.index(key);
+        let mut heads = self.table.lock(set);
+        let (hit, _) = scan(&heads, |h| h.key == key);
         if expires <= now {
             if hit < WAYS {
                 heads[hit] = Head::default();
             }
             return Restored::Empty;
         }
-        let expired = || (0..WAYS).find(|&w| heads[w].expires <= now);
-        let way = if hit < WAYS {
-            hit
-        } else if empty < WAYS {
-            empty
-        } else if let Some(way) = expired() {
-            way
-        } else {
+        let Some(way) = table::room(&heads, hit, |t| t.expires <= now) else {
             return Restored::NoRoom;
         };
-        heads[way] = Head { key, expires, base };
+        heads[way] = Head {
+            key,
+            value: Times { expires, base },
+        };
         self.hint(set, way, key);
         let view = self.view(set * WAYS + way, base);
         for i in 0..self.shape.meta_words() {
