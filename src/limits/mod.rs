@@ -23,6 +23,9 @@
 //!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
 //!   in the same kind of fixed table with preallocated log arenas.
 //!
+//! - [`table`]: the one set-associative per-key table every kind above but inflight keeps
+//!   its state in (sets of 8 ways, Lemire's index, scan, victim, length, evictions); each
+//!   kind supplies only its slot's value, its transition and its victim score.
 //! - [`victim`]: which key a full set of a per-key table forgets for a new one: the one
 //!   whose forgetting would wrongly admit least (each kind scores its keys).
 //!

@@ -101,6 +101,15 @@ pub fn scan<V>(ways: &Ways<V>, is: impl Fn(&Slot<V>) -> bool) -> (usize, usize) 
     (hit, empty)
 }
 
+/// The way a restored key takes in `ways` without evicting: `hit` if it is a way, else the
+/// first that is empty or whose value `free` says equals a new key's by now.
+pub fn room<V>(ways: &Ways<V>, hit: usize, free: impl Fn(&V) -> bool) -> Option<usize> {
+    if hit < WAYS {
+        return Some(hit);
+    }
+    ways.iter().position(|s| s.key == 0 || free(&s.value))
+}
+
 impl<V: Copy + Default, H> Table<V, H> {
     /// The sets for `max_keys` keys: whole sets of 8, at least one.
     pub fn sets_for(max_keys: usize) -> usize {
@@ -227,20 +236,9 @@ impl<V: Copy + Default, H> Table<V, H> {
         i ^ mix
     }
 
-    /// The way a restored key takes without evicting: `hit` if it is a way, else the first
-    /// that is empty or whose value `free` says equals a new key's by now.
-    pub fn room(ways: &Ways<V>, hit: usize, free: impl Fn(&V) -> bool) -> Option<usize> {
-        if hit < WAYS {
-            return Some(hit);
-        }
-        ways.iter().position(|s| s.key == 0 || free(&s.value))
-    }
-
     /// Puts a restored value back for `key` (`None`: it equals a new key's, so any state
     /// the key holds is dropped): it replaces the key's value, else takes a way [`room`]
     /// finds; it never evicts (see [`crate::limits::restore`]).
-    ///
-    /// [`room`]: Table::room
     pub fn put(&self, key: u64, value: Option<V>, free: impl Fn(&V) -> bool) -> Restored {
         let key = stored(key);
         let mut ways = self.lock(self.index(key));
@@ -251,7 +249,7 @@ impl<V: Copy + Default, H> Table<V, H> {
             }
             return Restored::Empty;
         };
-        match Self::room(&ways, hit, free) {
+        match room(&ways, hit, free) {
             Some(way) => {
                 ways[way] = Slot { key, value };
                 Restored::Stored

@@ -36,6 +36,10 @@
 //!   `0.875 · max_keys` fresh keys frees an idle capped key, as it would any other key: size
 //!   `max_keys` well above the keys expected within the longest window.
 //!
+//! Kinds whose eviction order is not a loss and an emptying instant rank ways with their
+//! own [`Rank`] (the rate limiter: its estimate, ties broken by the newcomer's hash); the
+//! table ([`crate::limits::table`]) takes the least rank either way.
+//!
 //! Scoring reads each way of the set once, only when a new key finds its set full; a
 //! decision for a key already in the table never scores anything.
 

@@ -1,10 +1,9 @@
 //! Metrics that limiters keep themselves, exported by a Prometheus [`Collector`] that reads
 //! the live runtime at each scrape, so the request path does no metric work for them.
 //!
-//! - `tollgate_token_bucket_evictions_total{origin,limit}`,
-//!   `tollgate_rate_evictions_total{origin,limit}` and
-//!   `tollgate_limit_evictions_total{origin,limit,kind}` (tiered and sliding-log tables):
-//!   the sum of the evictions of every variant of the limit in the runtime serving now.
+//! - `tollgate_limit_evictions_total{origin,limit,kind}` (`kind`: token_bucket, rate,
+//!   sliding_log, tiered: every kind with a per-key table that evicts): the sum of the
+//!   evictions of every variant of the limit in the runtime serving now.
 //! - `tollgate_tier_entries_total{origin,limit,tier}`: bursts into each tier of a tiered
 //!   limit (tiers are per key, so no per-key gauge). For a limit in a shared store: the
 //!   entries this instance's decisions caused (summed over the fleet, each entry once).
@@ -46,11 +45,7 @@ use crate::runtime::Runtime;
 /// Reads limiter-held counters from the live runtime at scrape time.
 pub struct RuntimeCollector {
     runtime: Arc<ArcSwap<Runtime>>,
-    /// `tollgate_token_bucket_evictions_total`.
-    evictions: IntCounterVec,
-    /// `tollgate_rate_evictions_total`.
-    rate_evictions: IntCounterVec,
-    /// `tollgate_limit_evictions_total` (tiered, sliding_log).
+    /// `tollgate_limit_evictions_total`.
     limit_evictions: IntCounterVec,
     /// `tollgate_tier_entries_total`.
     tier_entries: IntCounterVec,
@@ -72,24 +67,10 @@ type Totals<'a> = BTreeMap<Vec<&'a str>, u64>;
 impl RuntimeCollector {
     /// A collector over `runtime`, whichever config it holds at each scrape.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Result<Self, prometheus::Error> {
-        let evictions = IntCounterVec::new(
-            Opts::new(
-                "tollgate_token_bucket_evictions_total",
-                "Token buckets evicted before they were full because the table was full (raise max_keys).",
-            ),
-            &["origin", "limit"],
-        )?;
-        let rate_evictions = IntCounterVec::new(
-            Opts::new(
-                "tollgate_rate_evictions_total",
-                "Rate-limit keys evicted while their window still counted events because the table was full; each restarts at 0, more lenient, never stricter (raise max_keys, or a key flood is under way).",
-            ),
-            &["origin", "limit"],
-        )?;
         let limit_evictions = IntCounterVec::new(
             Opts::new(
                 "tollgate_limit_evictions_total",
-                "Keys of tiered and sliding-log limits evicted while their state was live because the table was full; each starts again as new (raise max_keys).",
+                "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).",
             ),
             &["origin", "limit", "kind"],
         )?;
@@ -135,8 +116,6 @@ impl RuntimeCollector {
         Ok(Self {
             cert_expiry,
             runtime,
-            evictions,
-            rate_evictions,
             limit_evictions,
             tier_entries,
             in_use,
@@ -163,9 +142,7 @@ fn counters(family: &IntCounterVec, totals: Totals<'_>) -> Vec<MetricFamily> {
 
 impl Collector for RuntimeCollector {
     fn desc(&self) -> Vec<&Desc> {
-        let mut desc = self.evictions.desc();
-        desc.extend(self.rate_evictions.desc());
-        desc.extend(self.limit_evictions.desc());
+        let mut desc = self.limit_evictions.desc();
         desc.extend(self.tier_entries.desc());
         desc.extend(self.in_use.desc());
         desc.extend(self.max.desc());
@@ -178,7 +155,7 @@ impl Collector for RuntimeCollector {
     /// The token-bucket family first, then the rate family, then the others.
     fn collect(&self) -> Vec<MetricFamily> {
         let rt = self.runtime.load();
-        let (mut buckets, mut rates, mut others) = (Totals::new(), Totals::new(), Totals::new());
+        let mut others = Totals::new();
         let mut untracked = Totals::new();
         let mut tiers: BTreeMap<(&str, &str, usize), u64> = BTreeMap::new();
         self.in_use.reset();
@@ -194,10 +171,12 @@ impl Collector for RuntimeCollector {
             for variant in &limit.variants {
                 match &variant.limiter {
                     Limiter::TokenBucket(tb) => {
-                        *buckets.entry(at.to_vec()).or_default() += tb.state.evictions();
+                        let key = vec![at[0], at[1], "token_bucket"];
+                        *others.entry(key).or_default() += tb.state.evictions();
                     }
                     Limiter::Rate(rate) => {
-                        *rates.entry(at.to_vec()).or_default() += rate.state.evictions();
+                        let key = vec![at[0], at[1], "rate"];
+                        *others.entry(key).or_default() += rate.state.evictions();
                     }
                     Limiter::Tiered(t) => {
                         let key = vec![at[0], at[1], "tiered"];
@@ -270,9 +249,7 @@ impl Collector for RuntimeCollector {
             }
         }
         self.kill.set(i64::from(rt.kill.on()));
-        let mut families = counters(&self.evictions, buckets);
-        families.extend(counters(&self.rate_evictions, rates));
-        families.extend(counters(&self.limit_evictions, others));
+        let mut families = counters(&self.limit_evictions, others);
         families.extend(counters(&self.untracked, untracked));
         self.tier_entries.reset();
         for ((origin, limit, tier), total) in tiers {

@@ -5,7 +5,7 @@
 //!   `max: 100` per `1m` with the default table, driven directly: no first-time key is
 //!   rejected (the count-min sketches this replaced rejected about 375 000 of them); and
 //!   through the proxy, a table far smaller than the keys evicts, says so in
-//!   `tollgate_rate_evictions_total`, and still answers 200 to every new key.
+//!   `tollgate_limit_evictions_total{kind="rate"}`, and still answers 200 to every new key.
 //! - inflight keeps its count-min sketch: the share of new keys it wrongly rejects with
 //!   `n` keys in flight is measured on the default 4 × 8192 and checked against
 //!   `P(Binomial(n, 1/slots) ≥ max)^hashes` (see `limits::inflight`).
@@ -178,7 +178,7 @@ async fn a_small_rate_table_evicts_says_so_and_rejects_no_new_key() {
         assert_eq!(send(format!("k{i}")).await, 200, "first request of k{i}");
     }
     // 8 keys fill the set; each of the 32 others evicted one, which restarts at 0.
-    let series = "tollgate_rate_evictions_total{limit=\"per_key\",origin=\"app\"}";
+    let series = "tollgate_limit_evictions_total{kind=\"rate\",limit=\"per_key\",origin=\"app\"}";
     assert_eq!(t.metric(series).await, 32.0);
     // Still exact for a key that holds its slot: the last one, just stored.
     assert_eq!(send("k39".into()).await, 429);

@@ -408,8 +408,10 @@ async fn a_full_bucket_table_evicts_and_says_so() {
         assert_eq!(statuses(&t, 1, &[("x-k", k.as_str())]).await, vec![200]);
     }
     assert_eq!(
-        t.metric("tollgate_token_bucket_evictions_total{limit=\"tokens\",origin=\"app\"}")
-            .await,
+        t.metric(
+            "tollgate_limit_evictions_total{kind=\"token_bucket\",limit=\"tokens\",origin=\"app\"}"
+        )
+        .await,
         2.0
     );
     // Still exact for a key that kept its slot: k9 has one token left.

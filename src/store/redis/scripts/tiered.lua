@@ -1,5 +1,5 @@
 -- tollgate: tiered (Charon's burst tiers), one atomic decision for one key, with exactly
--- the in-process limiter's semantics (src/limits/tiered.rs; see docs/architecture.md).
+-- the in-process limiter's semantics (src/limits/tiered/; see docs/architecture.md).
 --
 -- KEYS[1]        state: hash {e<i> = instant tier i was last entered, µs}
 -- KEYS[1+i]      tier i's access log, i = 1..n: sorted set {member = hit, score = its
