@@ -16,6 +16,7 @@
 #   python3-grpcio, python3-websockets - gRPC and WebSocket ends for /usr/bin/python3 in the
 #                edge tests (an echo service and its client on each protocol)
 #   testssl   - (Debian package `testssl.sh`) audits a TLS listener (benches/testssl.sh)
+#   logrotate - rotates the access log in its tests (create with SIGUSR1, copytruncate)
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -32,10 +33,11 @@ declare -A pkg_of=(
   [systemd-analyze]=systemd
   [h2load]=nghttp2-client
   [testssl]=testssl.sh
+  [mkfifo]=coreutils
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl logrotate mkfifo "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

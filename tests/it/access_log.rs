@@ -359,3 +359,221 @@ async fn todays_log_replays_through_simulate_to_the_same_decisions() {
     assert!(rejected_in_log > 0);
     assert_eq!(rejected_in_log, replay_rejected);
 }
+
+/// Sends `n` GETs from curl and returns their response IDs.
+fn send(t: &Tollgate, n: usize) -> Vec<String> {
+    let url = t.url("/");
+    (0..n)
+        .map(|_| {
+            let (status, headers, _) = curl(&["-H", "host: app.test", &url]);
+            assert_eq!(status, 200);
+            headers["x-request-id"].clone()
+        })
+        .collect()
+}
+
+/// Waits until `path` exists (the writer reopened it).
+async fn wait_exists(path: &Path) {
+    crate::common::eventually(&format!("{} reopened", path.display()), 0, || async {
+        path.exists()
+    })
+    .await;
+}
+
+/// The request IDs of every line of `files`, in order.
+fn ids(files: &[&Path]) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| json_lines(f))
+        .map(|l| l["request_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_log_is_reopened_on_sigusr1_and_by_itself_with_no_line_lost() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log }\n",
+        "      none: { kind: rate, max: 1000, per: 1s }\n",
+    );
+    let t = Tollgate::start(&cfg).await;
+    let dir = t.dir.path();
+    let (log, one, two) = (
+        dir.join("access.log"),
+        dir.join("access.log.1"),
+        dir.join("access.log.2"),
+    );
+    let mut sent = send(&t, 4);
+    wait_lines(&log, 4).await;
+    // logrotate's `create` with nginx's postrotate: mv, then SIGUSR1.
+    std::fs::rename(&log, &one).unwrap();
+    t.signal(libc::SIGUSR1);
+    wait_exists(&log).await;
+    sent.extend(send(&t, 4));
+    wait_lines(&log, 4).await;
+    // Moved with no signal: the writer notices within a second.
+    std::fs::rename(&log, &two).unwrap();
+    wait_exists(&log).await;
+    sent.extend(send(&t, 4));
+    wait_lines(&log, 4).await;
+    assert_eq!(ids(&[&one, &two, &log]), sent, "every line once, in order");
+    assert_eq!(json_lines(&one).len(), 4);
+    assert!(t.log_text().contains("SIGUSR1: reopening the access log"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logrotate_create_and_copytruncate_lose_and_repeat_no_line() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log }\n",
+        "      none: { kind: rate, max: 1000, per: 1s }\n",
+    );
+    let t = Tollgate::start(&cfg).await;
+    let dir = t.dir.path();
+    let log = dir.join("access.log");
+    let logrotate = |body: &str| {
+        let conf = dir.join("logrotate.conf");
+        std::fs::write(
+            &conf,
+            format!("{} {{\n  rotate 5\n  nocompress\n{body}}}\n", log.display()),
+        )
+        .unwrap();
+        let out = Command::new("logrotate")
+            .arg("-f")
+            .arg("-s")
+            .arg(dir.join("logrotate.state"))
+            .arg(&conf)
+            .output()
+            .expect("logrotate (scripts/deps.sh installs it)");
+        assert!(out.status.success(), "{out:?}");
+    };
+    let mut sent = send(&t, 3);
+    wait_lines(&log, 3).await;
+    logrotate(&format!(
+        "  create\n  postrotate\n    kill -USR1 {}\n  endscript\n",
+        t.child.id()
+    ));
+    // `create` makes the new file itself: wait for tollgate's reopen, which logs it.
+    crate::common::eventually("the reopen on SIGUSR1", 0, || async {
+        t.log_text().contains("SIGUSR1: reopening the access log")
+    })
+    .await;
+    sent.extend(send(&t, 3));
+    wait_lines(&log, 3).await;
+    let first = dir.join("access.log.1");
+    assert_eq!(json_lines(&first).len(), 3);
+    logrotate("  copytruncate\n");
+    sent.extend(send(&t, 3));
+    wait_lines(&log, 3).await;
+    let rotated = [
+        dir.join("access.log.2"),
+        dir.join("access.log.1"),
+        log.clone(),
+    ];
+    let files: Vec<&Path> = rotated.iter().map(|p| p.as_path()).collect();
+    assert_eq!(ids(&files), sent, "every line once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_nobody_reads_never_blocks_requests_and_counts_its_drops() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("access.log");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // Held open for reading and never read: the pipe fills, then tollgate's writer blocks.
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log, headers: [user-agent] }\n",
+        "      none: { kind: rate, max: 1000000, per: 1s }\n",
+    );
+    let t = Tollgate::start_in(dir, &cfg, |_| {}).await;
+    // Large lines (a 3 kB user agent) fill the 2 MiB buffer in about a thousand requests.
+    let agent = format!("user-agent: {}", "a".repeat(3000));
+    let url = t.url("/");
+    let n = 4000;
+    let s = crate::common::h2load::run(&[
+        "--h1",
+        "-n",
+        &n.to_string(),
+        "-c",
+        "4",
+        "-H",
+        ":authority: app.test",
+        "-H",
+        &agent,
+        &url,
+    ]);
+    assert_eq!(s.ok, n, "every request served: {}", s.text);
+    t.wait_metric(
+        "tollgate_requests_total{code=\"200\",origin=\"app\"}",
+        n as f64,
+    )
+    .await;
+    let dropped = t.metric("tollgate_access_log_dropped_total").await;
+    assert!(dropped > 0.0, "lines dropped and counted");
+    assert!(
+        dropped < n as f64,
+        "the buffer and pipe held some: {dropped}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_request_logs_its_version_and_sni() {
+    use crate::common::certs;
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs::write(dir.path(), "app", "app.test", &["app.test"], 30);
+    let cfg = format!(
+        "server:\n  listen: [{{ addr: \"{{listen}}\", tls: true }}]\n  metrics: \"{{metrics}}\"\n  grace_period: 0s\n  access_log: {{ path: access.log }}\ntls:\n  certificates:\n    - {{ cert: \"{}\", key: \"{}\" }}\norigins:\n  app:\n    hosts: [\"app.test\"]\n    upstreams: [\"{}\"]\n",
+        c.cert.display(),
+        c.key.display(),
+        up.addr
+    );
+    let t = Tollgate::start_in(dir, &cfg, |_| {}).await;
+    let port = t.listen.port();
+    for version in ["--http1.1", "--http2"] {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                version,
+            ])
+            .arg("--resolve")
+            .arg(format!("app.test:{port}:127.0.0.1"))
+            .arg("--cacert")
+            .arg(&c.cert)
+            .arg(format!("https://app.test:{port}/"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{out:?}");
+    }
+    let log = t.dir.path().join("access.log");
+    wait_lines(&log, 2).await;
+    let lines = json_lines(&log);
+    assert_eq!(lines[0]["protocol"], "HTTP/1.1");
+    assert_eq!(lines[0]["sni"], "app.test");
+    assert!(
+        lines[0]["tls"].as_str().unwrap().starts_with("TLSv1."),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["protocol"], "h2");
+    assert!(
+        lines[1]["tls"].as_str().unwrap().starts_with("TLSv1."),
+        "{}",
+        lines[1]
+    );
+}
