@@ -577,3 +577,44 @@ async fn a_tls_request_logs_its_version_and_sni() {
         lines[1]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_says_whether_the_store_or_its_fallback_decided() {
+    use crate::common::redis::{BlackHole, RedisServer};
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let redis = RedisServer::start();
+    let hole = BlackHole::start();
+    let bucket = |store: &str| {
+        format!("      bucket: {{ kind: token_bucket, key: [client_ip], capacity: 1000, refill: {{ amount: 1000, every: 1s }}, store: {store} }}\n")
+    };
+    let cfg = format!(
+        "{SERVER}  access_log: {{ path: access.log }}\nstores:\n  live: {{ kind: redis, url: \"{}\", timeout: 1s }}\n  dead: {{ kind: redis, url: \"{}\", timeout: 50ms, fallback: local, deny_cache: 0 }}\norigins:\n  live:\n    hosts: [\"live.test\"]\n    upstreams: [\"{}\"]\n    limits:\n{}  dead:\n    hosts: [\"dead.test\"]\n    upstreams: [\"{}\"]\n    limits:\n{}  none:\n    hosts: [\"none.test\"]\n    upstreams: [\"{}\"]\n",
+        redis.url(),
+        hole.url(),
+        up.addr,
+        bucket("live"),
+        up.addr,
+        bucket("dead"),
+        up.addr,
+    );
+    let t = Tollgate::start(&cfg).await;
+    let url = t.url("/");
+    for host in ["live.test", "dead.test", "none.test"] {
+        let (status, _, _) = curl(&["-H", &format!("host: {host}"), &url]);
+        assert_eq!(status, 200, "{host}");
+    }
+    let log = t.dir.path().join("access.log");
+    wait_lines(&log, 3).await;
+    let sources: Vec<Value> = json_lines(&log)
+        .iter()
+        .map(|l| l["source"].clone())
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            serde_json::json!("store"),
+            serde_json::json!("fallback"),
+            Value::Null
+        ]
+    );
+}
