@@ -12,8 +12,8 @@
 # stime from /proc/PID/stat of the proxy, and of nginx's workers, before and after, divided
 # by the requests served). It prints the medians and the ratios json / off and combined /
 # off (the budget: json costs at most 3% more CPU per request, i.e. <= 1.030) and nginx's
-# own on / off as the anchor. It also checks that each logging variant wrote one line per
-# request it served. The machine is shared and noisy: compare the ratios of one run.
+# own on / off as the anchor. It also checks that each logging variant wrote a line for
+# every request wrk counted. The machine is shared and noisy: compare the ratios of one run.
 #
 # Run:     benches/access_log.sh                    (about 2 minutes after the build)
 # CI:      AL_DURATION=1 AL_ROUNDS=1 benches/access_log.sh
@@ -209,14 +209,15 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-# One line per request served (the writer flushes every 50 ms; the dropped counter says
-# when the buffer overflowed).
+# A line per request served (the writer flushes every 50 ms): at least as many lines as wrk
+# counted; a few more are the readiness probes and the requests wrk left in flight at the
+# end of each run (at most one per connection).
 sleep 1
 for v in j c m; do
   lines=$(wc -l <"${logfile[$v]}")
-  log "${label[$v]}: $lines lines for ${served[$v]} requests"
-  if [[ $v != m && $lines -ne ${served[$v]} ]]; then
-    log "MISS: ${label[$v]} wrote $lines lines for ${served[$v]} requests"
+  log "${label[$v]}: $lines lines for ${served[$v]} requests wrk counted"
+  if ((lines < served[$v])); then
+    log "MISS: ${label[$v]} wrote $lines lines for ${served[$v]} requests: lines were dropped"
   fi
 done
 
