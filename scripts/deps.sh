@@ -19,6 +19,7 @@
 #   testssl   - (Debian package `testssl.sh`) audits a TLS listener (benches/testssl.sh)
 #   pebble, pebble-challtestsrv - (Debian package `pebble`) Let's Encrypt's test ACME server
 #                and its mock DNS: the ACME tests order certificates from it on loopback
+#   logrotate - rotates the access log in its tests (create with SIGUSR1, copytruncate)
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -37,10 +38,11 @@ declare -A pkg_of=(
   [testssl]=testssl.sh
   [pebble]=pebble
   [pebble-challtestsrv]=pebble
+  [mkfifo]=coreutils
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl pebble pebble-challtestsrv "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl pebble pebble-challtestsrv logrotate mkfifo "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")

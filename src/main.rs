@@ -71,9 +71,11 @@ enum Command {
         /// The access log.
         #[arg(long)]
         log: PathBuf,
-        /// The log's format: combined (nginx/Apache, also common and vhost_combined) or
-        /// jsonl (one JSON object per line; fields in docs/replay.md).
-        #[arg(long, value_enum, default_value = "combined")]
+        /// The log's format: auto (the default: jsonl when the first line is a JSON
+        /// object, such as tollgate's own access log, combined otherwise), combined
+        /// (nginx/Apache, also common and vhost_combined) or jsonl (one JSON object per
+        /// line; fields in docs/replay.md).
+        #[arg(long, value_enum, default_value = "auto")]
         format: tollgate::simulate::Format,
         /// Where a line's host comes from: the log's host field, or its Host header.
         #[arg(long, value_enum, default_value = "log")]

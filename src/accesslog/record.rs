@@ -107,7 +107,7 @@ pub struct Record<'a> {
     pub rejected_limit: &'a [u8],
     /// That limit's kind.
     pub rejected_kind: &'a [u8],
-    /// Whether a store's fallback (or its deny cache) decided: `fallback`, `deny_cache`.
+    /// Who decided the admissions on a shared store: `store`, `fallback`, `deny_cache`.
     pub source: &'a [u8],
     /// Limits in shadow mode (or under the kill switch) that would have rejected.
     pub shadow_rejected: SmallVec<[&'a [u8]; 2]>,

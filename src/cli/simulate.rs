@@ -158,7 +158,7 @@ pub fn simulate(args: &Args) -> ExitCode {
             let run = Run {
                 config: &path.display().to_string(),
                 log: &log,
-                format: args.options.format,
+                format: input.format,
                 host_from: args.options.host_from,
                 top: args.top,
                 elapsed,

@@ -43,8 +43,11 @@ pub fn push(log: &AccessLog, session: &Session, ctx: &Ctx, status: u16, now: Nan
         None => (0, None),
     };
     let arrived = if ctx.arrived == 0 { now } else { ctx.arrived };
+    // The limits' decision time when they ran (microseconds after the arrival): a replay
+    // of the line decides at the same instant.
+    let time = if ctx.now == 0 { arrived } else { ctx.now };
     let rec = Record {
-        time: arrived,
+        time,
         duration: now.saturating_sub(arrived),
         status,
         upstream_status,

@@ -79,7 +79,7 @@ pub struct Ctx {
     pub upstream_sent: Option<Instant>,
     /// The upstream's status and its time to first byte (nanoseconds).
     pub upstream_answer: Option<(u16, u64)>,
-    /// Whether a store's fallback (`fallback`) or deny cache (`deny_cache`) decided.
+    /// Who decided the admissions on a shared store: `store`, `fallback` or `deny_cache`.
     pub source: &'static str,
 }
 

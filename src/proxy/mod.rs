@@ -1,8 +1,9 @@
 //! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
 //! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what
-//! the request's header becomes upstream ([`forward`]), the per-request context
-//! ([`ctx`]), the responses tollgate writes itself ([`problem`], and ACME HTTP-01 answers:
-//! [`challenge`]), and two small HTTP side
+//! the request's header becomes upstream ([`forward`]), the request ID ([`request_id`]),
+//! the access log's record ([`access`]), the per-request context ([`ctx`]), the responses
+//! tollgate writes itself ([`problem`], and ACME HTTP-01 answers: [`challenge`]), and two
+//! small HTTP side
 //! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
 //! proxy, each downstream connection's life: its caps ([`connections`]), its deadlines and
 //! draining ([`front`], [`conn`]), what precedes its first request ([`edge`]: the listener

@@ -373,21 +373,23 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, ctx: 
     })
 }
 
-/// Who decided the request's admissions on a shared store, when it was not the store:
-/// `fallback` or `deny_cache` (the access log's `source`); empty otherwise.
+/// Who decided the request's admissions on a shared store (the access log's `source`):
+/// `fallback` or `deny_cache` when any was not the store, `store` when the store decided
+/// them all, empty when no limit is on a shared store.
 fn source_of(holds: &decide::Holds) -> &'static str {
     use crate::runtime::limiter::Hold;
     use crate::store::Source;
+    let mut seen = "";
     for t in holds {
         if let Hold::SharedRefund { source, .. } = &t.hold {
             match source {
                 Source::Fallback => return "fallback",
                 Source::DenyCache => return "deny_cache",
-                Source::Store => {}
+                Source::Store => seen = "store",
             }
         }
     }
-    ""
+    seen
 }
 
 /// Writes a response tollgate built itself. When the request has an unread body the

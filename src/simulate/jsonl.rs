@@ -14,7 +14,7 @@
 //! | `headers` | an object of request headers, name → text |
 //! | `http_NAME` | one request header, nginx's spelling (`http_x_customer_id`) |
 //! | `upstream`, `upstream_addr` | the upstream server `IP:port` (the last of a list) |
-//! | `request_time` | seconds the request took (number or text) |
+//! | `request_time`, `duration` | seconds the request took (number or text) |
 //!
 //! Strings are borrowed from the line unless they hold escapes: no allocation for a
 //! typical line.
@@ -171,18 +171,33 @@ impl<'de> Deserialize<'de> for Raw<'de> {
                                 de::Error::custom(format!("bad time in `{}`", key.0))
                             })?);
                         }
-                        "client_ip" => raw.client_ip = Some(ip(map.next_value()?)?),
-                        "remote_addr" => raw.remote_addr = Some(ip(map.next_value()?)?),
-                        "host" => raw.host = Some(map.next_value()?),
-                        "method" => raw.method = Some(map.next_value()?),
-                        "path" | "uri" | "request_uri" => raw.path = Some(map.next_value()?),
-                        "request" => raw.request = Some(map.next_value()?),
-                        "customer" => raw.customer = Some(map.next_value()?),
+                        "client_ip" => {
+                            if let Some(t) = map.next_value::<Option<Text<'de>>>()? {
+                                raw.client_ip = Some(ip(t)?);
+                            }
+                        }
+                        "remote_addr" => {
+                            if let Some(t) = map.next_value::<Option<Text<'de>>>()? {
+                                raw.remote_addr = Some(ip(t)?);
+                            }
+                        }
+                        // `null` is an absent field (tollgate's own log writes them).
+                        "host" => raw.host = map.next_value()?,
+                        "method" => raw.method = map.next_value()?,
+                        "path" | "uri" | "request_uri" => raw.path = map.next_value()?,
+                        "request" => raw.request = map.next_value()?,
+                        "customer" => raw.customer = map.next_value()?,
                         "headers" => raw.headers.extend(map.next_value::<HeaderList<'de>>()?.0),
                         "upstream" | "upstream_addr" => {
-                            raw.upstream = last_addr(&map.next_value::<Text<'de>>()?.0);
+                            raw.upstream = map
+                                .next_value::<Option<Text<'de>>>()?
+                                .and_then(|t| last_addr(&t.0));
                         }
-                        "request_time" => raw.duration = seconds(&map.next_value()?),
+                        "request_time" | "duration" => {
+                            raw.duration = map
+                                .next_value::<Option<Num<'de>>>()?
+                                .and_then(|n| seconds(&n));
+                        }
                         name if name.starts_with("http_") => {
                             let value: Text<'de> = map.next_value()?;
                             let name = match key.0 {

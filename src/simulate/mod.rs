@@ -36,9 +36,13 @@ pub const FIRST_BAD: usize = 10;
 const READ_BUFFER: usize = 1 << 20;
 
 /// The log's format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
+    /// Decided by the log's first line: a JSON object is jsonl (tollgate's own access
+    /// log, `server.access_log`, among others), anything else combined.
+    #[default]
+    Auto,
     /// nginx / Apache combined (or common, or vhost_combined).
     Combined,
     /// One JSON object per line.
@@ -118,6 +122,8 @@ pub struct Input {
     pub start: Option<Nanos>,
     /// The newest time seen.
     pub end: Option<Nanos>,
+    /// The format read (`auto` resolved by the first line).
+    pub format: Format,
 }
 
 impl Input {
@@ -129,6 +135,15 @@ impl Input {
                 reason: reason(),
             });
         }
+    }
+}
+
+/// The format of a log that starts with `head`: jsonl when its first non-blank byte opens
+/// a JSON object, combined otherwise.
+pub fn detect(head: &[u8]) -> Format {
+    match head.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Format::Jsonl,
+        _ => Format::Combined,
     }
 }
 
@@ -145,8 +160,16 @@ pub fn replay(
     };
     let file = File::open(&opts.log).map_err(read_err)?;
     let mut reader = BufReader::with_capacity(READ_BUFFER, file);
-    let mut input = Input::default();
+    let format = match opts.format {
+        Format::Auto => detect(reader.fill_buf().map_err(read_err)?),
+        known => known,
+    };
+    let mut input = Input {
+        format,
+        ..Input::default()
+    };
     let mut feeder = Feeder {
+        format,
         opts,
         engines,
         input: &mut input,
@@ -204,6 +227,8 @@ pub fn replay(
 
 /// Parses lines and hands them to the engines.
 struct Feeder<'a> {
+    /// The log's format, `auto` resolved.
+    format: Format,
     opts: &'a Options,
     engines: &'a mut [Engine],
     input: &'a mut Input,
@@ -226,8 +251,8 @@ impl Feeder<'_> {
         if text.iter().all(u8::is_ascii_whitespace) {
             return;
         }
-        match self.opts.format {
-            Format::Combined => match combined::parse(text) {
+        match self.format {
+            Format::Combined | Format::Auto => match combined::parse(text) {
                 Ok(line) => self.feed(&line),
                 Err(why) => self.input.bad(number, || why.to_string()),
             },

@@ -246,7 +246,7 @@ fn header(out: &mut String, r: &Report) {
         "{} ({}): {} lines, {} replayed, {} unparseable, {} with time clamped (time never goes backwards)",
         r.log,
         match r.format {
-            Format::Combined => "combined",
+            Format::Combined | Format::Auto => "combined",
             Format::Jsonl => "jsonl",
         },
         i.lines,

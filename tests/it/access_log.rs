@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::common::{eventually, Tollgate, Upstream, SERVER};
+use crate::common::{Tollgate, Upstream, SERVER};
 
 /// The fields every json line has, in the order DESIGN lists them.
 pub const FIELDS: [&str; 23] = [
@@ -58,10 +58,18 @@ pub fn json_lines(path: &Path) -> Vec<Value> {
 
 /// Waits until the log at `path` holds `n` complete lines.
 pub async fn wait_lines(path: &Path, n: usize) {
-    eventually(&format!("{n} lines in {}", path.display()), 0, || async {
-        std::fs::read_to_string(path).is_ok_and(|t| t.matches('\n').count() >= n)
-    })
-    .await;
+    let count = || std::fs::read_to_string(path).map_or(0, |t| t.matches('\n').count());
+    for _ in 0..crate::common::MIN_TRIES {
+        if count() >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{n} lines never in {}: {}",
+        path.display(),
+        std::fs::read_to_string(path).unwrap_or_default()
+    );
 }
 
 /// One curl request: status, response headers (lower-cased names), body.
@@ -259,4 +267,354 @@ async fn rejected_only_logs_rejections_and_combined_is_nginx_s_format() {
         assert!(line.contains("] \"GET /p?q=1 HTTP/1.1\" 429 "), "{line}");
         assert!(line.ends_with(" \"http://ref/\" \"ua/2\""), "{line}");
     }
+}
+
+/// `tollgate simulate --log access.log --json` with the running config.
+fn simulate(config: &Path, log: &Path) -> Value {
+    let out = Command::new(crate::common::binary())
+        .arg("simulate")
+        .arg("--config")
+        .arg(config)
+        .arg("--log")
+        .arg(log)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn todays_log_replays_through_simulate_to_the_same_decisions() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    // Hour-long periods: nothing refills between a decision and its replay.
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log }\n",
+        "      bucket: { kind: token_bucket, key: [client_ip], capacity: 8, refill: { amount: 1, every: 1h } }\n      per_ip: { kind: rate, max: 5, per: 1h, key: [client_ip] }\n",
+    );
+    let t = Tollgate::start(&cfg).await;
+    let log = t.dir.path().join("access.log");
+    // Mixed traffic: h2load from one client, curl from another, in turns.
+    let url = t.url("/");
+    for round in 0..3 {
+        let s = crate::common::h2load::run(&[
+            "--h1",
+            "-n",
+            "10",
+            "-c",
+            "1",
+            "-H",
+            ":authority: app.test",
+            &url,
+        ]);
+        assert_eq!(s.done, 10, "round {round}: {}", s.text);
+        for _ in 0..3 {
+            curl(&["--interface", "127.0.0.2", "-H", "host: app.test", &url]);
+        }
+    }
+    wait_lines(&log, 39).await;
+    let lines = json_lines(&log);
+    assert_eq!(lines.len(), 39);
+    let report = simulate(&t.config_path, &log);
+    assert_eq!(report["input"]["format"], "jsonl", "detected with no flag");
+    assert_eq!(report["input"]["replayed"], 39, "{report:#}");
+    let origin = report["origins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "app")
+        .unwrap();
+    let metrics = t.metrics_text().await;
+    let mut compared = 0;
+    for limit in origin["limits"].as_array().unwrap() {
+        let name = limit["name"].as_str().unwrap();
+        let kind = if name == "bucket" {
+            "token_bucket"
+        } else {
+            "rate"
+        };
+        for decision in ["allowed", "rejected", "refunded"] {
+            let series = format!(
+                "tollgate_limit_decisions_total{{decision=\"{decision}\",kind=\"{kind}\",limit=\"{name}\",origin=\"app\"}}"
+            );
+            let live = crate::common::sample(&metrics, &series);
+            assert_eq!(
+                limit[decision].as_f64().unwrap(),
+                live,
+                "{name} {decision}: {limit:#}"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 6);
+    // And line by line: the log's rejections are the replay's.
+    let rejected_in_log = lines.iter().filter(|l| l["status"] == 429).count() as u64;
+    let replay_rejected: u64 = origin["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["rejected"].as_u64().unwrap())
+        .sum();
+    assert!(rejected_in_log > 0);
+    assert_eq!(rejected_in_log, replay_rejected);
+}
+
+/// Sends `n` GETs from curl and returns their response IDs.
+fn send(t: &Tollgate, n: usize) -> Vec<String> {
+    let url = t.url("/");
+    (0..n)
+        .map(|_| {
+            let (status, headers, _) = curl(&["-H", "host: app.test", &url]);
+            assert_eq!(status, 200);
+            headers["x-request-id"].clone()
+        })
+        .collect()
+}
+
+/// Waits until `path` exists (the writer reopened it).
+async fn wait_exists(path: &Path) {
+    crate::common::eventually(&format!("{} reopened", path.display()), 0, || async {
+        path.exists()
+    })
+    .await;
+}
+
+/// The request IDs of every line of `files`, in order.
+fn ids(files: &[&Path]) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| json_lines(f))
+        .map(|l| l["request_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_log_is_reopened_on_sigusr1_and_by_itself_with_no_line_lost() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log }\n",
+        "      none: { kind: rate, max: 1000, per: 1s }\n",
+    );
+    let t = Tollgate::start(&cfg).await;
+    let dir = t.dir.path();
+    let (log, one, two) = (
+        dir.join("access.log"),
+        dir.join("access.log.1"),
+        dir.join("access.log.2"),
+    );
+    let mut sent = send(&t, 4);
+    wait_lines(&log, 4).await;
+    // logrotate's `create` with nginx's postrotate: mv, then SIGUSR1.
+    std::fs::rename(&log, &one).unwrap();
+    t.signal(libc::SIGUSR1);
+    wait_exists(&log).await;
+    sent.extend(send(&t, 4));
+    wait_lines(&log, 4).await;
+    // Moved with no signal: the writer notices within a second.
+    std::fs::rename(&log, &two).unwrap();
+    wait_exists(&log).await;
+    sent.extend(send(&t, 4));
+    wait_lines(&log, 4).await;
+    assert_eq!(ids(&[&one, &two, &log]), sent, "every line once, in order");
+    assert_eq!(json_lines(&one).len(), 4);
+    assert!(t.log_text().contains("SIGUSR1: reopening the access log"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logrotate_create_and_copytruncate_lose_and_repeat_no_line() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log }\n",
+        "      none: { kind: rate, max: 1000, per: 1s }\n",
+    );
+    let t = Tollgate::start(&cfg).await;
+    let dir = t.dir.path();
+    let log = dir.join("access.log");
+    let logrotate = |body: &str| {
+        let conf = dir.join("logrotate.conf");
+        std::fs::write(
+            &conf,
+            format!("{} {{\n  rotate 5\n  nocompress\n{body}}}\n", log.display()),
+        )
+        .unwrap();
+        let out = Command::new("logrotate")
+            .arg("-f")
+            .arg("-s")
+            .arg(dir.join("logrotate.state"))
+            .arg(&conf)
+            .output()
+            .expect("logrotate (scripts/deps.sh installs it)");
+        assert!(out.status.success(), "{out:?}");
+    };
+    let mut sent = send(&t, 3);
+    wait_lines(&log, 3).await;
+    logrotate(&format!(
+        "  create\n  postrotate\n    kill -USR1 {}\n  endscript\n",
+        t.child.id()
+    ));
+    // `create` makes the new file itself: wait for tollgate's reopen, which logs it.
+    crate::common::eventually("the reopen on SIGUSR1", 0, || async {
+        t.log_text().contains("SIGUSR1: reopening the access log")
+    })
+    .await;
+    sent.extend(send(&t, 3));
+    wait_lines(&log, 3).await;
+    let first = dir.join("access.log.1");
+    assert_eq!(json_lines(&first).len(), 3);
+    logrotate("  copytruncate\n");
+    sent.extend(send(&t, 3));
+    wait_lines(&log, 3).await;
+    let rotated = [
+        dir.join("access.log.2"),
+        dir.join("access.log.1"),
+        log.clone(),
+    ];
+    let files: Vec<&Path> = rotated.iter().map(|p| p.as_path()).collect();
+    assert_eq!(ids(&files), sent, "every line once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_nobody_reads_never_blocks_requests_and_counts_its_drops() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("access.log");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // Held open for reading and never read: the pipe fills, then tollgate's writer blocks.
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let cfg = config(
+        &up,
+        "  access_log: { path: access.log, headers: [user-agent] }\n",
+        "      none: { kind: rate, max: 1000000, per: 1s }\n",
+    );
+    let t = Tollgate::start_in(dir, &cfg, |_| {}).await;
+    // Large lines (a 3 kB user agent) fill the 2 MiB buffer in about a thousand requests.
+    let agent = format!("user-agent: {}", "a".repeat(3000));
+    let url = t.url("/");
+    let n = 4000;
+    let s = crate::common::h2load::run(&[
+        "--h1",
+        "-n",
+        &n.to_string(),
+        "-c",
+        "4",
+        "-H",
+        ":authority: app.test",
+        "-H",
+        &agent,
+        &url,
+    ]);
+    assert_eq!(s.ok, n, "every request served: {}", s.text);
+    t.wait_metric(
+        "tollgate_requests_total{code=\"200\",origin=\"app\"}",
+        n as f64,
+    )
+    .await;
+    let dropped = t.metric("tollgate_access_log_dropped_total").await;
+    assert!(dropped > 0.0, "lines dropped and counted");
+    assert!(
+        dropped < n as f64,
+        "the buffer and pipe held some: {dropped}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_request_logs_its_version_and_sni() {
+    use crate::common::certs;
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs::write(dir.path(), "app", "app.test", &["app.test"], 30);
+    let cfg = format!(
+        "server:\n  listen: [{{ addr: \"{{listen}}\", tls: true }}]\n  metrics: \"{{metrics}}\"\n  grace_period: 0s\n  access_log: {{ path: access.log }}\ntls:\n  certificates:\n    - {{ cert: \"{}\", key: \"{}\" }}\norigins:\n  app:\n    hosts: [\"app.test\"]\n    upstreams: [\"{}\"]\n",
+        c.cert.display(),
+        c.key.display(),
+        up.addr
+    );
+    let t = Tollgate::start_in(dir, &cfg, |_| {}).await;
+    let port = t.listen.port();
+    for version in ["--http1.1", "--http2"] {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                version,
+            ])
+            .arg("--resolve")
+            .arg(format!("app.test:{port}:127.0.0.1"))
+            .arg("--cacert")
+            .arg(&c.cert)
+            .arg(format!("https://app.test:{port}/"))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{out:?}");
+    }
+    let log = t.dir.path().join("access.log");
+    wait_lines(&log, 2).await;
+    let lines = json_lines(&log);
+    assert_eq!(lines[0]["protocol"], "HTTP/1.1");
+    assert_eq!(lines[0]["sni"], "app.test");
+    assert!(
+        lines[0]["tls"].as_str().unwrap().starts_with("TLSv1."),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["protocol"], "h2");
+    assert!(
+        lines[1]["tls"].as_str().unwrap().starts_with("TLSv1."),
+        "{}",
+        lines[1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_says_whether_the_store_or_its_fallback_decided() {
+    use crate::common::redis::{BlackHole, RedisServer};
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let redis = RedisServer::start();
+    let hole = BlackHole::start();
+    let bucket = |store: &str| {
+        format!("      bucket: {{ kind: token_bucket, key: [client_ip], capacity: 1000, refill: {{ amount: 1000, every: 1s }}, store: {store} }}\n")
+    };
+    let cfg = format!(
+        "{SERVER}  access_log: {{ path: access.log }}\nstores:\n  live: {{ kind: redis, url: \"{}\", timeout: 1s }}\n  dead: {{ kind: redis, url: \"{}\", timeout: 50ms, fallback: local, deny_cache: 0 }}\norigins:\n  live:\n    hosts: [\"live.test\"]\n    upstreams: [\"{}\"]\n    limits:\n{}  dead:\n    hosts: [\"dead.test\"]\n    upstreams: [\"{}\"]\n    limits:\n{}  none:\n    hosts: [\"none.test\"]\n    upstreams: [\"{}\"]\n",
+        redis.url(),
+        hole.url(),
+        up.addr,
+        bucket("live"),
+        up.addr,
+        bucket("dead"),
+        up.addr,
+    );
+    let t = Tollgate::start(&cfg).await;
+    let url = t.url("/");
+    for host in ["live.test", "dead.test", "none.test"] {
+        let (status, _, _) = curl(&["-H", &format!("host: {host}"), &url]);
+        assert_eq!(status, 200, "{host}");
+    }
+    let log = t.dir.path().join("access.log");
+    wait_lines(&log, 3).await;
+    let sources: Vec<Value> = json_lines(&log)
+        .iter()
+        .map(|l| l["source"].clone())
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            serde_json::json!("store"),
+            serde_json::json!("fallback"),
+            Value::Null
+        ]
+    );
 }
