@@ -287,6 +287,7 @@ impl Storage {
     /// Takes the fleet's order lock (to order `host`) with `token`; `false`: another
     /// instance holds it. A directory has no fleet: always `true`.
     pub async fn lock(&self, host: &str, token: &str) -> Result<bool, StorageError> {
+        log::debug!("tls.acme: {host}: taking the order lock");
         match self {
             Storage::Dir(_) => Ok(true),
             Storage::Redis(r) => {
@@ -307,6 +308,7 @@ impl Storage {
 
     /// Releases the fleet's order lock (taken for `host`) if `token` still holds it.
     pub async fn unlock(&self, host: &str, token: &str) -> Result<(), StorageError> {
+        log::debug!("tls.acme: {host}: releasing the order lock");
         let Storage::Redis(r) = self else {
             return Ok(());
         };
