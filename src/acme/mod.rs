@@ -18,10 +18,11 @@
 //! `tls.certificates` (their default, or a refused handshake). The CA's problem document
 //! is logged at `warn`, within a [`LogBudget`]; the last one is in `GET /certificates`.
 //!
-//! **A fleet** (`store: NAME`): before ordering, an instance takes the Redis lock of the
-//! host; the others wait, install the challenge the holder publishes (so that the CA's
-//! validation may reach any of them), and take the certificate from the store when it
-//! appears (the store's generation key is read every [`FLEET_POLL`]).
+//! **A fleet** (`store: NAME`): before ordering, an instance takes the fleet's order lock
+//! in Redis, so one instance orders at a time; the others wait (none is busy with an order
+//! of its own), install the challenge the holder publishes (so that the CA's validation
+//! may reach any of them), and take the certificate from the store when it appears (the
+//! store's generation key is read every [`FLEET_POLL`]).
 //!
 //! **Reloads.** The manager follows the live runtime: a changed `tls.acme` starts a new
 //! manager (stored certificates are installed again; hosts no longer listed are dropped).

@@ -25,7 +25,7 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the ordering instance of a fleet waits, once its challenge is published,
 /// before asking the CA to validate: the others poll for it every
 /// [`super::WAITING_TICK`].
-const FLEET_PUBLISH_WAIT: Duration = Duration::from_secs(1);
+const FLEET_PUBLISH_WAIT: Duration = Duration::from_secs(2);
 
 /// Which listeners the process has: which challenges it can answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

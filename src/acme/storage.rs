@@ -9,8 +9,9 @@
 //!   leaves the old file or the new one, never half of one.
 //! - **A Redis store** (`store: NAME`): the same three things under
 //!   `PREFIXacme:CA:account`, `PREFIXacme:CA:cert:HOST` (chain and key, one JSON value),
-//!   plus `PREFIXacme:CA:lock:HOST` (the order lock, `SET NX PX` with a random token,
-//!   released only by its holder) and `PREFIXacme:CA:gen` (bumped at every certificate
+//!   plus `PREFIXacme:CA:lock` (the fleet's order lock: one instance orders at a time, so
+//!   the others are free to answer its challenge; `SET NX PX` with a random token, released
+//!   only by its holder) and `PREFIXacme:CA:gen` (bumped at every certificate
 //!   written, so that the fleet notices in one read), and `PREFIXacme:CA:challenge:HOST`
 //!   (the pending challenge, for the instances the CA's validation reaches).
 //!
@@ -283,16 +284,17 @@ impl Storage {
         }
     }
 
-    /// Takes the order lock of `host` with `token`; `false`: another instance holds it.
-    /// A directory has no fleet: always `true`.
+    /// Takes the fleet's order lock (to order `host`) with `token`; `false`: another
+    /// instance holds it. A directory has no fleet: always `true`.
     pub async fn lock(&self, host: &str, token: &str) -> Result<bool, StorageError> {
+        log::debug!("tls.acme: {host}: taking the order lock");
         match self {
             Storage::Dir(_) => Ok(true),
             Storage::Redis(r) => {
                 let set: Option<String> = r
                     .query(
                         redis::cmd("SET")
-                            .arg(r.key(&format!("lock:{host}")))
+                            .arg(r.key("lock"))
                             .arg(token)
                             .arg("NX")
                             .arg("PX")
@@ -304,15 +306,16 @@ impl Storage {
         }
     }
 
-    /// Releases the lock of `host` if `token` still holds it.
+    /// Releases the fleet's order lock (taken for `host`) if `token` still holds it.
     pub async fn unlock(&self, host: &str, token: &str) -> Result<(), StorageError> {
+        log::debug!("tls.acme: {host}: releasing the order lock");
         let Storage::Redis(r) = self else {
             return Ok(());
         };
         let script = redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
         );
-        let mut inv = script.key(r.key(&format!("lock:{host}")));
+        let mut inv = script.key(r.key("lock"));
         inv.arg(token);
         let mut conn = r.conn().await?;
         let done: Result<Result<i64, _>, _> =

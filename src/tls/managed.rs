@@ -95,6 +95,8 @@ struct Inner {
     settings: Option<Tls>,
     /// Host → its certificate.
     certs: BTreeMap<String, LoadedCert>,
+    /// Host → its certificate's context, built once per certificate and settings.
+    contexts: HashMap<Box<str>, SslContext, ahash::RandomState>,
     alpn: HashMap<Box<str>, Arc<ChallengeCert>, ahash::RandomState>,
     http: HashMap<Box<str>, Box<str>, ahash::RandomState>,
     status: BTreeMap<String, HostStatus>,
@@ -191,6 +193,9 @@ impl Managed {
         let mut inner = self.inner.lock();
         inner.status.retain(|h, _| hosts.contains(h));
         inner.certs.retain(|h, _| hosts.contains(h));
+        inner
+            .contexts
+            .retain(|h, _| hosts.iter().any(|k| **k == **h));
         self.publish(&inner);
     }
 
@@ -201,6 +206,19 @@ impl Managed {
             return;
         }
         inner.settings = Some(tls.clone());
+        let mut contexts = HashMap::default();
+        for (host, cert) in &inner.certs {
+            match super::acceptor::cert_context(tls, cert, self.me.clone()) {
+                Ok(ctx) => {
+                    contexts.insert(host.as_str().into(), ctx);
+                }
+                // Left out: the files' default serves the host.
+                Err(e) => log::error!(
+                    "tls.acme: the certificate of {host} cannot be served with the TLS settings: {e}"
+                ),
+            }
+        }
+        inner.contexts = contexts;
         self.publish(&inner);
     }
 
@@ -209,7 +227,8 @@ impl Managed {
     pub fn install(&self, host: &str, cert: LoadedCert) -> Result<(), openssl::error::ErrorStack> {
         let mut inner = self.inner.lock();
         let settings = inner.settings.clone().unwrap_or_default();
-        super::acceptor::cert_context(&settings, &cert, self.me.clone())?;
+        let ctx = super::acceptor::cert_context(&settings, &cert, self.me.clone())?;
+        inner.contexts.insert(host.into(), ctx);
         inner.certs.insert(host.to_string(), cert);
         self.publish(&inner);
         Ok(())
@@ -244,31 +263,25 @@ impl Managed {
         self.publish(&inner);
     }
 
-    /// Rebuilds the live board from `inner`. A certificate OpenSSL refuses under new
-    /// settings is left out (and logged): the files' default serves its host.
+    /// Publishes `inner` to the handshakes (contexts are shared, not rebuilt: a challenge
+    /// coming or going costs a copy of the maps).
     fn publish(&self, inner: &Inner) {
-        let settings = inner.settings.clone().unwrap_or_default();
-        let mut live = Live {
+        let certs = inner
+            .certs
+            .iter()
+            .filter(|(host, _)| inner.contexts.contains_key(host.as_str()))
+            .map(|(_, cert)| CertInfo {
+                file: cert.cert_file.clone(),
+                names: cert.names.clone(),
+                not_after: cert.not_after,
+            })
+            .collect();
+        self.live.store(Arc::new(Live {
+            contexts: inner.contexts.clone(),
             alpn: inner.alpn.clone(),
             http: inner.http.clone(),
-            ..Live::default()
-        };
-        for (host, cert) in &inner.certs {
-            match super::acceptor::cert_context(&settings, cert, self.me.clone()) {
-                Ok(ctx) => {
-                    live.contexts.insert(host.as_str().into(), ctx);
-                    live.certs.push(CertInfo {
-                        file: cert.cert_file.clone(),
-                        names: cert.names.clone(),
-                        not_after: cert.not_after,
-                    });
-                }
-                Err(e) => log::error!(
-                    "tls.acme: the certificate of {host} cannot be served with the TLS settings: {e}"
-                ),
-            }
-        }
-        self.live.store(Arc::new(live));
+            certs,
+        }));
     }
 }
 
