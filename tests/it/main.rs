@@ -9,6 +9,7 @@
 
 mod common;
 
+mod adaptive;
 mod admin;
 mod api_auth;
 mod api_binary;
