@@ -19,17 +19,17 @@
 //! ```text
 //! short    = mean of the window's latencies, each capped at 2 · long,
 //!            a congestion signal (connect error, 5xx) counting as 2 · long
-//! gradient = clamp(long / short, 0.5, 1)
+//! gradient = clamp(1.1 · long / short, 0.5, 1)      (1.1: the tolerance for noise)
 //! busy     = Σ latencies / window length            (Little's law: mean in flight)
-//! headroom = max(1, √limit / 2)                     (only when busy ≥ limit / 2)
+//! headroom = max(1, √limit / 4)                     (only when busy ≥ limit / 2)
 //! target   = limit · gradient + headroom
 //! limit'   = target                                 if target ≥ limit
 //!            limit + (target − limit) · 0.5         otherwise
 //! ```
 //!
 //! clamped to `[min, max]`. At a server of capacity `C` driven past it, `short = long ·
-//! limit / C`, so the fixed point is `limit = C + headroom`: a queue of about `√C / 2`,
-//! i.e. a latency `1 + 1 / (2√C)` times the unloaded one (11% at `C = 20`). Below capacity
+//! limit / C`, so the fixed point is `limit = 1.1 · C + headroom`: a queue of about
+//! `0.1 · C + √C / 4`, i.e. a latency about 1.2 times the unloaded one at `C = 20`. Below capacity
 //! the gradient is 1 and the limit grows by the headroom each window, but only while the
 //! traffic uses at least half of it (`busy`): an idle server's limit does not run away.
 //!
@@ -40,18 +40,23 @@
 //! and reject healthy traffic while they run). It moves toward each window's mean
 //! (`short`, congestion signals excluded) with a weight `min(1, window / τ)`:
 //!
-//! - down with `τ =` [`TAU_FALL`] (fast: a lower latency is proof that the server can do
-//!   better, queueing only ever adds);
+//! - down with `τ =` [`TAU_FALL`] (2 s: a lower latency is evidence that the server can do
+//!   better, queueing only ever adds; not faster, or the baseline sits at the lower edge of
+//!   the noise and ordinary noise reads as a queue);
 //! - up with `τ =` [`TAU_RISE_IDLE`] when the window was not busy (the traffic stayed under
-//!   half the limit, so the rise cannot be our own queue: the server itself slowed down),
-//!   or when the gradient has driven the limit down as far as it goes (to `min + 1 / (1 -
-//!   gradient)`, where the headroom of 1 balances the decrease): the latency at the least
-//!   concurrency allowed *is* the unloaded latency, a lasting slowdown that cutting the
-//!   concurrency did not cure. (A server whose capacity is under about 5 sits there too,
-//!   so its baseline follows its queue: set `min` to what it surely takes.)
+//!   half the limit, so the rise cannot be our own queue: the server itself slowed down);
 //! - up with `τ =` [`TAU_RISE_BUSY`] otherwise (ten minutes: a busy window's rise is mostly
 //!   the queue the limit allows, and following it quickly is how Gradient2's limit drifts up
 //!   under steady overload).
+//!
+//! **A slowdown at full load** is told from a queue by the limit's own decrease, with no
+//! probe: when the latency first rises while the traffic holds at least 80% of the limit,
+//! the limit and the latency are noted (the anchor; again whenever the latency rises by
+//! more than 11% above the anchor's). A queue shrinks with the concurrency,
+//! so once the gradient has cut the limit to half the anchor's the latency must have
+//! fallen; if it is still at least 90% of the anchor's, the latency is the server's own
+//! pace and becomes the baseline at once (and the limit grows back). If it fell, the
+//! anchor moves to the new point. A healthy window or a congestion signal clears it.
 //!
 //! Windows with congestion signals still count them in `short` (so the limit falls), but
 //! their latencies never raise `long`. Steady timeouts or 5xx therefore drive the limit
@@ -77,8 +82,14 @@ use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 pub const MIN_WINDOW: Nanos = NANOS_PER_SEC / 10;
 /// A window closes only once it holds this many samples.
 pub const MIN_SAMPLES: u64 = 8;
-/// Time constant of the baseline's fall toward a lower window mean.
-pub const TAU_FALL: Nanos = NANOS_PER_SEC / 5;
+/// Time constant of the baseline's fall toward a lower window mean: slow enough that the
+/// baseline is an average of the quieter windows, not the luckiest one (a baseline at the
+/// lower edge of the noise would read ordinary noise as a queue and hold the limit down).
+pub const TAU_FALL: Nanos = 2 * NANOS_PER_SEC;
+/// How much above the baseline a window's latency may be before it counts as a queue:
+/// absorbs the noise of a busy machine (Gradient2 allows 50%, which lets a queue of half
+/// the capacity build; 10% keeps the origin's latency near its unloaded one).
+pub const TOLERANCE: f64 = 1.1;
 /// Time constant of the baseline's rise in windows that did not use half the limit.
 pub const TAU_RISE_IDLE: Nanos = 2 * NANOS_PER_SEC;
 /// Time constant of the baseline's rise in busy windows.
@@ -89,6 +100,15 @@ pub const MIN_GRADIENT: f64 = 0.5;
 pub const CAP: f64 = 2.0;
 /// The share of a decrease applied per window.
 pub const DECREASE_SMOOTHING: f64 = 0.5;
+/// A window's concurrency binds when the traffic holds at least this share of the limit.
+pub const BINDING: f64 = 0.8;
+/// The test of a latency rise: once the limit is cut to this share of the anchor's...
+pub const CUT: f64 = 0.5;
+/// ...a latency at least this share of the anchor's is not a queue.
+pub const NOT_BETTER: f64 = 0.9;
+/// A latency counts at most this many baselines in the test of a slowdown (a bound, so
+/// that sums cannot overflow).
+pub const RAW_CAP: f64 = 64.0;
 /// The highest `max` accepted (the config's bound, too).
 pub const MAX_LIMIT: u64 = 1_000_000;
 
@@ -153,6 +173,15 @@ pub struct AdaptiveState {
     pub long_secs: f64,
 }
 
+/// A closed window's sums.
+struct Window {
+    sum: u64,
+    raw_sum: u64,
+    samples: u64,
+    congested: u64,
+    length: Nanos,
+}
+
 /// One server's learned concurrency limit. See the module's documentation for the maths.
 #[derive(Debug)]
 pub struct Adaptive {
@@ -167,10 +196,19 @@ pub struct Adaptive {
     short: AtomicU64,
     /// `f64` bits; the last window's gradient.
     gradient: AtomicU64,
+    /// `f64` bits: the limit when the latency last rose above the baseline while the
+    /// limit was binding (0: no anchor).
+    anchor_limit: AtomicU64,
+    /// `f64` bits, nanoseconds: the latency then.
+    anchor_short: AtomicU64,
     /// When the current window began.
     window_start: AtomicU64,
     /// The current window's sum of capped latencies, nanoseconds.
     sum: AtomicU64,
+    /// The current window's sum of latencies capped only at [`RAW_CAP`] baselines: what
+    /// the test of a slowdown compares (the [`CAP`] would flatten a deep queue into a
+    /// latency that does not shrink with the concurrency).
+    raw_sum: AtomicU64,
     /// The current window's latency samples.
     count: AtomicU64,
     /// The current window's congestion signals.
@@ -213,8 +251,11 @@ impl Adaptive {
             long: AtomicU64::new(0f64.to_bits()),
             short: AtomicU64::new(0f64.to_bits()),
             gradient: AtomicU64::new(1f64.to_bits()),
+            anchor_limit: AtomicU64::new(0f64.to_bits()),
+            anchor_short: AtomicU64::new(0f64.to_bits()),
             window_start: AtomicU64::new(now),
             sum: AtomicU64::new(0),
+            raw_sum: AtomicU64::new(0),
             count: AtomicU64::new(0),
             congested: AtomicU64::new(0),
         }
@@ -265,12 +306,13 @@ impl Adaptive {
         let long = load_f(&self.long);
         match sample {
             Sample::Latency(n) => {
-                let n = if long > 0.0 {
-                    n.min(count(long * CAP))
+                let (n, raw) = if long > 0.0 {
+                    (n.min(count(long * CAP)), n.min(count(long * RAW_CAP)))
                 } else {
-                    n
+                    (n, n)
                 };
                 self.sum.fetch_add(n.max(1), Relaxed);
+                self.raw_sum.fetch_add(raw.max(1), Relaxed);
                 self.count.fetch_add(1, Relaxed);
             }
             Sample::Congestion => {
@@ -301,14 +343,28 @@ impl Adaptive {
             return false;
         }
         let sum = self.sum.swap(0, Relaxed);
+        let raw_sum = self.raw_sum.swap(0, Relaxed);
         let samples = self.count.swap(0, Relaxed);
         let congested = self.congested.swap(0, Relaxed);
-        self.close(sum, samples, congested, length);
+        self.close(Window {
+            sum,
+            raw_sum,
+            samples,
+            congested,
+            length,
+        });
         true
     }
 
     /// The window's update; only the thread that claimed the window runs it.
-    fn close(&self, sum: u64, samples: u64, congested: u64, length: Nanos) {
+    fn close(&self, w: Window) {
+        let Window {
+            sum,
+            raw_sum,
+            samples,
+            congested,
+            length,
+        } = w;
         let mut long = load_f(&self.long);
         let limit = load_f(&self.exact);
         let mean = (samples > 0).then(|| real(sum) / real(samples));
@@ -324,10 +380,10 @@ impl Adaptive {
         }
         let all = real(samples + congested);
         let short = (real(sum) + real(congested) * long * CAP) / all;
-        let gradient = (long / short).clamp(MIN_GRADIENT, 1.0);
+        let gradient = (TOLERANCE * long / short).clamp(MIN_GRADIENT, 1.0);
         let busy = real(sum) / real(length.max(1)) >= limit / 2.0;
         let headroom = if busy {
-            (limit.sqrt() / 2.0).max(1.0)
+            (limit.sqrt() / 4.0).max(1.0)
         } else {
             0.0
         };
@@ -338,18 +394,37 @@ impl Adaptive {
             limit + (target - limit) * DECREASE_SMOOTHING
         };
         if let Some(m) = mean {
-            // Driven down as far as this gradient drives it: a headroom of 1 balances the
-            // decrease at `1 / (1 - gradient)` above `min`.
-            let at_min = limit <= real(self.bounds.min) + 1.0 / (1.0 - gradient).max(1e-3);
             let tau = if m < long {
                 TAU_FALL
-            } else if busy && !at_min {
+            } else if busy {
                 TAU_RISE_BUSY
             } else {
                 TAU_RISE_IDLE
             };
             let weight = (real(length) / real(tau)).min(1.0);
             long += (m - long) * weight;
+            // Was the latency our queue? Compare with the anchor taken when it first rose.
+            let m = real(raw_sum) / real(samples);
+            let in_flight = real(raw_sum) / real(length.max(1));
+            let binding = in_flight >= BINDING * limit;
+            let anchor = load_f(&self.anchor_limit);
+            if gradient >= 1.0 || congested > 0 {
+                store_f(&self.anchor_limit, 0.0);
+            } else if binding && (anchor <= 0.0 || m * NOT_BETTER > load_f(&self.anchor_short)) {
+                // The latency rose (first, or again by more than the noise): anchor here.
+                store_f(&self.anchor_limit, limit);
+                store_f(&self.anchor_short, m);
+            } else if binding && limit <= CUT * anchor {
+                if m >= NOT_BETTER * load_f(&self.anchor_short) {
+                    // The concurrency was cut and the latency did not follow: not a queue
+                    // but the server's own pace. It is the new baseline.
+                    long = m;
+                    store_f(&self.anchor_limit, 0.0);
+                } else {
+                    store_f(&self.anchor_limit, limit);
+                    store_f(&self.anchor_short, m);
+                }
+            }
         }
         store_f(&self.long, long);
         store_f(&self.short, short);
@@ -385,6 +460,9 @@ mod tests {
         clock: ManualClock,
         est: Adaptive,
         owed: f64,
+        /// Each latency is multiplied by a factor uniform in `1 ± noise` (a busy machine).
+        noise: f64,
+        seed: u64,
     }
 
     impl Origin {
@@ -393,6 +471,8 @@ mod tests {
                 clock: ManualClock::new(0),
                 est: Adaptive::new(b, 0),
                 owed: 0.0,
+                noise: 0.0,
+                seed: 1,
             }
         }
 
@@ -407,8 +487,15 @@ mod tests {
                 self.owed += inflight * real(tick) / latency;
                 while self.owed >= 1.0 {
                     self.owed -= 1.0;
+                    // A 64-bit LCG (Knuth's MMIX constants): reproducible noise.
+                    self.seed = self
+                        .seed
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let u = real(self.seed >> 11) / real(1 << 53) * 2.0 - 1.0;
+                    let noisy = latency * (1.0 + self.noise * u);
                     self.est
-                        .record(Sample::Latency(count(latency)), self.clock.now());
+                        .record(Sample::Latency(count(noisy)), self.clock.now());
                 }
                 seen.push(self.est.limit());
             }
@@ -431,6 +518,32 @@ mod tests {
         assert!(tail.iter().all(|&l| (36..=52).contains(&l)), "{tail:?}");
         let st = o.est.state();
         assert!((st.long_secs - 0.05).abs() < 0.005, "baseline {st:?}");
+    }
+
+    #[test]
+    fn a_deep_queue_is_never_taken_for_a_slowdown() {
+        let mut o = Origin::new(bounds(1, 1000, 10));
+        o.run(20.0, 40.0, 50 * MS, 160);
+        // Three quarters of the workers go: the queue is four times the capacity deep.
+        let seen = o.run(10.0, 10.0, 50 * MS, 160);
+        let last = *seen.last().unwrap();
+        assert!(within(last, 12.0, 0.25), "settled at {last}");
+        let st = o.est.state();
+        assert!(
+            (st.long_secs - 0.05).abs() < 0.005,
+            "baseline took the queue: {st:?}"
+        );
+    }
+
+    #[test]
+    fn noisy_latencies_do_not_hold_the_limit_down() {
+        let mut o = Origin::new(bounds(1, 1000, 10));
+        o.noise = 0.3;
+        let seen = o.run(40.0, 40.0, 50 * MS, 160);
+        let tail = &seen[seen.len() / 2..];
+        let low = *tail.iter().min().unwrap();
+        let high = *tail.iter().max().unwrap();
+        assert!(low >= 34 && high <= 56, "{low}..{high} {:?}", o.est.state());
     }
 
     #[test]
@@ -513,6 +626,23 @@ mod tests {
         let st = o.est.state();
         assert!((st.long_secs - 0.04).abs() < 0.004, "{st:?}");
         assert!(st.limit >= 10, "{st:?}");
+    }
+
+    #[test]
+    fn a_lasting_slowdown_at_full_load_is_adopted_without_pinning_the_limit() {
+        // 100 clients through a limit into a server that never queues (1 000 workers).
+        let mut o = Origin::new(bounds(1, 1000, 20));
+        o.run(20.0, 1000.0, 20 * MS, 100);
+        assert!(o.est.limit() >= 100, "{:?}", o.est.state());
+        // Its dependency slows: every request takes twice as long, whatever the load.
+        let seen = o.run(20.0, 1000.0, 40 * MS, 100);
+        let st = o.est.state();
+        assert!((st.long_secs - 0.04).abs() < 0.004, "{st:?}");
+        assert!(st.limit >= 100, "{st:?}");
+        // Cut while the evidence gathered (to about a third of the clients), never pinned near
+        // the floor.
+        let lowest = *seen.iter().min().unwrap();
+        assert!(lowest >= 30, "lowest {lowest}");
     }
 
     #[test]

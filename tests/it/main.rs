@@ -11,6 +11,7 @@ mod common;
 
 mod access_log;
 mod acme;
+mod adaptive;
 mod admin;
 mod api_auth;
 mod api_binary;

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod capacity;
 pub mod certs;
 pub mod fleet;
 pub mod h2load;
