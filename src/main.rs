@@ -10,7 +10,7 @@ use tollgate::cli;
 use tollgate::server::{self, RunOptions};
 
 /// mimalloc: fewer instructions per allocation than glibc's malloc on Pingora's
-/// per-request buffers (see the README's Performance section).
+/// per-request buffers (see docs/performance.md).
 #[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -72,7 +72,7 @@ enum Command {
         #[arg(long)]
         log: PathBuf,
         /// The log's format: combined (nginx/Apache, also common and vhost_combined) or
-        /// jsonl (one JSON object per line; fields in the README).
+        /// jsonl (one JSON object per line; fields in docs/replay.md).
         #[arg(long, value_enum, default_value = "combined")]
         format: tollgate::simulate::Format,
         /// Where a line's host comes from: the log's host field, or its Host header.

@@ -2,7 +2,7 @@
 //!
 //! tollgate serves its **own** registry (not the global default one) on `server.metrics`,
 //! so it never depends on which `prometheus` version Pingora links. Names and labels are
-//! interface (the README's metrics table); labels are bounded: origin and limit names from the
+//! interface (docs/operating.md's metrics table); labels are bounded: origin and limit names from the
 //! config, status codes, never keys or addresses. Per-limit and per-origin handles are
 //! resolved once when a config is loaded, so the hot path only does atomic adds.
 

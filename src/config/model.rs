@@ -229,7 +229,7 @@ pub type AdminToken = Secret;
 
 /// The bounds on downstream connections (`server.header_timeout`, `keepalive_timeout`,
 /// `max_connections`, `max_connections_per_ip`): what keeps slow or idle clients from
-/// holding file descriptors and memory (see the README's "Limits and defaults under
+/// holding file descriptors and memory (see docs/security.md, "Limits and defaults under
 /// attack"). Every one applies live on reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Connections {

@@ -648,7 +648,7 @@ async fn hostile_ch_arguments_get_errors_and_the_connection_goes_on() {
     assert_eq!(errors, 7.0);
 }
 
-/// The README's session, through `redis-cli`: what an operator types and reads.
+/// The limiter API guide's session, through `redis-cli`: what an operator types and reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cli_session() {
     let tail = "resources:\n  logins: { kind: token_bucket, capacity: 10, refill: { amount: 1, every: 1h } }\n  uploads: { kind: concurrency, max: 5, global: 100 }\n";
@@ -716,7 +716,7 @@ async fn the_api_metrics_pass_promtool() {
     assert!(out.status.success(), "promtool: {out:?}");
 }
 
-/// The README's Python client (examples/limiter_api.py, redis-py from Debian's
+/// The limiter API guide's Python client (examples/limiter_api.py, redis-py from Debian's
 /// python3-redis, which scripts/deps.sh installs) against the binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_example_runs_against_the_binary() {

@@ -1,5 +1,5 @@
-//! Smyte's commands and the ad-hoc bucket table against what the README says (issue 19,
-//! item 14): the table evicts before it is full, at the rates the README gives (measured
+//! Smyte's commands and the ad-hoc bucket table against what the limiter API guide (docs/limiter-api.md) says (issue 19,
+//! item 14): the table evicts before it is full, at the rates that guide gives (measured
 //! here on the real table); `RL.PREDUCE` and `RL.PGET` take their times in milliseconds
 //! (`redis-cli` against the binary); `AT`'s error says seconds, fractions allowed.
 
@@ -13,7 +13,7 @@ use api::redis_cli;
 use common::start_api;
 use tollgate::limits::{AdhocBuckets, AdhocParams};
 
-/// The sentence of the README that gives the eviction rates this test measures.
+/// The sentence of docs/limiter-api.md that gives the eviction rates this test measures.
 const RATES: &str = "about 0.01% at 25%, 0.8% at 50%, 5% at 75% and 14% at 100%";
 
 /// splitmix64: well-spread keys, as the API's seeded hash makes them.
@@ -43,17 +43,18 @@ fn eviction_share(slots: usize, load: f64) -> f64 {
 #[test]
 fn the_table_evicts_before_it_is_full_at_the_rates_the_readme_gives() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/limiter-api.md"))
+            .unwrap();
     let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         readme.contains(RATES),
-        "the README gives the eviction rates: {RATES}"
+        "the guide gives the eviction rates: {RATES}"
     );
     assert!(
         !readme.contains("when the table is full the bucket nearest to full is evicted"),
-        "the README no longer says it evicts only when full"
+        "the guide no longer says it evicts only when full"
     );
-    // The README's figures, as measured on a 200 000-slot table (the issue's size).
+    // The guide's figures, as measured on a 200 000-slot table (the issue's size).
     for (load, documented) in [(0.25, 0.0001), (0.5, 0.008), (0.75, 0.05), (1.0, 0.14)] {
         let measured = eviction_share(200_000, load);
         let (low, high) = if load == 0.25 {

@@ -1,6 +1,6 @@
 //! The command line: `tollgate check` exit codes and output, and the shipped example
 //! config serving through its demo upstream (200, then 503 above the inflight max), with
-//! the README's worked examples of tiers, concurrency and frequency caps.
+//! the worked examples of docs/limits.md of tiers, concurrency and frequency caps.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -291,7 +291,7 @@ async fn statuses(
     out
 }
 
-/// The README's worked examples, on the shipped config: what the README prints is what
+/// The worked examples of docs/limits.md, on the shipped config: what the guide prints is what
 /// tollgate does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_config_worked_examples_behave_as_the_readme_says() {

@@ -1,7 +1,7 @@
 //! Hardening item 11: requests Pingora refuses itself, before any tollgate hook runs.
 //! Pingora offers no hook to write these responses, so they are Pingora's own (an empty
 //! `400`, or `405` for `CONNECT`, with `Connection: close`, not problem+json, as the
-//! README says); tollgate counts each in `tollgate_requests_total{origin="_unmatched"}`.
+//! docs/limits.md says); tollgate counts each in `tollgate_requests_total{origin="_unmatched"}`.
 //! Each kind is sent by a raw TCP client.
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
