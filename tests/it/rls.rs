@@ -570,3 +570,29 @@ async fn detailed_metric_keeps_the_heaviest_descriptors_for_the_admin_api() {
     let status = common::client().get(&url).send().await.unwrap().status();
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn hostile_input_is_refused_and_the_service_keeps_answering() {
+    let (_t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    // domain = 0xff 0xfe: not UTF-8.
+    let bad_utf8 = "0a02fffe";
+    // A domain announced as 128 KiB: past the 64 KiB message bound.
+    let steps = json!([
+        {"raw": bad_utf8},
+        {"raw": "ffffff"},
+        {"raw": "0a808008", "pad": 128 * 1024},
+        {"silent": 60},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+    ]);
+    let out = run(port, steps);
+    // Undecodable protobuf: INTERNAL from the codec, as grpc-go (envoyproxy/ratelimit)
+    // answers it too.
+    assert_eq!(out[0]["error"], "INTERNAL", "{out:?}");
+    assert_eq!(out[1]["error"], "INTERNAL", "{out:?}");
+    assert_eq!(out[2]["error"], "OUT_OF_RANGE", "{out:?}");
+    // A call whose request never comes is ended by the server's call timeout (5 s), long
+    // before the client's own 60 s.
+    assert_ne!(out[3]["error"], "DEADLINE_EXCEEDED", "{out:?}");
+    assert!(out[3]["seconds"].as_f64().unwrap() < 50.0, "{out:?}");
+    assert_eq!(out[4]["statuses"][0]["limit"], 100, "{out:?}");
+}
