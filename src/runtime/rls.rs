@@ -257,6 +257,14 @@ impl RlsRt {
             .map(|l| &l.rt)
     }
 
+    /// Every limited rule's limit, for the snapshot of local state.
+    pub fn limits(&self) -> impl Iterator<Item = &LimitRt> {
+        self.domains
+            .values()
+            .flat_map(|d| d.nodes.iter())
+            .filter_map(|n| Some(&n.rule.as_ref()?.limit.as_ref()?.rt))
+    }
+
     /// Every rule's limit identity with its limiter, for the next reload to look up.
     pub fn states(&self) -> impl Iterator<Item = (StateId, &Limiter)> {
         self.domains

@@ -596,3 +596,27 @@ async fn hostile_input_is_refused_and_the_service_keeps_answering() {
     assert!(out[3]["seconds"].as_f64().unwrap() < 50.0, "{out:?}");
     assert_eq!(out[4]["statuses"][0]["limit"], 100, "{out:?}");
 }
+
+#[tokio::test]
+async fn local_counts_survive_a_restart_in_the_snapshot() {
+    let extra = "stores:\n  local: { snapshot: limits.snap, every: 1h }\n";
+    let (mut t, port) = start(&[("messaging.yaml", MESSAGING)], extra).await;
+    let d = json!([[["to_number", "1"]]]);
+    assert_eq!(
+        call(port, "messaging", d.clone(), 3)["statuses"][0]["remaining"],
+        97
+    );
+    // SIGTERM writes the snapshot; the next process loads it.
+    t.signal(libc::SIGTERM);
+    assert!(t.wait_exit().await.success());
+    t.restart().await;
+    assert!(t.log_text().contains("restored 1 keys"), "{}", t.log_text());
+    eventually("the rate limit service accepts again", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    assert_eq!(
+        call(port, "messaging", d, 1)["statuses"][0]["remaining"],
+        96
+    );
+}
