@@ -468,3 +468,39 @@ impl RuleRt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(pattern: &str, value: &str) -> bool {
+        let parts: Vec<String> = pattern.split('*').map(str::to_string).collect();
+        wildcard_match(&parts, value)
+    }
+
+    #[test]
+    fn wildcards_match_as_envoyproxy_ratelimit_documents() {
+        // Trailing: a prefix.
+        assert!(matches("value*", "value1"));
+        assert!(matches("value*", "value"));
+        assert!(!matches("value*", "valu"));
+        // Middle: a prefix and a suffix.
+        assert!(matches("/api/*/action", "/api/123/action"));
+        assert!(!matches("/api/*/action", "/api/123/other"));
+        // Several, in order.
+        assert!(matches(
+            "/api/*/resource/*/action",
+            "/api/v1/resource/456/action"
+        ));
+        assert!(!matches(
+            "/api/*/resource/*/action",
+            "/api/v1/action/456/resource"
+        ));
+        // Prefix and suffix may not overlap.
+        assert!(!matches("a*a", "a"));
+        assert!(matches("a*a", "aa"));
+        // No star: exact.
+        assert!(matches("x", "x"));
+        assert!(!matches("x", "xy"));
+    }
+}
