@@ -7,6 +7,7 @@ use serde_json::json;
 use super::query;
 use super::state::{self, QueryFacts};
 use super::Answer;
+use crate::config::rls::RLS_ORIGIN;
 use crate::limits::{Clock, MonotonicClock, Ranking};
 use crate::runtime::limit::LimitRt;
 use crate::runtime::{OriginRt, Runtime};
@@ -49,6 +50,18 @@ pub async fn route(
         ["certificates"] => certificates(rt),
         ["kill-switch"] if method == Method::PUT => kill_switch_put(rt, body),
         ["kill-switch"] => kill_switch(rt),
+        ["limits", RLS_ORIGIN, rule, "top"] => {
+            // `detailed_metric: true` rules of the rate limit service keep heavy hitters.
+            let found = query::segment(rule).ok().and_then(|r| rt.rls.limit(&r));
+            let Some(limit) = found else {
+                let message = format!("no rate limit service rule `{rule}` in the running config");
+                return Answer::problem(404, "Not Found", message);
+            };
+            match query::params(uri.query()) {
+                Ok(params) => top(RLS_ORIGIN, limit, params, clock.now()),
+                Err(e) => Answer::problem(400, "Bad Request", e),
+            }
+        }
         ["limits", origin, limit, what] => {
             let found = find(rt, origin, limit);
             let (origin, limit) = match found {
@@ -61,7 +74,7 @@ pub async fn route(
             };
             let now = clock.now();
             if *what == "top" {
-                top(origin, limit, params, now)
+                top(&origin.name, limit, params, now)
             } else {
                 match QueryFacts::of(origin, limit, params) {
                     Ok(facts) => state::state(origin, limit, &facts, now).await,
@@ -157,7 +170,7 @@ fn kill_switch_put(rt: &Runtime, body: &[u8]) -> Answer {
 
 /// `GET /limits/{origin}/{limit}/top?n=N`.
 fn top(
-    origin: &OriginRt,
+    origin: &str,
     limit: &LimitRt,
     params: Vec<(String, Vec<u8>)>,
     now: crate::limits::Nanos,
@@ -168,7 +181,7 @@ fn top(
             "Not Found",
             format!(
                 "limit `{}` of origin `{}` keeps no heavy hitters: set `top_keys: 20` on it (1 to 1000) and reload",
-                limit.name, origin.name
+                limit.name, origin
             ),
         );
     };
@@ -208,7 +221,7 @@ fn top(
     };
     let epoch = hh.epoch() as f64 / 1e9;
     Answer::json(&json!({
-        "origin": origin.name,
+        "origin": origin,
         "limit": limit.name,
         "top_keys": k,
         "window_seconds": [epoch, 2.0 * epoch],

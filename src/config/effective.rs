@@ -68,6 +68,17 @@ struct EffConfig {
     origins: Ordered<EffOrigin>,
     #[serde(skip_serializing_if = "Ordered::is_empty")]
     resources: Ordered<EffLimit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rls: Option<EffRls>,
+}
+
+/// `rls:` as configured; its files' rules are printed by their own files, not here.
+#[derive(Serialize)]
+struct EffRls {
+    config_dir: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
+    max_keys: usize,
 }
 
 impl EffConfig {
@@ -109,6 +120,11 @@ impl EffConfig {
                     .map(|l| (l.name.clone(), EffLimit::resource(l)))
                     .collect(),
             ),
+            rls: c.rls.config_dir.as_ref().map(|dir| EffRls {
+                config_dir: dir.display().to_string(),
+                store: c.rls.store.clone(),
+                max_keys: c.rls.max_keys,
+            }),
         }
     }
 }
@@ -370,6 +386,8 @@ struct EffServer {
     #[serde(skip_serializing_if = "Option::is_none")]
     limiter_api: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    rls: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     admin: Option<String>,
     /// The file only: the token itself is never printed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -434,6 +452,7 @@ impl EffServer {
             customer_header: s.customer_header.clone(),
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
             limiter_api: s.limiter_api.map(|a| a.to_string()),
+            rls: s.rls.map(|a| a.to_string()),
             admin: s.admin.map(|a| a.to_string()),
             admin_token_file: s.admin_token.as_ref().map(secret_file),
             instance: s.instance.clone(),

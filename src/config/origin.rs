@@ -117,12 +117,17 @@ fn parse_at(r: &mut Report, entry: &Entry, path: &str, name: &str) -> OriginDraf
     if !unmatched && !is_label(&entry.key) {
         r.error(entry.key_pos, &path, label_message("origin", &entry.key));
     }
-    if entry.key == crate::config::resources::API_ORIGIN {
+    let taken = match entry.key.as_str() {
+        crate::config::resources::API_ORIGIN => Some("the limiter API's resources"),
+        crate::config::rls::RLS_ORIGIN => Some("the rate limit service's rules"),
+        _ => None,
+    };
+    if let Some(by) = taken {
         r.error(
             entry.key_pos,
             &path,
             format!(
-                "origin name `{}` is taken by the limiter API's resources (their metrics label); pick another",
+                "origin name `{}` is taken by {by} (their metrics label); pick another",
                 entry.key
             ),
         );

@@ -124,7 +124,9 @@ impl Report {
 
 fn tidy(mut list: Vec<Diagnostic>) -> Vec<Diagnostic> {
     list.sort_by(|a, b| {
-        (a.line, a.column, &a.path, &a.message).cmp(&(b.line, b.column, &b.path, &b.message))
+        // By file first: a ratelimit file's problems (`rls.config_dir`) stay together.
+        (&a.file, a.line, a.column, &a.path, &a.message)
+            .cmp(&(&b.file, b.line, b.column, &b.path, &b.message))
     });
     list.dedup();
     list

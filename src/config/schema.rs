@@ -31,7 +31,7 @@ use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
 use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
-use crate::config::rls::RLS_KEYS;
+use crate::config::rls::{RLS_KEYS, RLS_ORIGIN};
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
 use crate::config::server::{
     MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, SERVER_KEYS,
@@ -476,7 +476,7 @@ fn origins() -> Value {
     let mut out = named(
         json!({"$ref": "#/$defs/origin"}),
         bounds::MAX_ORIGINS,
-        &[API_ORIGIN],
+        &[API_ORIGIN, RLS_ORIGIN],
     );
     out["type"] = json!("object");
     out["minProperties"] = json!(1);

@@ -178,6 +178,20 @@ impl Level {
     }
 }
 
+/// A key's bytes as envoyproxy/ratelimit's detailed metrics name a descriptor:
+/// `KEY_VALUE.KEY_VALUE` (lossy UTF-8).
+fn describe(key: &[u8]) -> String {
+    let mut parts = Vec::new();
+    let mut rest = key;
+    while let Some((len, tail)) = rest.split_first_chunk::<4>() {
+        let n = (u32::from_le_bytes(*len) as usize).min(tail.len());
+        parts.push(String::from_utf8_lossy(&tail[..n]).into_owned());
+        rest = &tail[n..];
+    }
+    let pairs: Vec<String> = parts.chunks(2).map(|kv| kv.join("_")).collect();
+    pairs.join(".")
+}
+
 fn push_part(key: &mut Vec<u8>, part: &[u8]) {
     key.extend_from_slice(&(part.len() as u32).to_le_bytes());
     key.extend_from_slice(part);
@@ -228,6 +242,27 @@ impl RlsRt {
     /// The domain called `name`.
     pub fn domain(&self, name: &str) -> Option<&DomainRt> {
         self.domains.get(name)
+    }
+
+    /// The limit of the rule whose path is `path` (`DOMAIN.KEY_VALUE...`), for the admin
+    /// API's `/top` (walks every rule: not for the decision path).
+    pub fn limit(&self, path: &str) -> Option<&LimitRt> {
+        let domain = self.domains.get(path.split('.').next()?)?;
+        domain
+            .nodes
+            .iter()
+            .filter_map(|n| n.rule.as_ref())
+            .find(|r| r.path == path)
+            .and_then(|r| r.limit.as_ref())
+            .map(|l| &l.rt)
+    }
+
+    /// Every limited rule's limit, for the snapshot of local state.
+    pub fn limits(&self) -> impl Iterator<Item = &LimitRt> {
+        self.domains
+            .values()
+            .flat_map(|d| d.nodes.iter())
+            .filter_map(|n| Some(&n.rule.as_ref()?.limit.as_ref()?.rt))
     }
 
     /// Every rule's limit identity with its limiter, for the next reload to look up.
@@ -405,9 +440,7 @@ impl RuleRt {
         }
         let verdict = granted.grant.verdict;
         if let Some(top) = &rt.top {
-            top.record(hashed, !verdict.allowed, now, || {
-                String::from_utf8_lossy(key).into_owned()
-            });
+            top.record(hashed, !verdict.allowed, now, || describe(key));
         }
         let max = u64::from(limit.requests_per_unit);
         let over = !verdict.allowed;
@@ -434,5 +467,41 @@ impl RuleRt {
             unit: limit.unit,
             requests_per_unit: limit.requests_per_unit,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(pattern: &str, value: &str) -> bool {
+        let parts: Vec<String> = pattern.split('*').map(str::to_string).collect();
+        wildcard_match(&parts, value)
+    }
+
+    #[test]
+    fn wildcards_match_as_envoyproxy_ratelimit_documents() {
+        // Trailing: a prefix.
+        assert!(matches("value*", "value1"));
+        assert!(matches("value*", "value"));
+        assert!(!matches("value*", "valu"));
+        // Middle: a prefix and a suffix.
+        assert!(matches("/api/*/action", "/api/123/action"));
+        assert!(!matches("/api/*/action", "/api/123/other"));
+        // Several, in order.
+        assert!(matches(
+            "/api/*/resource/*/action",
+            "/api/v1/resource/456/action"
+        ));
+        assert!(!matches(
+            "/api/*/resource/*/action",
+            "/api/v1/action/456/resource"
+        ));
+        // Prefix and suffix may not overlap.
+        assert!(!matches("a*a", "a"));
+        assert!(matches("a*a", "aa"));
+        // No star: exact.
+        assert!(matches("x", "x"));
+        assert!(!matches("x", "xy"));
     }
 }

@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
+use crate::config::rls::RLS_ORIGIN;
 use crate::limits::tiered::{MAX_LIMIT, MAX_TIERS};
 use crate::limits::{BucketEntry, MatchValue, Nanos, RateWindowEntry, Restored, TieredEntry};
 use crate::runtime::limit::StateId;
@@ -309,6 +310,15 @@ fn saved(rt: &Runtime) -> Vec<(String, Vec<u8>, Saved<'_>)> {
                     i => format!("{}/{} override {}", o.name, l.name, i - 1),
                 };
                 out.push((label, identity(&id), s));
+            }
+        }
+    }
+    // The rate limit service's rules, in the process's store (a shared store's are not
+    // saved): one variant each.
+    for l in rt.rls.limits() {
+        for (id, limiter) in l.states(RLS_ORIGIN) {
+            if let Some(s) = Saved::of(limiter) {
+                out.push((format!("{RLS_ORIGIN}/{}", l.name), identity(&id), s));
             }
         }
     }

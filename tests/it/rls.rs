@@ -455,7 +455,7 @@ fn check_names_the_ratelimit_file_line_and_column() {
     let text = config(free_port(), "")
         .replace("{listen}", "127.0.0.1:1")
         .replace("{metrics}", "127.0.0.1:2");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, &text).unwrap();
     let out = Command::new(common::binary())
         .arg("check")
         .arg("--config")
@@ -474,6 +474,21 @@ fn check_names_the_ratelimit_file_line_and_column() {
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
     }
+
+    // The shipped example directory is a valid one.
+    let conf = format!("{}/conf/rls", env!("CARGO_MANIFEST_DIR"));
+    std::fs::write(
+        &path,
+        text.replace("config_dir: rls", &format!("config_dir: {conf}")),
+    )
+    .unwrap();
+    let out = Command::new(common::binary())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// `stores: fleet` on `redis_url` with a short budget, and `rls.store: fleet`.
@@ -519,4 +534,89 @@ async fn two_tollgates_share_one_count_in_redis_and_fail_open_when_it_freezes() 
         call(pa, "messaging", d.clone(), 1)["overall"] == "OVER_LIMIT"
     })
     .await;
+}
+
+#[tokio::test]
+async fn detailed_metric_keeps_the_heaviest_descriptors_for_the_admin_api() {
+    let admin = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    write_rls(dir.path(), &[("wildcard.yaml", WILDCARD)]);
+    let port = free_port();
+    let text = config(port, "").replace(
+        "  rls: ",
+        &format!("  admin: \"127.0.0.1:{admin}\"\n  rls: "),
+    );
+    let _t = Tollgate::start_in(dir, &text, |_| {}).await;
+    eventually("the rate limit service accepts", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    call(port, "example9", json!([[["key1", "heavy"]]]), 12);
+    call(port, "example9", json!([[["key1", "light"]]]), 1);
+    let url = format!("http://127.0.0.1:{admin}/limits/_rls/example9.key1/top");
+    let top: Value = common::client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(top["by_admitted"][0]["key"], "key1_heavy", "{top}");
+    assert_eq!(top["by_admitted"][0]["admitted"], 10, "{top}");
+    assert_eq!(top["by_rejected"][0]["key"], "key1_heavy", "{top}");
+    // A rule without detailed_metric keeps none.
+    let url = format!("http://127.0.0.1:{admin}/limits/_rls/example9.files_files%2F%2A/top");
+    let status = common::client().get(&url).send().await.unwrap().status();
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn hostile_input_is_refused_and_the_service_keeps_answering() {
+    let (_t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    // domain = 0xff 0xfe: not UTF-8.
+    let bad_utf8 = "0a02fffe";
+    // A domain announced as 128 KiB: past the 64 KiB message bound.
+    let steps = json!([
+        {"raw": bad_utf8},
+        {"raw": "ffffff"},
+        {"raw": "0a808008", "pad": 128 * 1024},
+        {"silent": 60},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+    ]);
+    let out = run(port, steps);
+    // Undecodable protobuf: INTERNAL from the codec, as grpc-go (envoyproxy/ratelimit)
+    // answers it too.
+    assert_eq!(out[0]["error"], "INTERNAL", "{out:?}");
+    assert_eq!(out[1]["error"], "INTERNAL", "{out:?}");
+    assert_eq!(out[2]["error"], "OUT_OF_RANGE", "{out:?}");
+    // A call whose request never comes is ended by the server's call timeout (5 s), long
+    // before the client's own 60 s.
+    assert_ne!(out[3]["error"], "DEADLINE_EXCEEDED", "{out:?}");
+    assert!(out[3]["seconds"].as_f64().unwrap() < 50.0, "{out:?}");
+    assert_eq!(out[4]["statuses"][0]["limit"], 100, "{out:?}");
+}
+
+#[tokio::test]
+async fn local_counts_survive_a_restart_in_the_snapshot() {
+    let extra = "stores:\n  local: { snapshot: limits.snap, every: 1h }\n";
+    let (mut t, port) = start(&[("messaging.yaml", MESSAGING)], extra).await;
+    let d = json!([[["to_number", "1"]]]);
+    assert_eq!(
+        call(port, "messaging", d.clone(), 3)["statuses"][0]["remaining"],
+        97
+    );
+    // SIGTERM writes the snapshot; the next process loads it.
+    t.signal(libc::SIGTERM);
+    assert!(t.wait_exit().await.success());
+    t.restart().await;
+    assert!(t.log_text().contains("restored 1 keys"), "{}", t.log_text());
+    eventually("the rate limit service accepts again", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    assert_eq!(
+        call(port, "messaging", d, 1)["statuses"][0]["remaining"],
+        96
+    );
 }

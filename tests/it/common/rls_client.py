@@ -8,6 +8,10 @@
 #             "descriptor_hits": [N or null, ...]}, "repeat": R}
 #   {"health": SERVICE}
 #   {"bench": {...call...}, "seconds": S, "threads": T}
+#   {"raw": HEX, "pad": N}: these bytes and N more `a` as the request message (hostile
+#     input)
+#   {"silent": SECONDS}: a call whose request never comes (a client-streaming call whose
+#     iterator blocks), waited on for at most SECONDS
 # Prints one JSON line per step: the last answer of a call, the health status, or the
 # bench's calls per second.
 import json
@@ -135,6 +139,23 @@ def bench(spec, seconds, threads):
     return {"calls": sum(count), "per_second": sum(count) / took}
 
 
+raw = channel.unary_unary(
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    request_serializer=lambda b: b,
+    response_deserializer=lambda b: b,
+)
+silent = channel.stream_unary(
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    request_serializer=lambda b: b,
+    response_deserializer=lambda b: b,
+)
+
+
+def never(wait):
+    time.sleep(wait)
+    yield b""
+
+
 for step in json.loads(sys.argv[2]):
     if "call" in step:
         print(json.dumps(call(step["call"], step.get("repeat", 1))), flush=True)
@@ -144,5 +165,19 @@ for step in json.loads(sys.argv[2]):
             print(json.dumps({"status": HEALTH.get(r.status, r.status)}), flush=True)
         except grpc.RpcError as e:
             print(json.dumps({"error": e.code().name}), flush=True)
+    elif "raw" in step:
+        try:
+            raw(bytes.fromhex(step["raw"]) + b"a" * step.get("pad", 0), timeout=30)
+            print(json.dumps({"ok": True}), flush=True)
+        except grpc.RpcError as e:
+            print(json.dumps({"error": e.code().name, "details": e.details()}), flush=True)
+    elif "silent" in step:
+        started = time.monotonic()
+        try:
+            silent(never(step["silent"]), timeout=step["silent"])
+            print(json.dumps({"ok": True}), flush=True)
+        except grpc.RpcError as e:
+            took = time.monotonic() - started
+            print(json.dumps({"error": e.code().name, "seconds": took}), flush=True)
     elif "bench" in step:
         print(json.dumps(bench(step["bench"], step.get("seconds", 5), step.get("threads", 4))), flush=True)
