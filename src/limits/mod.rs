@@ -21,6 +21,9 @@
 //!   active periods and cooldowns, plus per-key hard and limit-wide global per-second limits,
 //!   in the same kind of fixed table with preallocated log arenas.
 //!
+//! - [`lease`]: hot keys, slice sizes and held slices of a shared limit's quota (leases):
+//!   the parts of a lease that need no store.
+//!
 //! - [`victim`]: which key a full set of a per-key table forgets for a new one: the one
 //!   whose forgetting would wrongly admit least (each kind scores its keys).
 //!
@@ -42,6 +45,7 @@ pub mod concurrency;
 pub mod heavy;
 pub mod inflight;
 pub mod key;
+pub mod lease;
 pub mod rate;
 pub mod restore;
 pub mod sketch;
