@@ -45,6 +45,7 @@
 //! durations are whole milliseconds).
 
 mod counters;
+mod lease;
 mod scripts;
 mod sliding_log;
 mod tiered;
@@ -74,6 +75,7 @@ use crate::store::key::{KeyNames, RedisType, StateKind, Variant};
 use crate::store::StoreError;
 
 pub use counters::{CounterKeys, CountersOutcome};
+pub use lease::LeaseGrant;
 pub use scripts::{LuaScript, Scripts};
 pub use sliding_log::LogGrant;
 pub use tiered::{GlobalArg, TieredGrant};
