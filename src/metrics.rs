@@ -75,6 +75,15 @@ pub struct Metrics {
     /// `tollgate_store_fallback_decisions_total{store}`: decisions made by the fallback
     /// because the store did not answer within its budget or its breaker was open.
     pub store_fallback_decisions_total: IntCounterVec,
+    /// `tollgate_store_leased{store,origin,limit}`: quota this instance holds in lease
+    /// slices and has not spent (tokens, counts, free slots): the bound on the
+    /// under-admission leases can cause, summed over the fleet (`crate::limits::lease`).
+    pub store_leased: IntGaugeVec,
+    /// `tollgate_store_lease_calls_total{store,result}`: lease calls, by result
+    /// (`granted`: the slice asked for; `partial`: less, the shared remainder was short;
+    /// `empty`: none left, the key decides exactly; `returned`: unspent quota given back;
+    /// `failed`: no answer, the key decides as the store's fallback says).
+    pub store_lease_calls_total: IntCounterVec,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -235,6 +244,22 @@ impl Metrics {
         registry.register(Box::new(store_requests_total.clone()))?;
         registry.register(Box::new(store_latency_seconds.clone()))?;
         registry.register(Box::new(store_fallback_decisions_total.clone()))?;
+        let store_leased = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_store_leased",
+                "Quota this instance holds in lease slices and has not spent, by store, origin and limit: summed over the fleet, the bound on the under-admission leases cause.",
+            ),
+            &["store", "origin", "limit"],
+        )?;
+        let store_lease_calls_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_store_lease_calls_total",
+                "Lease calls to a shared store by result (granted, partial, empty, returned, failed).",
+            ),
+            &["store", "result"],
+        )?;
+        registry.register(Box::new(store_leased.clone()))?;
+        registry.register(Box::new(store_lease_calls_total.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -265,6 +290,8 @@ impl Metrics {
             store_requests_total,
             store_latency_seconds,
             store_fallback_decisions_total,
+            store_leased,
+            store_lease_calls_total,
         })
     }
 
@@ -318,7 +345,29 @@ impl Metrics {
             fallback: self
                 .store_fallback_decisions_total
                 .with_label_values(&[store]),
+            lease_calls: LeaseCalls {
+                granted: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "granted"]),
+                partial: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "partial"]),
+                empty: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "empty"]),
+                returned: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "returned"]),
+                failed: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "failed"]),
+            },
         }
+    }
+
+    /// The `tollgate_store_leased` gauge of one limit in one store.
+    pub fn leased(&self, store: &str, origin: &str, limit: &str) -> IntGauge {
+        self.store_leased.with_label_values(&[store, origin, limit])
     }
 
     /// The inflight gauge of one origin.
@@ -389,6 +438,23 @@ pub struct StoreMetrics {
     pub latency: Histogram,
     /// `tollgate_store_fallback_decisions_total{store}`.
     pub fallback: IntCounter,
+    /// `tollgate_store_lease_calls_total{store,result}`.
+    pub lease_calls: LeaseCalls,
+}
+
+/// One store's `tollgate_store_lease_calls_total` children, one per result.
+#[derive(Clone)]
+pub struct LeaseCalls {
+    /// A take granted the slice asked for.
+    pub granted: IntCounter,
+    /// A take granted less: the shared remainder was short.
+    pub partial: IntCounter,
+    /// A take granted nothing: the key decides exactly.
+    pub empty: IntCounter,
+    /// Unspent quota given back (idle, surplus slots, reload).
+    pub returned: IntCounter,
+    /// A lease call got no answer (timeout, error, breaker open).
+    pub failed: IntCounter,
 }
 
 impl StoreMetrics {
@@ -430,6 +496,7 @@ mod tests {
         store.up.set(1);
         store.ok.inc();
         store.latency.observe(0.00008);
+        m.leased("shared", "shop", "api_tokens").set(7);
         m.request_duration_seconds
             .with_label_values(&["shop"])
             .observe(0.01);
@@ -454,6 +521,9 @@ mod tests {
             "tollgate_store_requests_total{result=\"breaker_open\",store=\"shared\"} 0",
             "tollgate_store_latency_seconds_bucket{store=\"shared\",le=\"0.0001\"} 1",
             "tollgate_store_fallback_decisions_total{store=\"shared\"} 0",
+            "tollgate_store_lease_calls_total{result=\"granted\",store=\"shared\"} 0",
+            "tollgate_store_lease_calls_total{result=\"failed\",store=\"shared\"} 0",
+            "tollgate_store_leased{limit=\"api_tokens\",origin=\"shop\",store=\"shared\"} 7",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -12,6 +12,7 @@ pub mod secret;
 
 mod api;
 mod bounds;
+mod lease;
 mod limit;
 mod merge;
 mod names;

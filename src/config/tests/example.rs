@@ -126,6 +126,7 @@ fn parses_the_design_example() {
                 sketch: SketchSize::DEFAULT
             },
             store: None,
+            lease: None,
             overrides: vec![],
             top_keys: None,
         }
