@@ -367,6 +367,7 @@ async fn a_sighup_as_early_as_the_first_log_line_is_applied() {
         listen: format!("127.0.0.1:{listen}").parse().unwrap(),
         metrics: format!("127.0.0.1:{metrics}").parse().unwrap(),
         log: Default::default(),
+        log_closed: Default::default(),
     };
     // Keep reading its log, so that it never blocks on a full pipe.
     let log = t.log.clone();

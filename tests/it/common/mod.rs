@@ -76,6 +76,9 @@ pub struct Tollgate {
     pub listen: SocketAddr,
     pub metrics: SocketAddr,
     pub log: Arc<Mutex<String>>,
+    /// Set when the log's reader reached the end of tollgate's stderr: after an exit, the
+    /// last lines are in `log` only once this is set.
+    pub log_closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The binary under test.
@@ -203,6 +206,7 @@ impl Tollgate {
             listen,
             metrics,
             log: Arc::new(Mutex::new(String::new())),
+            log_closed: Default::default(),
         };
         t.capture_log();
         t.wait_ready().await;
@@ -212,6 +216,7 @@ impl Tollgate {
     fn capture_log(&mut self) {
         if let Some(stderr) = self.child.stderr.take() {
             let log = self.log.clone();
+            let closed = self.log_closed.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     if let Ok(mut l) = log.lock() {
@@ -219,6 +224,7 @@ impl Tollgate {
                         l.push('\n');
                     }
                 }
+                closed.store(true, std::sync::atomic::Ordering::Release);
             });
         }
     }
@@ -304,6 +310,14 @@ impl Tollgate {
     pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
         for _ in 0..1500 {
             if let Ok(Some(status)) = self.child.try_wait() {
+                // The process is gone, but its last lines may still be in the pipe: the
+                // caller reads the log next, so wait for the reader to reach its end.
+                for _ in 0..1500 {
+                    if self.log_closed.load(std::sync::atomic::Ordering::Acquire) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 return status;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -317,6 +331,7 @@ impl Tollgate {
     pub async fn replace_child(&mut self, child: Child) {
         self.child = child;
         self.log = Arc::new(Mutex::new(String::new()));
+        self.log_closed = Default::default();
         self.capture_log();
         self.wait_ready().await;
     }
