@@ -67,6 +67,7 @@ pub struct Slice {
     used: AtomicU64,
     since: AtomicU64,
     voided: AtomicU64,
+    quiet_until: AtomicU64,
     renewing: AtomicBool,
 }
 
@@ -91,8 +92,9 @@ impl Slice {
         let mut current = self.avail.load(Ordering::Acquire);
         loop {
             if current < cost {
+                let quiet = now < self.quiet_until.load(Ordering::Relaxed);
                 return Admit::Short {
-                    renew: self.claim_renewal(),
+                    renew: !quiet && self.claim_renewal(),
                 };
             }
             match self.avail.compare_exchange_weak(
@@ -157,6 +159,13 @@ impl Slice {
         self.until.store(until, Ordering::Release);
         self.last_use.fetch_max(now, Ordering::Relaxed);
         self.renewing.store(false, Ordering::Release);
+    }
+
+    /// The store had nothing to lease (a take granted 0): a short slice asks for no
+    /// renewal before `until` (the next refill, the period's end), so a key at its limit
+    /// costs the exact path's calls only, which the deny cache absorbs, not a take each.
+    pub fn quiet_until(&self, until: Nanos) {
+        self.quiet_until.store(until, Ordering::Relaxed);
     }
 
     /// The renewal failed (store down, budget spent): another may be asked for.
@@ -347,6 +356,18 @@ mod tests {
         s.grant(1, 0, FOREVER, 0, 5);
         assert_eq!(s.take_surplus(4), 5, "9 free: keep 4");
         assert_eq!((s.available(), s.held()), (4, 4));
+    }
+
+    #[test]
+    fn an_empty_grant_quiets_renewals_until_told() {
+        let s = Slice::new();
+        s.grant(1, 0, FOREVER, 0, 0);
+        assert_eq!(s.admit(1, 1), Admit::Admitted { renew: true });
+        s.grant(0, 0, FOREVER, 0, 2);
+        s.quiet_until(100);
+        assert_eq!(s.admit(1, 50), Admit::Short { renew: false });
+        assert_eq!(s.admit(1, 99), Admit::Short { renew: false });
+        assert_eq!(s.admit(1, 100), Admit::Short { renew: true });
     }
 
     #[test]

@@ -363,3 +363,87 @@ async fn a_lapsed_holders_slots_come_back() {
         "not before a's lease lapsed"
     );
 }
+
+/// The pure parts and the scripts together, as the runtime will use them (a preview of
+/// the wiring, on a simulated clock passed to Redis as `at`): three instances offer one hot
+/// key three times a token bucket's rate for 5 s, each admitting from its slice, renewing
+/// it at the low-water mark and deciding exactly when the slice is short. The fleet admits
+/// at most capacity + refill × elapsed, and at least 97% of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_admit_from_slices_within_the_bucket() {
+    use tollgate::limits::lease::{Admit, HotKeys, LeaseParams, Slice, SliceSizer};
+    let redis = RedisServer::start();
+    let stores = fleet(&redis, Duration::from_secs(10)).await;
+    // 1 000 tokens, 100 every 100 ms: 1 000 a second; the limit L = 1 000, so a slice is
+    // at most 10 (1%).
+    let p = bucket(1_000, 100, 100 * MS, false);
+    let params = LeaseParams::default();
+    let sizer = SliceSizer::new(&params, 1_000, 3);
+    let hot: Vec<HotKeys> = (0..3).map(|_| HotKeys::new(params.hot_above, 64)).collect();
+    let slices: Vec<Slice> = (0..3).map(|_| Slice::new()).collect();
+    let mut remaining: Vec<Option<u64>> = vec![None; 3];
+    // The deny cache: a rejection is remembered until its retry_after.
+    let mut denied_until = [0u64; 3];
+    let (mut admitted, mut requests, mut calls) = (0u64, 0u64, 0u64);
+    let end = 5 * SEC;
+    let mut t = 0;
+    while t < end {
+        // Each instance is offered one request a millisecond: 3 000 a second in all.
+        for i in 0..3 {
+            let (store, slice) = (&stores[i], &slices[i]);
+            let n = names(store, "hot");
+            requests += 1;
+            let is_hot = hot[i].observe(1, t);
+            let mut renew = false;
+            let mut ok = false;
+            if is_hot {
+                match slice.admit(1, t) {
+                    Admit::Admitted { renew: r } => (ok, renew) = (true, r),
+                    Admit::Short { renew: r } => renew = r,
+                }
+            }
+            if !ok && t >= denied_until[i] {
+                // The exact path: one call.
+                calls += 1;
+                let v = store.token_bucket(&n, 1, &p, 1, at(t)).await.unwrap();
+                ok = v.allowed;
+                if !ok {
+                    denied_until[i] = t + v.retry_after;
+                }
+            }
+            admitted += u64::from(ok);
+            if renew {
+                calls += 1;
+                let (count, over) = slice.rate(t);
+                let want = sizer.size(count, over, remaining[i]);
+                let g = store
+                    .lease_bucket_take(&n, 1, &p, want, at(t))
+                    .await
+                    .unwrap();
+                remaining[i] = Some(g.remaining);
+                slice.grant(g.granted, g.epoch, u64::MAX, SliceSizer::low_water(want), t);
+                if g.granted == 0 {
+                    // Nothing until the next refill.
+                    slice.quiet_until(t + 100 * MS - t % (100 * MS));
+                }
+            }
+        }
+        t += MS;
+    }
+    // Whatever is still held goes back: it was never admitted.
+    let held: u64 = slices.iter().map(Slice::available).sum();
+    let bound = 1_000 + 100 * (end / (100 * MS));
+    assert!(admitted <= bound, "admitted {admitted} > {bound}");
+    assert!(
+        admitted * 100 >= bound * 97,
+        "admitted {admitted} of {bound}, {held} held"
+    );
+    assert!(held <= 3 * sizer.cap(), "held {held}");
+    println!("admitted {admitted} of {bound}; {calls} calls for {requests} requests");
+    // At the limit most requests are refused by the deny cache, and a slice of at most
+    // 10 tokens (1% of the limit) costs a take per 10 admissions or so.
+    assert!(
+        calls * 4 < requests,
+        "{calls} calls for {requests} requests"
+    );
+}
