@@ -14,8 +14,11 @@
 #                tests (h2load --h1 pipelines, HTTP/2 load over TLS and h2c in the edge tests;
 #                curl sends what the tests need to see forwarded)
 #   python3-grpcio, python3-websockets - gRPC and WebSocket ends for /usr/bin/python3 in the
-#                edge tests (an echo service and its client on each protocol)
+#                edge tests (an echo service and its client on each protocol); with
+#                python3-protobuf, the rate limit service's client (tests/it/rls.rs)
 #   testssl   - (Debian package `testssl.sh`) audits a TLS listener (benches/testssl.sh)
+#   pebble, pebble-challtestsrv - (Debian package `pebble`) Let's Encrypt's test ACME server
+#                and its mock DNS: the ACME tests order certificates from it on loopback
 # Pass extra command names to also install bench tools: scripts/deps.sh wrk nginx
 set -euo pipefail
 
@@ -32,10 +35,12 @@ declare -A pkg_of=(
   [systemd-analyze]=systemd
   [h2load]=nghttp2-client
   [testssl]=testssl.sh
+  [pebble]=pebble
+  [pebble-challtestsrv]=pebble
 )
 
 missing=()
-for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl "$@"; do
+for cmd in cmake pkg-config promtool redis-server redis-cli redis-benchmark systemd-analyze h2load curl openssl pebble pebble-challtestsrv "$@"; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     pkg=${pkg_of[$cmd]:-$cmd}
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
@@ -50,6 +55,10 @@ if ! /usr/bin/python3 -c 'import redis' >/dev/null 2>&1; then
 fi
 if ! /usr/bin/python3 -c 'import grpc' >/dev/null 2>&1; then
   missing+=(python3-grpcio)
+fi
+# protobuf: the rate limit service's tests describe Envoy's messages at run time.
+if ! /usr/bin/python3 -c 'import google.protobuf' >/dev/null 2>&1; then
+  missing+=(python3-protobuf)
 fi
 if ! /usr/bin/python3 -c 'import websockets' >/dev/null 2>&1; then
   missing+=(python3-websockets)

@@ -45,6 +45,10 @@ pub struct Metrics {
     /// listeners, by result (`success`, `failure`, `timeout`) and the version agreed
     /// (`1.2`, `1.3`; `none` when none was).
     pub tls_handshakes_total: IntCounterVec,
+    /// `tollgate_acme_orders_total{host,result}`: ACME orders (`tls.acme`) by host and
+    /// result (`success`, `failure`); a certificate another instance of the fleet ordered
+    /// and this one took from the store counts as `shared`.
+    pub acme_orders_total: IntCounterVec,
     /// `tollgate_h2_reset_closes_total`: HTTP/2 connections closed because they reset
     /// more streams than `server.h2_max_resets` allows (rapid reset).
     pub h2_reset_closes_total: IntCounter,
@@ -62,6 +66,16 @@ pub struct Metrics {
     /// connections, exact, per configured resource (Charon's `CH.*` commands); back to 0
     /// when every holder has disconnected.
     pub api_holds: IntGaugeVec,
+    /// `tollgate_rls_requests_total{domain,code}`: `ShouldRateLimit` answers by domain
+    /// (configured domains, `_unknown` for the rest, so the label stays bounded) and
+    /// overall code (`ok`, `over_limit`, `invalid`).
+    pub rls_requests_total: IntCounterVec,
+    /// `tollgate_rls_hits_total{domain,descriptor,result}`: hits (each request's
+    /// `hits_addend`) per configured rule (its `DOMAIN.KEY_VALUE...` path, never a
+    /// request's own values): `within_limit`, `near_limit` (past 80% of the limit, still
+    /// admitted), `over_limit`, `shadow_mode` (over the limit, answered OK by
+    /// `shadow_mode` or the kill switch).
+    pub rls_hits_total: IntCounterVec,
     /// `tollgate_store_up{store}`: 1 while a shared store's breaker is closed (decisions
     /// go to it), 0 while it is open (decisions fall back).
     pub store_up: IntGaugeVec,
@@ -84,6 +98,9 @@ pub struct Metrics {
     /// `empty`: none left, the key decides exactly; `returned`: unspent quota given back;
     /// `failed`: no answer, the key decides as the store's fallback says).
     pub store_lease_calls_total: IntCounterVec,
+    /// `tollgate_access_log_dropped_total`: access log lines dropped because the buffer
+    /// was full (the writer fell behind the disk) or a write failed.
+    pub access_log_dropped_total: IntCounter,
 }
 
 /// Why the registry could not be built: a programming error (duplicate or invalid name),
@@ -200,7 +217,7 @@ impl Metrics {
         let tls_handshakes_total = IntCounterVec::new(
             Opts::new(
                 "tollgate_tls_handshakes_total",
-                "TLS handshakes on the proxy's listeners by result (success, failure, timeout) and version agreed (1.2, 1.3, none).",
+                "TLS handshakes on the proxy's listeners by result (success, failure, timeout, acme_validation) and version agreed (1.2, 1.3, none).",
             ),
             &["result", "version"],
         )?;
@@ -216,6 +233,14 @@ impl Metrics {
             &["result"],
         )?;
         registry.register(Box::new(tls_handshakes_total.clone()))?;
+        let acme_orders_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_acme_orders_total",
+                "ACME certificate orders (tls.acme) by host and result: success, failure, shared (a certificate another instance ordered, taken from the store).",
+            ),
+            &["host", "result"],
+        )?;
+        registry.register(Box::new(acme_orders_total.clone()))?;
         registry.register(Box::new(h2_reset_closes_total.clone()))?;
         registry.register(Box::new(proxy_protocol_total.clone()))?;
         for result in ["trusted", "untrusted", "invalid"] {
@@ -237,6 +262,22 @@ impl Metrics {
             ),
             &["resource"],
         )?;
+        let rls_requests_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_rls_requests_total",
+                "Envoy rate limit service ShouldRateLimit answers by domain (_unknown for unconfigured ones) and overall code (ok, over_limit, invalid).",
+            ),
+            &["domain", "code"],
+        )?;
+        let rls_hits_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_rls_hits_total",
+                "Envoy rate limit service hits per configured rule (domain, descriptor path) by result: within_limit, near_limit (past 80%), over_limit, shadow_mode.",
+            ),
+            &["domain", "descriptor", "result"],
+        )?;
+        registry.register(Box::new(rls_requests_total.clone()))?;
+        registry.register(Box::new(rls_hits_total.clone()))?;
         registry.register(Box::new(api_commands_total.clone()))?;
         registry.register(Box::new(api_connections.clone()))?;
         registry.register(Box::new(api_holds.clone()))?;
@@ -260,6 +301,11 @@ impl Metrics {
         )?;
         registry.register(Box::new(store_leased.clone()))?;
         registry.register(Box::new(store_lease_calls_total.clone()))?;
+        let access_log_dropped_total = IntCounter::new(
+            "tollgate_access_log_dropped_total",
+            "Access log lines dropped: the buffer was full (the writer fell behind) or a write failed.",
+        )?;
+        registry.register(Box::new(access_log_dropped_total.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -281,17 +327,21 @@ impl Metrics {
             connections_limited_total,
             connection_timeouts_total,
             tls_handshakes_total,
+            acme_orders_total,
             h2_reset_closes_total,
             proxy_protocol_total,
             api_commands_total,
             api_connections,
             api_holds,
+            rls_requests_total,
+            rls_hits_total,
             store_up,
             store_requests_total,
             store_latency_seconds,
             store_fallback_decisions_total,
             store_leased,
             store_lease_calls_total,
+            access_log_dropped_total,
         })
     }
 

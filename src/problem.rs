@@ -40,6 +40,9 @@ struct Body<'a> {
     violated_policies: Option<[&'a str; 1]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     origin: Option<&'a str>,
+    /// The request's `X-Request-Id`, to match a complaint with the access log's line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
 }
 
 fn body(b: &Body<'_>) -> Bytes {
@@ -64,6 +67,8 @@ pub struct RejectInfo<'a> {
     pub remaining: u64,
     /// Nanoseconds until a retry can pass; [`NEVER`] for a block.
     pub retry_after: Nanos,
+    /// The request's ID (empty: none).
+    pub request_id: &'a str,
 }
 
 /// A 429/503 rejection naming the violated limit.
@@ -93,6 +98,7 @@ pub fn rejection(info: &RejectInfo<'_>) -> Problem {
         detail,
         violated_policies: Some([info.limit]),
         origin: Some(info.origin),
+        request_id: Some(info.request_id).filter(|id| !id.is_empty()),
     });
     let mut headers = Vec::with_capacity(4);
     if !block {
@@ -146,6 +152,7 @@ pub fn plain(status: u16, title: &str, detail: String) -> Problem {
             detail,
             violated_policies: None,
             origin: None,
+            request_id: None,
         }),
     }
 }
@@ -164,6 +171,7 @@ mod tests {
             policy_item: "\"per_client\";q=100;w=1",
             remaining: 0,
             retry_after: 1_500_000_000,
+            request_id: "",
         });
         assert_eq!(p.status, 429);
         let h = |n: &str| {
@@ -202,6 +210,7 @@ mod tests {
             policy_item: "\"l\";q=1",
             remaining: 0,
             retry_after: 0,
+            request_id: "",
         }
     }
 
@@ -209,6 +218,7 @@ mod tests {
     fn a_block_invites_no_retry() {
         let p = rejection(&RejectInfo {
             retry_after: NEVER,
+            request_id: "",
             ..rejection_info()
         });
         assert!(p.headers.iter().all(|(k, _)| *k != "retry-after"), "{p:?}");

@@ -198,6 +198,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.instance != new.instance {
         changed.push("server.instance");
     }
+    if old.access_log != new.access_log {
+        changed.push("server.access_log");
+    }
     changed
 }
 
@@ -441,7 +444,8 @@ impl Reloader {
         }
     }
 
-    /// The segment files, then the certificate and key files, as they are on disk now, in
+    /// The segment files, then the certificate and key files, then the ratelimit files of
+    /// `rls.config_dir`, as they are on disk now, in
     /// config order, if any differs from the version the running runtime loaded (its
     /// [`Segment::stamp`](crate::segments::Segment::stamp), its TLS store's stamps): a
     /// replaced, rewritten, removed or new file. `None` when every one is as loaded. A
@@ -451,13 +455,30 @@ impl Reloader {
         let files = (rt.config.segments.iter())
             .map(|s| s.file.as_path())
             .chain(crate::tls::files(&rt.config.tls));
-        let now: Vec<Option<Stamp>> = files.map(Stamp::read).collect();
+        // The ratelimit files of `rls.config_dir` as listed now: a file added or removed
+        // changes the list's length, one replaced or rewritten its stamp.
+        let rls_now = rt
+            .config
+            .rls
+            .config_dir
+            .as_deref()
+            .map_or_else(Vec::new, |dir| {
+                crate::config::rls::list_files(dir).unwrap_or_default()
+            });
+        let rls_loaded = &rt.config.rls.files;
+        let now: Vec<Option<Stamp>> = files
+            .map(Stamp::read)
+            .chain(rls_now.iter().map(|p| Stamp::read(p)))
+            .collect();
         let certs = rt.tls.as_ref().map_or(&[][..], |t| t.stamps());
         let loaded = (rt.config.segments.iter())
             .map(|s| rt.segments.get(&s.name).and_then(|set| set.stamp()))
-            .chain(certs.iter().copied());
+            .chain(certs.iter().copied())
+            .chain(rls_loaded.iter().map(|(_, stamp)| *stamp));
         let mut loaded = loaded.chain(std::iter::repeat(None));
-        let same = now.iter().all(|now| loaded.next() == Some(*now));
+        let same = rls_now.len() == rls_loaded.len()
+            && rls_now.iter().zip(rls_loaded).all(|(a, (b, _))| a == b)
+            && now.iter().all(|now| loaded.next() == Some(*now));
         (!same).then_some(now)
     }
 

@@ -28,6 +28,9 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 use tokio::sync::broadcast;
 
+use crate::accesslog::writer::{self, OpenError, Output};
+use crate::accesslog::AccessLog;
+use crate::acme::AcmeService;
 use crate::admin::{Admin, AdminApp};
 use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
@@ -41,7 +44,9 @@ use crate::proxy::front::Front;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
+use crate::rls::{Rls, RlsService};
 use crate::runtime::collector::RuntimeCollector;
+use crate::runtime::learned::LearnedCollector;
 use crate::runtime::{BuildError, Runtime};
 use crate::snapshot::service::SnapshotWriter;
 use crate::snapshot::{self, Snapshots};
@@ -74,9 +79,20 @@ pub enum StartError {
     /// The metrics registry could not be built.
     #[error("{0}")]
     Metrics(#[from] MetricsError),
+    /// The rate limit service's listener could not be bound.
+    #[error("server.rls: cannot listen on {addr}: {source}")]
+    Rls {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A runtime metric could not be registered.
     #[error("cannot register runtime metrics: {0}")]
     Collector(#[from] prometheus::Error),
+    /// The access log cannot be opened.
+    #[error("{0}")]
+    AccessLog(#[from] OpenError),
 }
 
 /// A bootstrapped server with its local-state snapshots loaded, ready to run.
@@ -85,6 +101,8 @@ pub struct Started {
     pub server: Server,
     /// The snapshots of its local limit state.
     pub snapshots: Arc<Snapshots>,
+    /// The access log's writer, started with the services (after a daemon's fork).
+    pub access_log: Option<Arc<AccessLogService>>,
 }
 
 impl Started {
@@ -93,6 +111,10 @@ impl Started {
     pub fn run(self) -> ! {
         let mut phases = self.server.watch_execution_phase();
         self.server.run(RunArgs::default());
+        if let Some(log) = &self.access_log {
+            // Every request has ended: write their lines before the process exits.
+            log.finish();
+        }
         self.snapshots.after_run(&mut phases);
         std::process::exit(0)
     }
@@ -128,6 +150,7 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     metrics.config_last_reload_success.set(unix_now());
     let runtime = Arc::new(ArcSwap::from_pointee(runtime));
     metrics.register_collector(Box::new(RuntimeCollector::new(runtime.clone())?))?;
+    metrics.register_collector(Box::new(LearnedCollector::new(runtime.clone())?))?;
 
     let server_cfg = &config.server;
     let derived_max = safe_max_connections(raise_open_file_limit());
@@ -163,6 +186,20 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     }
     snapshots.load();
 
+    let access_log = match &server_cfg.access_log {
+        Some(conf) => {
+            // Opened now, so that a path that cannot be written stops the start with a
+            // clear error; the writer thread starts with the services.
+            let out = Output::open(&conf.path)?;
+            let log = Arc::new(AccessLog::new(
+                conf.clone(),
+                metrics.access_log_dropped_total.clone(),
+            ));
+            Some(Arc::new(AccessLogService::new(log, out)))
+        }
+        None => None,
+    };
+
     let drain = Arc::new(Drain::new());
     server.add_service(background_service(
         "drain watcher",
@@ -178,7 +215,12 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     let front = Front::new(
         pingora_proxy::http_proxy(
             &server.configuration,
-            Tollgate::new(runtime.clone(), drain, clock),
+            Tollgate::new(
+                runtime.clone(),
+                drain,
+                clock,
+                access_log.as_ref().map(|s| s.log.clone()),
+            ),
         ),
         runtime.clone(),
         connections.clone(),
@@ -213,6 +255,13 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         svc.threads = Some(1);
         server.add_service(svc);
     }
+    if let Some(addr) = server_cfg.rls {
+        // Envoy's rate limit service follows the live runtime too (domains, rules, stores,
+        // the kill switch); its address is fixed until a restart.
+        let listener = crate::rls::bind(addr).map_err(|source| StartError::Rls { addr, source })?;
+        let rls = RlsService::new(listener, Rls::new(runtime.clone(), clock));
+        server.add_service(background_service("envoy rate limit service", rls));
+    }
     if let Some(addr) = server_cfg.admin {
         // The admin API follows the live runtime too (its /config, limits, token and kill
         // switch change with a reload); only its address is fixed until a restart.
@@ -229,6 +278,10 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         server.add_service(svc);
     }
     server.add_service(background_service(
+        "acme",
+        AcmeService::new(runtime.clone(), metrics.clone()),
+    ));
+    server.add_service(background_service(
         "config reloader",
         Reloader::new(
             opts.config.clone(),
@@ -242,7 +295,99 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         "snapshot writer",
         SnapshotWriter::new(snapshots.clone(), server.watch_execution_phase()),
     ));
-    Ok(Started { server, snapshots })
+    if let Some(svc) = &access_log {
+        server.add_service(background_service("access log", AccessLogTask(svc.clone())));
+    }
+    Ok(Started {
+        server,
+        snapshots,
+        access_log,
+    })
+}
+
+/// The access log's writer as a service: it starts the writer thread when the services
+/// start (a thread started before a daemon's fork would not survive it), reopens the file
+/// on SIGUSR1, and writes the last lines when the server has stopped.
+pub struct AccessLogService {
+    log: Arc<AccessLog>,
+    output: Mutex<Option<Output>>,
+    writer: Mutex<Option<writer::Handle>>,
+    usr1: Mutex<Option<tokio::signal::unix::Signal>>,
+}
+
+impl AccessLogService {
+    fn new(log: Arc<AccessLog>, output: Output) -> Self {
+        // Registered now: SIGUSR1's default action ends the process.
+        let usr1 = listen_usr1()
+            .map_err(|e| {
+                log::error!(
+                    "cannot listen for SIGUSR1, the access log reopens only when moved: {e}"
+                )
+            })
+            .ok();
+        Self {
+            log,
+            output: Mutex::new(Some(output)),
+            writer: Mutex::new(None),
+            usr1: Mutex::new(usr1),
+        }
+    }
+
+    /// Writes what is left and stops the writer (at most 5 s).
+    fn finish(&self) {
+        if let Some(handle) = self.writer.lock().take() {
+            handle.finish(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
+/// Registers the SIGUSR1 handler (outside a runtime too, as [`Hangup::listen`] does).
+fn listen_usr1() -> std::io::Result<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return signal(SignalKind::user_defined1());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let _in = rt.enter();
+    signal(SignalKind::user_defined1())
+}
+
+/// [`AccessLogService`] as the background service Pingora runs.
+struct AccessLogTask(Arc<AccessLogService>);
+
+#[async_trait]
+impl BackgroundService for AccessLogTask {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.run(shutdown).await;
+    }
+}
+
+impl AccessLogService {
+    async fn run(&self, mut shutdown: ShutdownWatch) {
+        if let Some(out) = self.output.lock().take() {
+            match writer::spawn(self.log.clone(), out) {
+                Ok(handle) => *self.writer.lock() = Some(handle),
+                Err(e) => log::error!("cannot start the access log writer: {e}"),
+            }
+        }
+        let Some(mut usr1) = self.usr1.lock().take() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                got = usr1.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    log::info!("SIGUSR1: reopening the access log");
+                    self.log.request_reopen();
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }
 
 /// Pingora's default size of the idle upstream connection pool, per worker thread.

@@ -2,6 +2,8 @@
 //!
 //! - `GET /config`: the effective config now running (defaults merged, as `tollgate check
 //!   --print-effective` prints it), as YAML;
+//! - `GET /certificates`: the certificates `tls.acme` manages, each host's state (valid,
+//!   renewing, failed...), expiry, renewal time and last error;
 //! - `GET /limits/{origin}/{limit}/state?PART=VALUE...`: one key's live state;
 //! - `GET /limits/{origin}/{limit}/top?n=N`: the limit's heaviest keys (`top_keys`);
 //! - `GET` and `PUT /kill-switch` (`on` or `off`): the kill switch's admin input.

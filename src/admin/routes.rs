@@ -1,5 +1,5 @@
 //! The admin API's routes: which path and method does what, and the small handlers
-//! (`/config`, `/kill-switch`, `/top`); `/state` is in [`super::state`].
+//! (`/config`, `/certificates`, `/kill-switch`, `/top`); `/state` is in [`super::state`].
 
 use http::{Method, Uri};
 use serde_json::json;
@@ -25,14 +25,14 @@ pub async fn route(
     let path = uri.path();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let allowed: &str = match segments.as_slice() {
-        ["config"] => "GET",
+        ["config"] | ["certificates"] => "GET",
         ["kill-switch"] => "GET, PUT",
         ["limits", _, _, "state" | "top"] => "GET",
         _ => {
             return Answer::problem(
                 404,
                 "Not Found",
-                format!("no admin resource at `{path}`: try /config, /kill-switch, /limits/ORIGIN/LIMIT/state or /limits/ORIGIN/LIMIT/top"),
+                format!("no admin resource at `{path}`: try /config, /certificates, /kill-switch, /limits/ORIGIN/LIMIT/state or /limits/ORIGIN/LIMIT/top"),
             )
         }
     };
@@ -46,6 +46,7 @@ pub async fn route(
     }
     match segments.as_slice() {
         ["config"] => config(rt),
+        ["certificates"] => certificates(rt),
         ["kill-switch"] if method == Method::PUT => kill_switch_put(rt, body),
         ["kill-switch"] => kill_switch(rt),
         ["limits", origin, limit, what] => {
@@ -120,6 +121,16 @@ fn config(rt: &Runtime) -> Answer {
 }
 
 /// The kill switch and its two inputs.
+/// `GET /certificates`: the certificates `tls.acme` manages, each host's state.
+fn certificates(rt: &Runtime) -> Answer {
+    let acme = rt.config.tls.acme.as_ref();
+    Answer::json(&json!({
+        "acme": acme.is_some(),
+        "directory": acme.map(|a| a.directory.as_str()),
+        "certificates": rt.managed.statuses(),
+    }))
+}
+
 fn kill_switch(rt: &Runtime) -> Answer {
     Answer::json(&json!({
         "kill_switch": rt.kill.on(),

@@ -1,5 +1,5 @@
 //! `GET /limits/{origin}/{limit}/state?PART=VALUE...`: one key's live state, read without
-//! changing it.
+//! changing it (for a `max: auto` inflight limit, also what each server learned).
 //!
 //! The key is built from the query as the proxy builds it from a request: each part of the
 //! limit's `key:` named by its config spelling (`customer`, `client_ip`,
@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::limits::tiered::{TieredKeyState, TieredParams};
 use crate::limits::{Fact, Facts, KeyPart, Nanos};
+use crate::runtime::learned::{self, Learned};
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::Limiter;
 use crate::runtime::OriginRt;
@@ -134,10 +135,16 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
     let Some(variant) = limit.variants.get(v) else {
         return Answer::problem(500, "Internal Server Error", "no such variant");
     };
-    let state = match kind_state(&variant.limiter, key, now).await {
+    let mut state = match kind_state(&variant.limiter, key, now).await {
         Ok(state) => state,
         Err(answer) => return answer,
     };
+    if let (Limiter::Inflight(rt), Some(obj)) = (&variant.limiter, state.as_object_mut()) {
+        if let Some(l) = &rt.learned {
+            obj.insert("max".into(), json!(learned::max_of(rt.max, Some(l), facts)));
+            obj.insert("learned".into(), learned_json(l));
+        }
+    }
     Answer::json(&json!({
         "origin": origin.name,
         "limit": limit.name,
@@ -147,6 +154,30 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
         "key": limit.key.text(facts).unwrap_or_default(),
         "state": state,
     }))
+}
+
+/// `max: auto`'s bounds, share and each server's learned limit, gradient and latencies.
+fn learned_json(l: &Learned) -> Value {
+    let auto = l.auto();
+    let servers: Vec<Value> = l
+        .servers()
+        .map(|(ip, s)| {
+            json!({
+                "server": ip.to_string(),
+                "limit": s.limit,
+                "gradient": s.gradient,
+                "short_ms": s.short_secs * 1e3,
+                "long_ms": s.long_secs * 1e3,
+            })
+        })
+        .collect();
+    json!({
+        "min": auto.bounds.min,
+        "max": auto.bounds.max,
+        "initial": auto.bounds.initial,
+        "share_percent": auto.share,
+        "servers": servers,
+    })
 }
 
 fn store_failed(e: impl std::fmt::Display) -> Answer {
@@ -189,7 +220,7 @@ fn tiered_json(p: &TieredParams, st: &TieredKeyState) -> Value {
 async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, Answer> {
     Ok(match limiter {
         Limiter::TokenBucket(rt) => {
-            let (tokens, last) = rt.state.peek(key, now);
+            let (tokens, last) = rt.state.state(key, now);
             let p = rt.state.params();
             json!({
                 "tokens": tokens,
@@ -199,7 +230,7 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
             })
         }
         Limiter::Rate(rt) => json!({
-            "estimate": rt.state.estimate(key, now),
+            "estimate": rt.state.state(key, now),
             "max": rt.rate.max,
             "per_ms": ms(rt.rate.per),
         }),

@@ -485,7 +485,7 @@ impl StoreCall {
                             v.allowed,
                         )
                     }
-                    None => (buckets.tokens(*key, *params, *now), true),
+                    None => (buckets.state(*key, *params, *now), true),
                 }
             }
             Fallback::Allow => (capacity.max(take), true),
@@ -580,7 +580,7 @@ fn read(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
         return on_store(cx, store, &call, now, true);
     }
     let key = cx.service.bucket_key(call.key, &call.params);
-    let tokens = cx.service.buckets().tokens(key, call.params, now);
+    let tokens = cx.service.buckets().state(key, call.params, now);
     cx.out.int(tokens as i64);
     Outcome::Ok
 }

@@ -52,7 +52,7 @@ pub fn check(path: &Path, strict: bool, print_effective: bool) -> ExitCode {
             }
             // And load every certificate and key, as the runtime does.
             let mut tls_warnings = Vec::new();
-            match TlsStore::build(&loaded.config.tls, None) {
+            match TlsStore::build(&loaded.config.tls, None, &tls::Managed::new()) {
                 Ok(store) => {
                     let certs = store.as_ref().map(|s| s.certs.as_slice()).unwrap_or(&[]);
                     tls_warnings = tls::warnings(&loaded.config, certs, unix_now());

@@ -279,11 +279,58 @@ struct EffTls {
     #[serde(skip_serializing_if = "Option::is_none")]
     ciphers: Option<String>,
     handshake_timeout: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acme: Option<EffAcme>,
+}
+
+/// `tls.acme`, hosts resolved (`from_origins` expanded).
+#[derive(Serialize)]
+struct EffAcme {
+    directory: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
+    hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_roots: Option<String>,
+    challenge: &'static str,
+    retry: EffRetry,
+}
+
+#[derive(Serialize)]
+struct EffRetry {
+    min: String,
+    max: String,
+}
+
+impl EffAcme {
+    fn of(a: &crate::config::Acme) -> Self {
+        let (storage, store) = match &a.storage {
+            crate::config::AcmeStorage::Dir(d) => (Some(d.display().to_string()), None),
+            crate::config::AcmeStorage::Store(s) => (None, Some(s.clone())),
+        };
+        Self {
+            directory: a.directory.clone(),
+            email: a.email.clone(),
+            hosts: a.hosts.clone(),
+            storage,
+            store,
+            ca_roots: a.ca_roots.as_ref().map(|p| p.display().to_string()),
+            challenge: a.challenge.name(),
+            retry: EffRetry {
+                min: span(a.retry_min),
+                max: span(a.retry_max),
+            },
+        }
+    }
 }
 
 impl EffTls {
     fn of(t: &Tls) -> Option<Self> {
-        if t.certificates.is_empty() {
+        if t.certificates.is_empty() && t.acme.is_none() {
             return None;
         }
         let shown = |p: &std::path::Path| p.display().to_string();
@@ -303,6 +350,7 @@ impl EffTls {
             min_version: t.min_version.name(),
             ciphers: t.ciphers.clone(),
             handshake_timeout: span(t.handshake_timeout),
+            acme: t.acme.as_ref().map(EffAcme::of),
         })
     }
 }
@@ -339,6 +387,40 @@ struct EffServer {
     h2_max_streams: u32,
     h2_max_header_list: u32,
     h2_max_resets: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    access_log: Option<EffAccessLog>,
+}
+
+#[derive(Serialize)]
+struct EffAccessLog {
+    path: String,
+    format: &'static str,
+    only: &'static str,
+    query: &'static str,
+    headers: Vec<String>,
+}
+
+impl EffAccessLog {
+    fn of(a: &crate::config::AccessLog) -> Self {
+        use crate::config::{AccessLogFormat, AccessLogOnly, AccessLogPath};
+        Self {
+            path: match &a.path {
+                AccessLogPath::Stdout => "stdout".to_string(),
+                AccessLogPath::File(p) => p.display().to_string(),
+            },
+            format: match a.format {
+                AccessLogFormat::Json => "json",
+                AccessLogFormat::Combined => "combined",
+            },
+            only: match a.only {
+                AccessLogOnly::All => "all",
+                AccessLogOnly::Rejected => "rejected",
+                AccessLogOnly::Errors => "errors",
+            },
+            query: if a.query { "keep" } else { "drop" },
+            headers: a.headers.clone(),
+        }
+    }
 }
 
 impl EffServer {
@@ -363,6 +445,7 @@ impl EffServer {
             h2_max_streams: s.connections.h2_max_streams,
             h2_max_header_list: s.connections.h2_max_header_list,
             h2_max_resets: s.connections.h2_max_resets,
+            access_log: s.access_log.as_ref().map(EffAccessLog::of),
         }
     }
 }
@@ -535,7 +618,9 @@ struct EffOverride {
 #[derive(Serialize, Default, PartialEq)]
 struct EffParams {
     #[serde(skip_serializing_if = "Option::is_none")]
-    max: Option<u64>,
+    max: Option<EffMax>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     per: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -562,6 +647,27 @@ struct EffParams {
     groups: Option<Vec<EffGroup>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_keys: Option<usize>,
+}
+
+/// `max`: a number, or `{auto: {min, max, initial}}` with its bounds spelt out.
+#[derive(Serialize, Clone, PartialEq)]
+#[serde(untagged)]
+enum EffMax {
+    Fixed(u64),
+    Auto { auto: EffAuto },
+}
+
+#[derive(Serialize, Clone, PartialEq)]
+struct EffAuto {
+    min: u64,
+    max: u64,
+    initial: u64,
+}
+
+impl From<u64> for EffMax {
+    fn from(max: u64) -> Self {
+        EffMax::Fixed(max)
+    }
 }
 
 #[derive(Serialize, Clone, PartialEq)]
@@ -643,13 +749,23 @@ impl From<SketchSize> for EffSketch {
 impl EffParams {
     fn of(p: &LimitParams) -> Self {
         match p {
-            LimitParams::Inflight { max, sketch } => Self {
-                max: Some(*max),
+            LimitParams::Inflight { max, sketch, auto } => Self {
+                max: Some(match auto {
+                    Some(a) => EffMax::Auto {
+                        auto: EffAuto {
+                            min: a.bounds.min,
+                            max: a.bounds.max,
+                            initial: a.bounds.initial,
+                        },
+                    },
+                    None => EffMax::Fixed(*max),
+                }),
+                share: auto.map(|a| format!("{}%", a.share)),
                 sketch: Some((*sketch).into()),
                 ..Self::default()
             },
             LimitParams::Rate { rate, max_keys } => Self {
-                max: Some(rate.max),
+                max: Some(rate.max.into()),
                 per: Some(duration(rate.per)),
                 strict: Some(rate.strict),
                 max_keys: Some(*max_keys),
@@ -695,7 +811,7 @@ impl EffParams {
                 groups,
                 max_keys,
             } => Self {
-                max: Some(*max),
+                max: Some((*max).into()),
                 global: *global,
                 groups: Some(groups.iter().map(eff_group).collect()),
                 max_keys: Some(*max_keys),
@@ -730,6 +846,7 @@ impl EffParams {
         }
         Self {
             max: keep(self.max, &base.max),
+            share: keep(self.share, &base.share),
             per: keep(self.per, &base.per),
             capacity: keep(self.capacity, &base.capacity),
             refill: keep(self.refill, &base.refill),

@@ -10,6 +10,8 @@ pub mod parse;
 pub mod schema;
 pub mod secret;
 
+mod access_log;
+mod acme;
 mod api;
 mod bounds;
 mod lease;
@@ -22,6 +24,7 @@ mod params;
 mod report;
 mod resolve;
 mod resources;
+pub mod rls;
 mod scalar;
 mod segments;
 mod server;

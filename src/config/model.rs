@@ -12,10 +12,12 @@ use ipnet::IpNet;
 
 use std::path::PathBuf;
 
+pub use crate::config::rls::{Rls, RlsDescriptor, RlsDomain, RlsLimit, RlsRule};
 pub use crate::config::secret::Secret;
 pub use crate::limits::lease::LeaseParams;
 use crate::limits::{
-    KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams, TokenBucketParams,
+    AdaptiveBounds, KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams,
+    TokenBucketParams,
 };
 
 /// A whole, valid configuration.
@@ -41,6 +43,9 @@ pub struct Config {
     /// `resources:`: named limits for limiter API callers, in file order. A resource is a
     /// [`Limit`] keyed by the command's domain (the `customer` key part).
     pub resources: Vec<Limit>,
+    /// `rls:`: Envoy's rate limit service, its ratelimit files read and their rules made
+    /// limits.
+    pub rls: Rls,
 }
 
 /// One `segments.NAME` entry: a roaring-bitmap file of integer IDs and the key part whose
@@ -201,6 +206,8 @@ pub struct Server {
     pub demo_upstream: Option<SocketAddr>,
     /// Where the limiter API (Redis protocol) listens (`server.limiter_api`), if at all.
     pub limiter_api: Option<SocketAddr>,
+    /// Where Envoy's rate limit service (gRPC) listens (`server.rls`), if at all.
+    pub rls: Option<SocketAddr>,
     /// Where the admin API (HTTP) listens (`server.admin`), if at all: never on a proxy
     /// port, loopback in the example config.
     pub admin: Option<SocketAddr>,
@@ -216,6 +223,55 @@ pub struct Server {
     pub kill_switch: bool,
     /// How long a downstream connection may take and how many may be open.
     pub connections: Connections,
+    /// The per-request access log (`server.access_log`); `None`: no access log.
+    pub access_log: Option<AccessLog>,
+}
+
+/// `server.access_log`: where each request's line goes, in which format, and which
+/// requests get one. Written off the request path (see `docs/access-log.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    /// The file (relative to the config file's directory), or standard output.
+    pub path: AccessLogPath,
+    /// `json` (the default: one object per line, what `tollgate simulate` reads) or
+    /// `combined` (nginx's).
+    pub format: AccessLogFormat,
+    /// Which requests are logged (`only`, default `all`).
+    pub only: AccessLogOnly,
+    /// Whether the path keeps its query (`query: keep`); dropped by default, since a
+    /// query can carry tokens.
+    pub query: bool,
+    /// Request headers added to each line (lower-cased), never a credential.
+    pub headers: Vec<String>,
+}
+
+/// Where the access log is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogPath {
+    /// Standard output (`path: stdout`): for containers and journald.
+    Stdout,
+    /// A file, created if missing, appended to, reopened when moved or on SIGUSR1.
+    File(std::path::PathBuf),
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line with every field (`tollgate simulate` reads it as it is).
+    Json,
+    /// nginx's `combined` format, for tools that read nothing else.
+    Combined,
+}
+
+/// Which requests get a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogOnly {
+    /// Every request.
+    All,
+    /// Requests a limit rejected.
+    Rejected,
+    /// Requests answered with a status of 400 or more, or with none.
+    Errors,
 }
 
 /// The admin API's bearer token, read from `server.admin_token_file`: a [`Secret`], whose
@@ -380,6 +436,69 @@ pub struct Tls {
     /// this time from the accept (`tls.handshake_timeout`, default 10 s); the connection is
     /// closed otherwise.
     pub handshake_timeout: Duration,
+    /// Certificates tollgate orders and renews itself from an ACME CA (`tls.acme`).
+    pub acme: Option<Acme>,
+}
+
+/// `tls.acme`: certificates ordered from an RFC 8555 CA (Let's Encrypt, or any other) for
+/// the hosts named, one certificate per host, renewed at two thirds of their lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Acme {
+    /// The CA's directory URL (`directory`), e.g. Let's Encrypt's
+    /// `https://acme-v02.api.letsencrypt.org/directory`.
+    pub directory: String,
+    /// The account's contact (`email`), for the CA's expiry and policy mail.
+    pub email: Option<String>,
+    /// The hosts to manage: `hosts`, plus every exact host of every origin with
+    /// `from_origins: true` (wildcards need DNS-01, which tollgate does not answer), in
+    /// order, without repeats.
+    pub hosts: Vec<String>,
+    /// Whether `from_origins: true` was written.
+    pub from_origins: bool,
+    /// Where the account key and the certificates live.
+    pub storage: AcmeStorage,
+    /// The CA roots trusted for the directory's HTTPS (`ca_roots`, a PEM file); `None`:
+    /// the system's.
+    pub ca_roots: Option<PathBuf>,
+    /// The challenge answered (`challenge`, default `auto`).
+    pub challenge: AcmeChallenge,
+    /// The first wait after a failed order (`retry.min`, default 1 min); doubled at each
+    /// failure up to `retry.max` (default 6 h), each jittered.
+    pub retry_min: Duration,
+    /// The longest wait between failed orders (`retry.max`).
+    pub retry_max: Duration,
+}
+
+/// Where `tls.acme` keeps its account key and certificates.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AcmeStorage {
+    /// `storage: DIR`: files in a directory (mode 0700, files 0600, written atomically).
+    Dir(PathBuf),
+    /// `store: NAME`: a Redis store of `stores:`, shared by a fleet (one certificate per
+    /// host, one instance orders at a time).
+    Store(String),
+}
+
+/// Which challenge `tls.acme` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AcmeChallenge {
+    /// TLS-ALPN-01 when a TLS listener exists and the CA offers it, else HTTP-01.
+    Auto,
+    /// TLS-ALPN-01 on the TLS listeners (port 443 for a public CA).
+    TlsAlpn01,
+    /// HTTP-01 on the plaintext listeners (port 80 for a public CA).
+    Http01,
+}
+
+impl AcmeChallenge {
+    /// As written in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            AcmeChallenge::Auto => "auto",
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Http01 => "http-01",
+        }
+    }
 }
 
 impl Default for Tls {
@@ -390,6 +509,7 @@ impl Default for Tls {
             min_version: TlsVersion::V1_2,
             ciphers: None,
             handshake_timeout: Duration::from_secs(10),
+            acme: None,
         }
     }
 }
@@ -576,15 +696,37 @@ pub enum Cost {
     Header(String),
 }
 
+/// `max: auto` (or `max: {auto: {min, max, initial}}`) with `share`: an inflight limit whose
+/// max is learned from each upstream server's latency (`crate::limits::adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AutoMax {
+    /// Where each server's learned limit starts and what it may reach.
+    pub bounds: AdaptiveBounds,
+    /// `share`, percent (1 to 100, default 100): a key's max is this share of what the
+    /// server it names takes, so that one customer cannot fill a server while others wait.
+    pub share: u8,
+}
+
+impl AutoMax {
+    /// A key's max given what its server (or the origin, for keys without `server_ip`)
+    /// takes: `learned × share / 100`, at least 1.
+    pub fn share_of(&self, learned: u64) -> u64 {
+        (learned.saturating_mul(u64::from(self.share)) / 100).max(1)
+    }
+}
+
 /// The kind of a limit and the parameters that kind takes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LimitParams {
     /// `kind: inflight`: at most `max` concurrent requests per key; 503 above it.
     Inflight {
-        /// Allowed in flight per key. `0` (in an override) blocks.
+        /// Allowed in flight per key. `0` (in an override) blocks. Under `max: auto`, the
+        /// `initial` bound (what a server nothing was learned about gets).
         max: u64,
         /// Sketch size (`sketch: {hashes, slots}`).
         sketch: SketchSize,
+        /// `max: auto`: the max is learned per upstream server (see [`AutoMax`]).
+        auto: Option<AutoMax>,
     },
     /// `kind: rate`: sliding window, exact per key; 429 above it.
     Rate {

@@ -283,7 +283,7 @@ fn list<T>(
 }
 
 /// A DNS name: dot-separated labels of letters, digits, `-` and `_`.
-fn is_hostname(name: &str) -> bool {
+pub(crate) fn is_hostname(name: &str) -> bool {
     name.len() <= 253
         && name.split('.').all(|label| {
             (1..=63).contains(&label.len())

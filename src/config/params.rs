@@ -1,4 +1,5 @@
-//! The parameter fields a limit and its overrides share (`max`, `per`, `strict`,
+//! The parameter fields a limit and its overrides share (`max` (a number or `auto`),
+//! `share`, `per`, `strict`,
 //! `capacity`, `refill`, `cost`, `windows`, `tiers`, `hard_limit`, `global_limit`,
 //! `global`), read without knowing the kind yet.
 //!
@@ -14,7 +15,8 @@ use crate::config::scalar;
 use crate::config::spec::ParamSpec;
 use crate::config::suggest;
 use crate::config::yaml::{Node, Value};
-use crate::limits::{LogWindow, Tier};
+use crate::limits::adaptive::MAX_LIMIT;
+use crate::limits::{AdaptiveBounds, LogWindow, Tier};
 
 /// `per`: 100 ms to 1 day.
 pub(crate) const PER_RANGE: (Duration, Duration) =
@@ -59,8 +61,22 @@ pub(crate) fn param(
     let least = if in_override { 0 } else { 1 };
     let name = match key {
         "max" => {
-            spec.max = scalar::int(r, node, path, least, u64::MAX).map(located(node.pos, path));
+            // A quoted number is still a wrong integer, reported as such; other text and
+            // mappings are meant as `auto`.
+            let quoted_number = matches!(&node.value, Value::Scalar(s)
+                if !s.text.is_empty() && s.text.bytes().all(|b| b.is_ascii_digit()));
+            if (scalar::is_string(node) && !quoted_number) || matches!(node.value, Value::Map(_)) {
+                spec.auto = auto(r, node, path).map(located(node.pos, path));
+                spec.max = None;
+            } else {
+                spec.max = scalar::int(r, node, path, least, u64::MAX).map(located(node.pos, path));
+                spec.auto = None;
+            }
             "max"
+        }
+        "share" => {
+            spec.share = share(r, node, path).map(located(node.pos, path));
+            "share"
         }
         "capacity" => {
             spec.capacity =
@@ -111,6 +127,113 @@ pub(crate) fn param(
     };
     spec.written.push(name);
     Some(name)
+}
+
+/// `max: auto` or `max: {auto: {min, max, initial}}` (each optional, defaults from
+/// [`AdaptiveBounds::DEFAULT`]; `min ≤ initial ≤ max` is checked).
+fn auto(r: &mut Report, node: &Node, path: &str) -> Option<AdaptiveBounds> {
+    let expected = "`max` takes an integer, `auto`, or `{auto: {min, max, initial}}`";
+    if scalar::is_string(node) {
+        let text = scalar::text(r, node, path)?;
+        if text == "auto" {
+            return Some(AdaptiveBounds::DEFAULT);
+        }
+        r.error(node.pos, path, format!("{expected}, found `{text}`"));
+        return None;
+    }
+    let entries = scalar::map(r, node, path)?;
+    let mut found = None;
+    for e in entries {
+        let sub = child(path, &e.key);
+        if e.key != "auto" {
+            r.error(e.key_pos, &sub, suggest::unknown("key", &e.key, &["auto"]));
+            continue;
+        }
+        found = auto_bounds(r, &e.value, &sub);
+    }
+    if entries.is_empty() {
+        r.error(
+            node.pos,
+            path,
+            format!("{expected}, found an empty mapping"),
+        );
+    }
+    found
+}
+
+/// The keys `max: {auto: ...}` takes.
+pub(crate) const AUTO_KEYS: [&str; 3] = ["min", "max", "initial"];
+
+fn auto_bounds(r: &mut Report, node: &Node, path: &str) -> Option<AdaptiveBounds> {
+    let d = AdaptiveBounds::DEFAULT;
+    if scalar::is_null(node) {
+        return Some(d);
+    }
+    let entries = scalar::map(r, node, path)?;
+    let (mut min, mut max, mut initial) = (None, None, None);
+    let mut ok = true;
+    for e in entries {
+        let sub = child(path, &e.key);
+        let slot = match e.key.as_str() {
+            "min" => &mut min,
+            "max" => &mut max,
+            "initial" => &mut initial,
+            other => {
+                r.error(e.key_pos, &sub, suggest::unknown("key", other, &AUTO_KEYS));
+                ok = false;
+                continue;
+            }
+        };
+        match scalar::int(r, &e.value, &sub, 1, MAX_LIMIT) {
+            Some(v) => *slot = Some((v, e.value.pos, sub)),
+            None => ok = false,
+        }
+    }
+    if !ok {
+        return None;
+    }
+    let value = |s: &Option<(u64, Pos, String)>| s.as_ref().map(|s| s.0);
+    let lo = value(&min).unwrap_or(d.min);
+    let hi = value(&max).unwrap_or(d.max.max(lo));
+    if lo > hi {
+        let (pos, at) = min
+            .as_ref()
+            .map_or((node.pos, path.to_string()), |m| (m.1, m.2.clone()));
+        r.error(pos, &at, format!("`min` {lo} is above `max` {hi}"));
+        return None;
+    }
+    // No `clamp` before `lo ≤ hi` is known: it panics otherwise.
+    let start = value(&initial).unwrap_or(d.initial.max(lo).min(hi));
+    if !(lo..=hi).contains(&start) {
+        let (pos, at) = initial
+            .as_ref()
+            .map_or((node.pos, path.to_string()), |m| (m.1, m.2.clone()));
+        r.error(
+            pos,
+            &at,
+            format!("`initial` {start} is outside `min` {lo} to `max` {hi}"),
+        );
+        return None;
+    }
+    Some(AdaptiveBounds {
+        min: lo,
+        max: hi,
+        initial: start,
+    })
+}
+
+/// `share: 50%`: a percentage from 1% to 100%.
+fn share(r: &mut Report, node: &Node, path: &str) -> Option<u8> {
+    let message = "`share` takes a percentage from `1%` to `100%`, e.g. `50%`";
+    let text = scalar::text(r, node, path)?;
+    let value = text
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<u8>().ok())
+        .filter(|n| (1..=100).contains(n));
+    if value.is_none() {
+        r.error(node.pos, path, format!("{message}, found `{text}`"));
+    }
+    value
 }
 
 fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {

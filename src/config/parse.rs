@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use crate::config::acme;
 use crate::config::api;
 use crate::config::bounds;
 use crate::config::limit::parse_limits;
@@ -17,6 +18,7 @@ use crate::config::origin::{self, OriginDraft};
 use crate::config::report::{At, Pos, Report};
 use crate::config::resolve::Known;
 use crate::config::resources;
+use crate::config::rls;
 use crate::config::scalar;
 use crate::config::segments;
 use crate::config::server;
@@ -29,7 +31,7 @@ use crate::config::validate;
 use crate::config::yaml::{self, Node, Value};
 
 /// The top-level keys.
-pub(crate) const TOP_KEYS: [&str; 8] = [
+pub(crate) const TOP_KEYS: [&str; 9] = [
     "server",
     "tls",
     "api",
@@ -38,6 +40,7 @@ pub(crate) const TOP_KEYS: [&str; 8] = [
     "defaults",
     "origins",
     "resources",
+    "rls",
 ];
 
 /// The keys `defaults:` takes.
@@ -186,8 +189,8 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         );
     }
     let server = server::parse(r, section("server"), file);
-    let tls = tls::parse(r, section("tls"), file);
-    tls::check_listeners(r, &server.listeners, &tls);
+    let (mut tls, acme) = tls::parse(r, section("tls"), file);
+    tls::check_listeners(r, &server.listeners, &tls, acme.is_some());
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
     let api = api::parse(r, section("api"), &stores, file);
@@ -197,6 +200,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         connections: &server.server.connections,
     };
     let resources = resources::parse(r, section("resources"), &known);
+    let rls = rls::parse(r, section("rls"), &stores, file);
     let (default_specs, unmatched) = section("defaults")
         .map(|n| defaults(r, n))
         .unwrap_or_default();
@@ -264,6 +268,10 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
             upstream_protocol: d.upstream_protocol,
         })
         .collect();
+    if let Some(mut acme) = acme {
+        acme::resolve(r, &mut acme, &stores, &origins);
+        tls.acme = Some(acme.v);
+    }
     let unmatched = origins
         .last()
         .is_some_and(|o| o.name == origin::UNMATCHED)
@@ -279,6 +287,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
         origins,
         unmatched,
         resources: resources.into_iter().map(|l| l.v).collect(),
+        rls,
     })
 }
 

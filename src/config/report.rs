@@ -104,6 +104,13 @@ impl Report {
         self.warnings.push(d);
     }
 
+    /// Takes over another file's report (a ratelimit file read for `rls.config_dir`): its
+    /// diagnostics keep naming their own file.
+    pub fn absorb(&mut self, other: Report) {
+        self.errors.extend(other.errors);
+        self.warnings.extend(other.warnings);
+    }
+
     /// How many errors were recorded, to tell whether a step found new ones.
     pub fn error_count(&self) -> usize {
         self.errors.len()

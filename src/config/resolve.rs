@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::config::bounds;
 use crate::config::lease::LeaseSetting;
 use crate::config::model::{
-    Connections, Cost, Group, Kind, LeaseParams, Limit, LimitParams, Members, Mode, Override,
-    SegmentSpec, StoreSpec,
+    AutoMax, Connections, Cost, Group, Kind, LeaseParams, Limit, LimitParams, Members, Mode,
+    Override, SegmentSpec, StoreSpec,
 };
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{
@@ -131,6 +131,12 @@ pub(crate) fn resolve(
     };
     let params = base_params(r, kind, spec, inherited, known);
     let store = store_of(r, spec, known);
+    if let (Some(auto), Some(_)) = (&spec.params.auto, &store) {
+        let message = "`max: auto` is learned in each instance from its own upstream \
+             latencies and keeps its counts in process: remove `store:` (or set a number)";
+        r.error(auto.pos, &auto.path, message);
+        return None;
+    }
     let lease = lease_of(r, kind, spec, store.is_some());
     let mode = match spec.mode.as_ref().map(|m| m.v) {
         Some(Setting::On(mode)) => mode,
@@ -150,7 +156,7 @@ pub(crate) fn resolve(
             let (pos, path) = fill_anchor(spec);
             fill_warning(r, bucket, pos, path);
         }
-        Some(LimitParams::Inflight { max, sketch }) => {
+        Some(LimitParams::Inflight { max, sketch, .. }) => {
             saturation_warning(r, spec, *max, *sketch, known.connections);
         }
         // A resource's copies are held by limiter API connections, not proxy requests.
@@ -260,7 +266,7 @@ fn base_params(
     let p = &spec.params;
     let missing = |name: &str, present: bool| !inherited && !present && !p.wrote(name);
     let present = |name: &str| match name {
-        "max" => p.max.is_some(),
+        "max" => p.max.is_some() || p.auto.is_some(),
         "per" => p.per.is_some(),
         "capacity" => p.capacity.is_some(),
         "refill" => p.refill.is_some(),
@@ -307,10 +313,34 @@ fn params_of(
     };
     let strict = p.strict.as_ref().is_some_and(|s| s.v);
     let max_keys = spec.max_keys.as_ref().map_or(DEFAULT_MAX_KEYS, |m| m.v);
+    if let (Some(auto), false) = (&p.auto, kind == Kind::Inflight) {
+        let message = format!(
+            "`max: auto` is learned only by inflight limits, not kind `{}`",
+            kind.name()
+        );
+        r.error(auto.pos, &auto.path, message);
+        return None;
+    }
+    if let (Some(share), None) = (&p.share, &p.auto) {
+        let message = "`share` divides a learned max: it needs `max: auto`";
+        r.error(share.pos, &share.path, message);
+        return None;
+    }
     Some(match kind {
-        Kind::Inflight => LimitParams::Inflight {
-            max: p.max.as_ref()?.v,
-            sketch,
+        Kind::Inflight => match &p.auto {
+            Some(auto) => LimitParams::Inflight {
+                max: auto.v.initial,
+                sketch,
+                auto: Some(AutoMax {
+                    bounds: auto.v,
+                    share: p.share.as_ref().map_or(100, |s| s.v),
+                }),
+            },
+            None => LimitParams::Inflight {
+                max: p.max.as_ref()?.v,
+                sketch,
+                auto: None,
+            },
         },
         Kind::Rate => LimitParams::Rate {
             rate: RateParams {
@@ -477,6 +507,11 @@ fn resolve_override(
             part: seg.of.clone(),
             value: MatchValue::Segment(seg.name.clone()),
         });
+    }
+    if let Some(auto) = &o.params.auto {
+        let message = "an override sets a number: `max: auto` is learned by the limit itself";
+        r.error(auto.pos, &auto.path, message);
+        return None;
     }
     let mut p = spec.params.clone();
     p.apply(&o.params);

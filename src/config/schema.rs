@@ -19,6 +19,10 @@
 use serde_json::{json, Map, Value};
 use strum::IntoEnumIterator;
 
+use crate::config::access_log::{
+    ACCESS_LOG_KEYS, FORMATS, MAX_HEADERS, ONLY, QUERY, SECRET_HEADERS,
+};
+use crate::config::acme::{ACME_KEYS, CHALLENGES, MAX_ACME_HOSTS, RETRY_KEYS};
 use crate::config::api::API_KEYS;
 use crate::config::bounds;
 use crate::config::lease::LEASE_KEYS;
@@ -28,6 +32,7 @@ use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
 use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
+use crate::config::rls::RLS_KEYS;
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
 use crate::config::server::{
     MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, SERVER_KEYS,
@@ -122,6 +127,7 @@ pub fn schema() -> Result<Value, SchemaError> {
         ("defaults", defaults(&mut keys)),
         ("origins", origins()),
         ("resources", resources()),
+        ("rls", rls(&mut keys)),
     ];
     let root = keys.object("(root)", &TOP_KEYS, |key| {
         sections
@@ -284,10 +290,31 @@ fn server(keys: &mut Keys<'_>) -> Value {
         "properties": {"tls": {"const": true}, "h2c": {"const": true}},
     });
     let listen_item = json!({"oneOf": [socket_addr(), listener]});
+    let mut access_log = keys.object("server.access_log", &ACCESS_LOG_KEYS, |key| {
+        Some(match key {
+            "path" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
+            "format" => json!({"enum": FORMATS}),
+            "only" => json!({"enum": ONLY}),
+            "query" => json!({"enum": QUERY}),
+            "headers" => list(
+                json!({
+                    "type": "string",
+                    "pattern": format!("^{HEADER_NAME}$"),
+                    "not": {"enum": SECRET_HEADERS},
+                }),
+                0,
+                Some(MAX_HEADERS),
+            ),
+            _ => return None,
+        })
+    });
+    access_log["type"] = json!("object");
+    access_log["required"] = json!(["path"]);
     keys.object("server", &SERVER_KEYS, |key| {
         Some(match key {
+            "access_log" => access_log.clone(),
             "listen" => list(listen_item.clone(), 1, None),
-            "metrics" | "limiter_api" | "demo_upstream" | "admin" => socket_addr(),
+            "metrics" | "limiter_api" | "demo_upstream" | "admin" | "rls" => socket_addr(),
             "admin_token_file" => json!({"type": "string", "minLength": 1}),
             "instance" => json!({
                 "type": ["string", "number", "boolean"],
@@ -318,6 +345,28 @@ fn tls(keys: &mut Keys<'_>) -> Value {
     });
     cert["type"] = json!("object");
     cert["required"] = json!(["cert", "key"]);
+    let retry = keys.object("tls.acme.retry", &RETRY_KEYS, |key| {
+        Some(match key {
+            "min" | "max" => duration(("100ms", "7d")),
+            _ => return None,
+        })
+    });
+    let mut acme = keys.object("tls.acme", &ACME_KEYS, |key| {
+        Some(match key {
+            "directory" => json!({"type": "string", "pattern": "^https://[!-~]+$", "maxLength": 2048}),
+            "email" => json!({"type": "string", "pattern": "^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$", "maxLength": 254}),
+            "hosts" => list(json!({"type": "string", "minLength": 1, "maxLength": 253, "pattern": "^[^*]"}), 0, Some(MAX_ACME_HOSTS)),
+            "from_origins" => boolean(),
+            "storage" | "ca_roots" => file.clone(),
+            "store" => text(),
+            "challenge" => json!({"enum": CHALLENGES}),
+            "retry" => retry.clone(),
+            _ => return None,
+        })
+    });
+    acme["type"] = json!("object");
+    acme["required"] = json!(["directory"]);
+    acme["oneOf"] = json!([{"required": ["storage"]}, {"required": ["store"]}]);
     keys.object("tls", &TLS_KEYS, |key| {
         Some(match key {
             "certificates" => list(cert.clone(), 0, Some(MAX_CERTIFICATES)),
@@ -325,6 +374,7 @@ fn tls(keys: &mut Keys<'_>) -> Value {
             "min_version" => json!({"enum": ["1.2", "1.3", 1.2, 1.3]}),
             "ciphers" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
             "handshake_timeout" => duration(("100ms", "5m")),
+            "acme" => acme.clone(),
             _ => return None,
         })
     })
@@ -337,6 +387,17 @@ fn api(keys: &mut Keys<'_>) -> Value {
             "allow_unconfigured" => boolean(),
             "store" => text(),
             "password_file" => json!({"type": "string", "minLength": 1}),
+            _ => return None,
+        })
+    })
+}
+
+fn rls(keys: &mut Keys<'_>) -> Value {
+    keys.object("rls", &RLS_KEYS, |key| {
+        Some(match key {
+            "config_dir" => json!({"type": "string", "minLength": 1}),
+            "store" => text(),
+            "max_keys" => int(1, bounds::MAX_KEYS as u64),
             _ => return None,
         })
     })
@@ -505,7 +566,29 @@ fn origin(keys: &mut Keys<'_>, unmatched: bool) -> Value {
 /// override (a deliberate block) and 1 in a limit.
 fn param(key: &str, least: u64, keys: &mut Keys<'_>, at: &str) -> Option<Value> {
     Some(match key {
+        // A limit's inflight `max` may be learned (`auto`); an override's is a number.
+        "max" if least > 0 => {
+            let bound = int(1, crate::limits::adaptive::MAX_LIMIT);
+            let bounds = json!({
+                "type": ["object", "null"],
+                "properties": {"min": bound, "max": bound, "initial": bound},
+                "additionalProperties": false,
+            });
+            json!({
+                "anyOf": [
+                    int(least, u64::MAX),
+                    {"const": "auto"},
+                    {
+                        "type": "object",
+                        "properties": {"auto": bounds},
+                        "required": ["auto"],
+                        "additionalProperties": false,
+                    },
+                ],
+            })
+        }
         "max" | "capacity" => int(least, u64::MAX),
+        "share" => json!({"type": "string", "pattern": "^(100|[1-9][0-9]?)%$"}),
         "global" => int(1, u64::MAX),
         "per" => duration(("100ms", "1d")),
         "strict" => boolean(),

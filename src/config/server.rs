@@ -1,8 +1,8 @@
 //! The `server:` section: listeners (proxy, in their string or object form, metrics,
 //! limiter API, admin API, demo upstream) and the admin token, threads,
 //! shutdown window, trusted proxies, the customer header, the instance name, the kill
-//! switch and the bounds on downstream connections (HTTP/2's included), with their
-//! defaults.
+//! switch, the bounds on downstream connections (HTTP/2's included) and the access log
+//! ([`super::access_log`]), with their defaults.
 //!
 //! Listener addresses are kept with their locations so that [`super::validate`] can point
 //! at the second of two colliding listeners.
@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::config::access_log;
 use crate::config::model::{AdminToken, Connections, Listener, Server};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::scalar;
@@ -19,10 +20,12 @@ use crate::config::tls;
 use crate::config::yaml::Node;
 
 /// The keys `server:` takes.
-pub(crate) const SERVER_KEYS: [&str; 19] = [
+pub(crate) const SERVER_KEYS: [&str; 21] = [
     "listen",
+    "access_log",
     "metrics",
     "limiter_api",
+    "rls",
     "admin",
     "admin_token_file",
     "instance",
@@ -81,11 +84,13 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         customer_header: None,
         demo_upstream: None,
         limiter_api: None,
+        rls: None,
         admin: None,
         admin_token: None,
         instance: None,
         kill_switch: false,
         connections: Connections::default(),
+        access_log: None,
     };
     let mut binds = Vec::new();
     let mut listeners = Vec::new();
@@ -116,7 +121,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     }
                 }
             }
-            "metrics" | "demo_upstream" | "limiter_api" | "admin" => {
+            "metrics" | "demo_upstream" | "limiter_api" | "admin" | "rls" => {
                 let addr = scalar::socket_addr(r, v, &path);
                 if let Some(addr) = addr {
                     binds.push(At::new(addr, v.pos, &path));
@@ -125,6 +130,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     "metrics" => server.metrics = addr,
                     "demo_upstream" => server.demo_upstream = addr,
                     "admin" => server.admin = addr,
+                    "rls" => server.rls = addr,
                     _ => server.limiter_api = addr,
                 }
             }
@@ -211,6 +217,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     server.connections.h2_max_resets = u32::try_from(n).unwrap_or(u32::MAX);
                 }
             }
+            "access_log" => server.access_log = access_log::parse(r, v, &path, file),
             "customer_header" => {
                 if let Some(name) = scalar::text(r, v, &path) {
                     if crate::limits::key::is_header_name(name) {

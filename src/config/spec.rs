@@ -13,7 +13,7 @@ use strum::IntoEnumIterator;
 use crate::config::lease::LeaseSetting;
 use crate::config::model::{Cost, HeadersMode, Kind, Mode};
 use crate::config::report::{At, Pos};
-use crate::limits::{KeyPart, LogWindow, Matcher, Tier};
+use crate::limits::{AdaptiveBounds, KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
 pub(crate) const COMMON: [&str; 7] = [
@@ -30,7 +30,7 @@ pub(crate) const COMMON: [&str; 7] = [
 /// field belongs to which kind.
 pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
     match kind {
-        Kind::Inflight => &["max", "sketch", "lease"],
+        Kind::Inflight => &["max", "share", "sketch", "lease"],
         Kind::Tiered => &["tiers", "hard_limit", "global_limit", "max_keys"],
         Kind::Concurrency => &["max", "global", "groups", "max_keys", "lease"],
         Kind::SlidingLog => &["windows", "cost", "max_keys"],
@@ -139,6 +139,10 @@ pub(crate) enum Setting {
 pub(crate) struct ParamSpec {
     /// `max` (inflight, rate).
     pub max: Option<At<u64>>,
+    /// `max: auto` or `max: {auto: {min, max, initial}}` (inflight): replaces `max`.
+    pub auto: Option<At<AdaptiveBounds>>,
+    /// `share` in percent (inflight, with `max: auto`).
+    pub share: Option<At<u8>>,
     /// `per` in nanoseconds (rate).
     pub per: Option<At<u64>>,
     /// `strict` (rate, token_bucket).
@@ -177,7 +181,16 @@ fn lay<T: Clone>(base: &mut Option<T>, over: &Option<T>) {
 impl ParamSpec {
     /// Replaces every field that `over` sets; `refill`'s sub-fields one by one.
     pub fn apply(&mut self, over: &ParamSpec) {
+        // A number and `auto` are two spellings of one field: the later one wins.
+        if over.max.is_some() {
+            self.auto = None;
+        }
+        if over.auto.is_some() {
+            self.max = None;
+        }
         lay(&mut self.max, &over.max);
+        lay(&mut self.auto, &over.auto);
+        lay(&mut self.share, &over.share);
         lay(&mut self.per, &over.per);
         lay(&mut self.strict, &over.strict);
         lay(&mut self.capacity, &over.capacity);

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::model::{CertSpec, Listener, Tls, TlsVersion};
+use crate::config::model::{Acme, CertSpec, Listener, Tls, TlsVersion};
 use crate::config::report::{child, item, At, Report};
 use crate::config::scalar;
 use crate::config::suggest;
@@ -21,12 +21,13 @@ use crate::config::yaml::{Node, Value};
 pub(crate) const LISTENER_KEYS: [&str; 4] = ["addr", "tls", "h2c", "proxy_protocol"];
 
 /// The keys `tls:` takes.
-pub(crate) const TLS_KEYS: [&str; 5] = [
+pub(crate) const TLS_KEYS: [&str; 6] = [
     "certificates",
     "default",
     "min_version",
     "ciphers",
     "handshake_timeout",
+    "acme",
 ];
 
 /// The keys one `tls.certificates` entry takes.
@@ -84,12 +85,14 @@ pub(crate) fn listener(r: &mut Report, node: &Node, path: &str) -> Option<At<Lis
     Some(At::new(l, addr_pos, path))
 }
 
-/// Reads `tls:`, or its defaults when absent. `file` is the config file, whose directory
-/// relative paths start in.
-pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> Tls {
+/// Reads `tls:`, or its defaults when absent, and `tls.acme` apart (its hosts and store
+/// are resolved once the origins and stores are read: [`crate::config::acme::resolve`]).
+/// `file` is the config file, whose directory relative paths start in.
+pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> (Tls, Option<At<Acme>>) {
     let mut tls = Tls::default();
+    let mut acme = None;
     let Some(entries) = node.and_then(|n| scalar::map(r, n, "tls")) else {
-        return tls;
+        return (tls, acme);
     };
     let base = Path::new(file)
         .parent()
@@ -135,6 +138,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> Tls {
                     tls.handshake_timeout = d;
                 }
             }
+            "acme" => acme = crate::config::acme::parse(r, v, &path, &base),
             other => r.error(e.key_pos, &path, suggest::unknown("key", other, &TLS_KEYS)),
         }
     }
@@ -151,7 +155,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> Tls {
             ),
         }
     }
-    tls
+    (tls, acme)
 }
 
 /// `min_version: 1.2` written as a plain number: read as the text it is.
@@ -203,17 +207,17 @@ fn certificates(r: &mut Report, node: &Node, path: &str, base: &Path) -> Vec<Cer
     out
 }
 
-/// A TLS listener needs certificates: each `tls: true` listener without any is an error
-/// at the listener.
-pub(crate) fn check_listeners(r: &mut Report, listeners: &[At<Listener>], tls: &Tls) {
-    if !tls.certificates.is_empty() {
+/// A TLS listener needs certificates (files, or `tls.acme`): each `tls: true` listener
+/// without any is an error at the listener.
+pub(crate) fn check_listeners(r: &mut Report, listeners: &[At<Listener>], tls: &Tls, acme: bool) {
+    if !tls.certificates.is_empty() || acme {
         return;
     }
     for l in listeners.iter().filter(|l| l.v.tls) {
         r.error(
             l.pos,
             &l.path,
-            "a TLS listener needs certificates: add `tls: { certificates: [{ cert: FILE, key: FILE }] }`",
+            "a TLS listener needs certificates: add `tls: { certificates: [{ cert: FILE, key: FILE }] }` or `tls.acme`",
         );
     }
 }

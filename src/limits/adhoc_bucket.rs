@@ -35,15 +35,10 @@
 //! the keys expected to hold state at once (the share of keys beyond their set's 8 ways is
 //! 0.8% at half load, 14% at full load).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
-
 use crate::limits::clock::Nanos;
+use crate::limits::table::Table;
+use crate::limits::token_bucket::{Bucket, Refill};
 use crate::limits::verdict::Verdict;
-
-/// Slots per set, as in the token bucket's table.
-const WAYS: usize = 8;
 
 /// The parameters of one ad-hoc bucket, part of its identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -68,46 +63,37 @@ impl AdhocParams {
     }
 }
 
+impl Refill for &AdhocParams {
+    fn capacity(self) -> u64 {
+        self.capacity
+    }
+    fn amount(self) -> u64 {
+        self.amount
+    }
+    fn every(self) -> Nanos {
+        self.every
+    }
+}
+
 /// Token buckets created on first use, with per-call parameters, in a bounded table.
 pub struct AdhocBuckets {
-    sets: Box<[Set]>,
-    evictions: Evictions,
+    table: Table<Held>,
 }
 
-/// One set: its lock and its slots, 392 bytes.
-type Set = Mutex<[Slot; WAYS]>;
-
-/// One bucket's state: 16 bytes.
+/// A bucket's parameters (part of its identity) and its state: 40 bytes (a slot with its
+/// key, 48).
 #[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    tokens: u64,
-    last: Nanos,
-}
-
-/// A key, its parameters and its bucket, or an empty slot (key 0): 48 bytes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    key: u64,
+struct Held {
     params: AdhocParams,
     bucket: Bucket,
 }
-
-/// The eviction count on its own cache-line pair, so that it never false-shares with the
-/// set pointer every decision reads.
-#[repr(align(128))]
-struct Evictions(AtomicU64);
 
 impl AdhocBuckets {
     /// A table holding state for at most `max_keys` buckets (0 is raised to 1), allocated
     /// once (49 bytes per key, see the module doc).
     pub fn new(max_keys: usize) -> Self {
-        let sets = max_keys.max(1).div_ceil(WAYS);
         Self {
-            // An exact-size iterator: one allocation of exactly `sets` sets.
-            sets: (0..sets)
-                .map(|_| Mutex::new([Slot::default(); WAYS]))
-                .collect(),
-            evictions: Evictions(AtomicU64::new(0)),
+            table: Table::new(max_keys, ()),
         }
     }
 
@@ -128,16 +114,39 @@ impl AdhocBuckets {
         now: Nanos,
     ) -> Verdict {
         let p = params.normalized();
-        let (admitted, bucket, now) = self.with_bucket(key, p, now, |bucket, now| {
-            if bucket.tokens >= cost {
-                bucket.tokens -= cost;
-                return true;
-            }
-            if strict {
-                bucket.last = now;
-            }
-            false
-        });
+        // Time never goes backwards within a bucket: a `now` older than its `last` is read
+        // as `last` (see the module doc).
+        let ((admitted, now), held) = self.table.update(
+            key,
+            |h| h.params == p,
+            |held| {
+                held.map_or_else(
+                    || Held {
+                        params: p,
+                        bucket: Bucket::full(&p, now),
+                    },
+                    |h| Held {
+                        bucket: h.bucket.refilled(&p, now.max(h.bucket.last)),
+                        ..h
+                    },
+                )
+            },
+            |h| {
+                let now = now.max(h.bucket.last);
+                if h.bucket.tokens >= cost {
+                    h.bucket.tokens -= cost;
+                    return (true, now);
+                }
+                if strict {
+                    h.bucket.last = now;
+                }
+                (false, now)
+            },
+            |h| h.bucket.tokens < p.capacity,
+            |_, h| h.bucket.score(&h.params, now.max(h.bucket.last)),
+            0,
+        );
+        let bucket = held.bucket;
         let reset = bucket.wait_for(&p, p.capacity, now);
         if admitted {
             return Verdict::allow(bucket.tokens, reset);
@@ -152,24 +161,17 @@ impl AdhocBuckets {
 
     /// Tokens the bucket `(key, params)` holds at `now`, without taking any (capacity for a
     /// bucket without state). A read changes nothing, not even a bucket's clock.
-    pub fn tokens(&self, key: u64, params: AdhocParams, now: Nanos) -> u64 {
+    pub fn state(&self, key: u64, params: AdhocParams, now: Nanos) -> u64 {
         let p = params.normalized();
-        let key = key.max(1);
-        let held = self
-            .set(key)
-            .lock()
-            .iter()
-            .find(|s| s.key == key && s.params == p)
-            .copied();
-        held.map_or(p.capacity, |s| s.bucket.refilled(&p, now).tokens)
+        let held = self.table.get(key, |h| h.params == p);
+        held.map_or(p.capacity, |h| h.bucket.refilled(&p, now).tokens)
     }
 
     /// Buckets currently holding state (a bucket full by now counts until touched).
     ///
     /// Locks each set in turn: for metrics, `INFO` and tests, not the hot path.
     pub fn len(&self) -> usize {
-        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
-        self.sets.iter().map(held).sum()
+        self.table.len()
     }
 
     /// Whether no bucket holds state.
@@ -179,131 +181,13 @@ impl AdhocBuckets {
 
     /// Slots in the table: `max_keys` rounded up to whole sets of 8.
     pub fn slots(&self) -> usize {
-        self.sets.len() * WAYS
+        self.table.slots()
     }
 
     /// Buckets evicted before they were full, since construction: each one's key starts
     /// full again, so a rising count means `max_keys` is too small.
     pub fn evictions(&self) -> u64 {
-        self.evictions.0.load(Ordering::Relaxed)
-    }
-
-    /// The set of `key` (already mapped away from 0).
-    fn set(&self, key: u64) -> &Set {
-        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
-        &self.sets[index as usize]
-    }
-
-    /// Runs `f` on the bucket refilled to `now` (clamped to the bucket's `last`, so time
-    /// never goes backwards), then stores it, or frees its slot if full. Returns `f`'s
-    /// result, the bucket after it and the effective `now`.
-    fn with_bucket<R>(
-        &self,
-        key: u64,
-        p: AdhocParams,
-        now: Nanos,
-        f: impl FnOnce(&mut Bucket, Nanos) -> R,
-    ) -> (R, Bucket, Nanos) {
-        let key = key.max(1);
-        let mut slots = self.set(key).lock();
-        let (mut hit, mut empty) = (WAYS, WAYS);
-        for (way, slot) in slots.iter().enumerate() {
-            hit = if slot.key == key && slot.params == p {
-                way
-            } else {
-                hit
-            };
-            empty = if slot.key == 0 { way } else { empty };
-        }
-        if let Some(slot) = slots.get_mut(hit) {
-            let now = now.max(slot.bucket.last);
-            let mut bucket = slot.bucket.refilled(&p, now);
-            let out = f(&mut bucket, now);
-            if bucket.tokens >= p.capacity {
-                slot.key = 0;
-            } else {
-                slot.bucket = bucket;
-            }
-            return (out, bucket, now);
-        }
-        let mut bucket = Bucket::full(&p, now);
-        let out = f(&mut bucket, now);
-        if bucket.tokens < p.capacity {
-            let way = self.victim(&slots, empty, now);
-            slots[way] = Slot {
-                key,
-                params: p,
-                bucket,
-            };
-        }
-        (out, bucket, now)
-    }
-
-    /// The way a new bucket takes: `empty` if it is a way, else a bucket full by `now`,
-    /// else (counted) the one with the most tokens missing the least, the earliest
-    /// refilled among equals. Each slot is judged with its own parameters.
-    fn victim(&self, slots: &[Slot; WAYS], empty: usize, now: Nanos) -> usize {
-        if empty < WAYS {
-            return empty;
-        }
-        let mut best = 0u128;
-        for (way, slot) in slots.iter().enumerate() {
-            let p = &slot.params;
-            let bucket = slot.bucket.refilled(p, now.max(slot.bucket.last));
-            // Nearest to full: the fewest tokens missing, as a score where higher wins.
-            let missing = p.capacity.saturating_sub(bucket.tokens);
-            let score = if missing == 0 { u64::MAX } else { !missing };
-            let low = !bucket.last & !7 | (WAYS - 1 - way) as u64;
-            best = best.max(u128::from(score) << 64 | u128::from(low));
-        }
-        if (best >> 64) as u64 != u64::MAX {
-            self.evictions.0.fetch_add(1, Ordering::Relaxed);
-        }
-        WAYS - 1 - (best & 7) as usize
-    }
-}
-
-impl Bucket {
-    /// A new bucket: full, its clock at `now`.
-    fn full(p: &AdhocParams, now: Nanos) -> Self {
-        Self {
-            tokens: p.capacity,
-            last: now,
-        }
-    }
-
-    /// The bucket after the refills due at `now` (`now ≥ last`, or no refill is due).
-    fn refilled(self, p: &AdhocParams, now: Nanos) -> Self {
-        if now.saturating_sub(self.last) < p.every {
-            return self;
-        }
-        self.refill(p, now)
-    }
-
-    /// [`Bucket::refilled`] once a refill is due, out of line to keep the scan small.
-    #[inline(never)]
-    fn refill(self, p: &AdhocParams, now: Nanos) -> Self {
-        let due = now.saturating_sub(self.last) / p.every;
-        let tokens = self
-            .tokens
-            .saturating_add(due.saturating_mul(p.amount))
-            .min(p.capacity);
-        if tokens >= p.capacity {
-            return Self::full(p, now);
-        }
-        Self {
-            tokens,
-            // due · every ≤ now - last: no overflow.
-            last: self.last + due * p.every,
-        }
-    }
-
-    /// Nanoseconds from `now` until the refill that brings the bucket to `want` tokens.
-    fn wait_for(&self, p: &AdhocParams, want: u64, now: Nanos) -> Nanos {
-        let refills = want.saturating_sub(self.tokens).div_ceil(p.amount);
-        refills
-            .saturating_mul(p.every)
-            .saturating_sub(now.saturating_sub(self.last))
+        self.table.evictions()
     }
 }
 
@@ -320,6 +204,13 @@ mod tests {
             capacity,
             amount,
             every,
+        }
+    }
+
+    impl AdhocBuckets {
+        /// [`AdhocBuckets::state`]: the tests' shorthand.
+        fn tokens(&self, key: u64, params: AdhocParams, now: Nanos) -> u64 {
+            self.state(key, params, now)
         }
     }
 
@@ -407,7 +298,7 @@ mod tests {
             assert!(b.acquire(spread(i), params(5, 1, SEC), 1, false, 0).allowed);
         }
         assert_eq!((b.len(), b.slots(), b.evictions()), (1_000, 1_000, 49_000));
-        assert_eq!(size_of::<Set>(), 392);
+        assert_eq!(size_of::<crate::limits::table::Set<Held>>(), 392);
         // Zero parameters never panic.
         let z = b.acquire(3, params(0, 0, 0), 1, true, 5);
         assert!(!z.allowed);

@@ -6,6 +6,8 @@
 //! sleeping. Each kind lives in its own file:
 //!
 //! - [`inflight`]: count-min estimate of concurrent events, decremented by a guard's drop.
+//! - [`adaptive`]: not a limiter: the learned concurrency of one upstream server (`max:
+//!   auto`), from a gradient of its short- against its long-term latency.
 //! - [`rate`]: sliding-window estimate of events per period, exact per key, in a fixed-size
 //!   set-associative table (as the token bucket's), whose evictions only ever make it more
 //!   lenient: a flood of other keys can never get a key rejected.
@@ -39,6 +41,7 @@
 //! returned as a [`verdict::Verdict`], a small `Copy` type that a remote (Redis) backend can
 //! produce as well, so the proxy does not change shape when state moves off-box.
 
+pub mod adaptive;
 pub mod adhoc_bucket;
 pub mod clock;
 pub mod concurrency;
@@ -50,11 +53,13 @@ pub mod rate;
 pub mod restore;
 pub mod sketch;
 pub mod sliding_log;
+pub mod table;
 pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;
 pub mod victim;
 
+pub use adaptive::{Adaptive, AdaptiveBounds, AdaptiveState, Sample};
 pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
 pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};

@@ -65,17 +65,11 @@
 //! entered (another thread read the clock later and got the lock first) counts at the
 //! start of that period.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
-
 use crate::limits::clock::Nanos;
 use crate::limits::restore::Restored;
+use crate::limits::table::{self, Table};
 use crate::limits::verdict::{Grant, Verdict, NEVER};
-
-/// Slots per set, as for the token bucket: a set rarely overflows at half load, and a scan
-/// reads four cache lines.
-const WAYS: usize = 8;
+use crate::limits::victim::Rank;
 
 /// Parameters of a rate limit: at most `max` events per sliding `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,14 +88,9 @@ pub struct RateParams {
 /// construction: `max` and `strict` come with every call, so that a reload or an override
 /// changing them keeps the counts (and can never go stale in here).
 pub struct RateLimiter {
-    /// The window in nanoseconds, at least 1.
-    per: Nanos,
-    sets: Box<[Set]>,
-    evictions: Evictions,
+    /// The windows, headed by the window's length in nanoseconds (at least 1).
+    table: Table<Counts, Nanos>,
 }
-
-/// One set: its lock and its slots, 264 bytes.
-type Set = Mutex<[Slot; WAYS]>;
 
 /// A key's counts as of the period they were last moved to: 24 bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -114,17 +103,16 @@ struct Counts {
     curr: u64,
 }
 
-/// A key and its counts, or an empty slot (key 0): 32 bytes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    key: u64,
-    counts: Counts,
-}
+/// A way's rank for eviction: its estimate · per; an empty window is free. Ways of equal
+/// rank go in the order `way ^ (newcomer's hash & 7)` (see [`RateLimiter::with_counts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Estimate(u128);
 
-/// The eviction count, on its own cache-line pair: written by any core that evicts, it
-/// must not false-share with `per`, which every decision reads.
-#[repr(align(128))]
-struct Evictions(AtomicU64);
+impl Rank for Estimate {
+    fn is_free(self) -> bool {
+        self.0 == 0
+    }
+}
 
 /// `now` cut into its period and the nanoseconds elapsed in it.
 #[derive(Debug, Clone, Copy)]
@@ -150,34 +138,24 @@ impl RateLimiter {
     /// `per` and `max_keys` of 0 are raised to 1, so bad parameters degrade the limit
     /// instead of panicking on the hot path (the config rejects them anyway).
     pub fn new(per: Nanos, max_keys: usize) -> Self {
-        let sets = Self::sets_for(max_keys);
         Self {
-            per: per.max(1),
-            // An exact-size iterator: one allocation, of exactly `sets` sets.
-            sets: (0..sets)
-                .map(|_| Mutex::new([Slot::default(); WAYS]))
-                .collect(),
-            evictions: Evictions(AtomicU64::new(0)),
+            table: Table::new(max_keys.min(Self::MAX_KEYS), per.max(1)),
         }
     }
 
     /// The most keys a table holds, whatever it is handed (the config refuses more): a
     /// bound on what a bad value can allocate, the same as the token bucket's.
-    pub const MAX_KEYS: usize = crate::limits::token_bucket::TokenBucket::MAX_KEYS;
+    pub const MAX_KEYS: usize = table::MAX_KEYS;
 
     /// The bytes [`RateLimiter::new`] allocates for `max_keys` (after the same clamping):
     /// whole sets of 8 slots.
     pub fn table_bytes(max_keys: usize) -> usize {
-        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
-    }
-
-    fn sets_for(max_keys: usize) -> usize {
-        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
+        Table::<Counts>::bytes_for(max_keys.min(Self::MAX_KEYS))
     }
 
     /// The window, in nanoseconds (at least 1).
     pub fn per(&self) -> Nanos {
-        self.per
+        *self.table.head()
     }
 
     /// Decides one event of weight `cost` for `key` at `now`, counting it when admitted
@@ -188,7 +166,7 @@ impl RateLimiter {
     /// `max: 0` that is a deliberate block): its `retry_after` is [`NEVER`], so that no
     /// client is invited to retry.
     pub fn acquire(&self, key: u64, max: u64, cost: u64, strict: bool, now: Nanos) -> Verdict {
-        let (per, at) = (self.per, self.moment(now));
+        let (per, at) = (self.per(), self.moment(now));
         let (admitted, counts) = self.with_counts(key, at, |counts| {
             let counted = Window {
                 curr: counts.curr.saturating_add(cost),
@@ -233,7 +211,7 @@ impl RateLimiter {
         now: Nanos,
     ) -> Grant {
         let min = min.min(want);
-        let (per, at) = (self.per, self.moment(now));
+        let (per, at) = (self.per(), self.moment(now));
         let (granted, counts) = self.with_counts(key, at, |counts| {
             let window = Window::of(per, counts, at);
             let least = Window {
@@ -282,14 +260,13 @@ impl RateLimiter {
         });
     }
 
-    /// The sliding-window estimate for `key` at `now`, for tests and debugging. It changes
-    /// nothing.
-    pub fn estimate(&self, key: u64, now: Nanos) -> f64 {
+    /// The sliding-window estimate for `key` at `now` (the admin API's `/state`, tests). It
+    /// changes nothing.
+    pub fn state(&self, key: u64, now: Nanos) -> f64 {
         let at = self.moment(now);
-        let key = key.max(1);
-        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
-        let counts = held.map_or(Counts::new(at.period), |s| s.counts.at(at.period));
-        let window = Window::of(self.per, &counts, at);
+        let held = self.table.get(key, |_| true);
+        let counts = held.map_or(Counts::new(at.period), |c| c.at(at.period));
+        let window = Window::of(self.per(), &counts, at);
         window.scaled() as f64 / window.per as f64
     }
 
@@ -298,8 +275,7 @@ impl RateLimiter {
     ///
     /// Locks each set in turn, so it is for metrics and tests, not the hot path.
     pub fn len(&self) -> usize {
-        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
-        self.sets.iter().map(held).sum()
+        self.table.len()
     }
 
     /// Whether no key holds state.
@@ -314,87 +290,47 @@ impl RateLimiter {
     /// seen within two periods (or a key flood is under way). Reusing the slot of a window
     /// that is empty by now loses nothing and is not counted.
     pub fn evictions(&self) -> u64 {
-        self.evictions.0.load(Ordering::Relaxed)
+        self.table.evictions()
     }
 
     /// `now`'s period and the nanoseconds elapsed in it.
     fn moment(&self, now: Nanos) -> Moment {
-        let period = now / self.per;
+        let per = self.per();
+        let period = now / per;
         Moment {
             period,
             // period · per ≤ now: no overflow.
-            elapsed: now - period * self.per,
+            elapsed: now - period * per,
         }
-    }
-
-    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
-    fn set(&self, key: u64) -> &Set {
-        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
-        &self.sets[index as usize]
     }
 
     /// Runs `f` on `key`'s counts moved to `at`, then stores them, or frees the key's slot
     /// if its window is empty (a key without state that stays empty takes no slot).
     /// Returns `f`'s result and the counts after it.
+    ///
+    /// A new key finding its set full takes the way with the smallest estimate at `at`: a
+    /// window empty by now has estimate 0 and is reused for free; any other is evicted, and
+    /// counted. Among equal estimates (a flood's one-event keys all weigh 1) the newcomer's
+    /// low hash bits pick, so in effect at random: a fixed choice would make every newcomer
+    /// land in the same way and be the next one evicted, so that a key sending a few events
+    /// between a flood's arrivals would never keep its count.
+    #[inline(always)]
     fn with_counts<R>(
         &self,
         key: u64,
         at: Moment,
         f: impl FnOnce(&mut Counts) -> R,
     ) -> (R, Counts) {
-        let key = key.max(1);
-        let mut slots = self.set(key).lock();
-        // A key holds at most one slot. Conditional moves, not an early exit: a hit's way
-        // is random, so a branch on it would mispredict.
-        let (mut hit, mut empty) = (WAYS, WAYS);
-        for (way, slot) in slots.iter().enumerate() {
-            hit = if slot.key == key { way } else { hit };
-            empty = if slot.key == 0 { way } else { empty };
-        }
-        if let Some(slot) = slots.get_mut(hit) {
-            let mut counts = slot.counts.at(at.period);
-            let out = f(&mut counts);
-            if counts.is_empty() {
-                *slot = Slot::default();
-            } else {
-                slot.counts = counts;
-            }
-            return (out, counts);
-        }
-        let mut counts = Counts::new(at.period);
-        let out = f(&mut counts);
-        if !counts.is_empty() {
-            let way = self.victim(&slots, empty, key, at);
-            slots[way] = Slot { key, counts };
-        }
-        (out, counts)
-    }
-
-    /// The way the new key `key` takes: `empty` if it is a way, else the way with the
-    /// smallest estimate at `at`. A window empty by now has estimate 0 and is reused for
-    /// free; any other is evicted, and counted.
-    ///
-    /// Among equal estimates (a flood's one-event keys all weigh 1) the newcomer's low hash
-    /// bits pick, so in effect at random: a fixed choice would make every newcomer land in
-    /// the same way and be the next one evicted, so that a key sending a few events
-    /// between a flood's arrivals would never keep its count. Each way scores
-    /// `estimate · per` with `way ^ (key & 7)` in the 3 lowest bits and the lowest score
-    /// wins: the loop compiles to conditional moves, where branches would mispredict on
-    /// every set.
-    fn victim(&self, slots: &[Slot; WAYS], empty: usize, key: u64, at: Moment) -> usize {
-        if empty < WAYS {
-            return empty;
-        }
-        let mix = key as usize & (WAYS - 1);
-        let mut best = u128::MAX;
-        for (way, slot) in slots.iter().enumerate() {
-            let scaled = Window::of(self.per, &slot.counts.at(at.period), at).scaled();
-            best = best.min(scaled.min(u128::MAX >> 3) << 3 | (way ^ mix) as u128);
-        }
-        if best >> 3 != 0 {
-            self.evictions.0.fetch_add(1, Ordering::Relaxed);
-        }
-        (best as usize & (WAYS - 1)) ^ mix
+        let per = self.per();
+        self.table.update(
+            key,
+            |_| true,
+            |held| held.map_or(Counts::new(at.period), |c| c.at(at.period)),
+            f,
+            |c| !c.is_empty(),
+            |_, c| Estimate(Window::of(per, &c.at(at.period), at).scaled()),
+            table::stored(key) as usize,
+        )
     }
 }
 
@@ -531,17 +467,14 @@ impl RateLimiter {
     /// touched; [`RateLimiter::import`] drops it). Each set is locked only while its 8
     /// slots are copied, and `f` runs with no lock held.
     pub fn export(&self, mut f: impl FnMut(RateWindowEntry)) {
-        for set in self.sets.iter() {
-            let slots = *set.lock();
-            for slot in slots.iter().filter(|s| s.key != 0) {
-                f(RateWindowEntry {
-                    key: slot.key,
-                    period: slot.counts.period,
-                    prev: slot.counts.prev,
-                    curr: slot.counts.curr,
-                });
-            }
-        }
+        self.table.each(|slot| {
+            f(RateWindowEntry {
+                key: slot.key,
+                period: slot.value.period,
+                prev: slot.value.prev,
+                curr: slot.value.curr,
+            })
+        });
     }
 
     /// Puts a saved window back at `now`: moved forward to `now`'s period (a period after
@@ -556,27 +489,9 @@ impl RateLimiter {
             curr: entry.curr,
         };
         let counts = saved.at(at.period);
-        let key = entry.key.max(1);
-        let mut slots = self.set(key).lock();
-        let hit = slots.iter().position(|s| s.key == key);
-        if counts.is_empty() {
-            if let Some(way) = hit {
-                slots[way] = Slot::default();
-            }
-            return Restored::Empty;
-        }
-        let free = || {
-            slots
-                .iter()
-                .position(|s| s.key == 0 || s.counts.at(at.period).is_empty())
-        };
-        match hit.or_else(free) {
-            Some(way) => {
-                slots[way] = Slot { key, counts };
-                Restored::Stored
-            }
-            None => Restored::NoRoom,
-        }
+        let kept = (!counts.is_empty()).then_some(counts);
+        self.table
+            .put(entry.key, kept, |c| c.at(at.period).is_empty())
     }
 }
 
@@ -588,6 +503,13 @@ mod tests {
     const SEC: Nanos = 1_000_000_000;
     const MS: Nanos = 1_000_000;
     const DAY: Nanos = 86_400 * SEC;
+
+    impl RateLimiter {
+        /// [`RateLimiter::state`]: the tests' shorthand.
+        pub(crate) fn estimate(&self, key: u64, now: Nanos) -> f64 {
+            self.state(key, now)
+        }
+    }
 
     fn limiter(per: Nanos) -> RateLimiter {
         RateLimiter::new(per, 1_000)
@@ -938,8 +860,11 @@ mod tests {
         // Every set filled up, then each newcomer evicted exactly one key.
         assert_eq!((l.len(), l.evictions()), (1_000, 199_000));
         // 33 bytes per key and a 256-byte header, as documented.
-        assert_eq!([size_of::<Set>(), size_of::<RateLimiter>()], [264, 256]);
-        let sets = |n| RateLimiter::new(SEC, n).sets.len();
+        assert_eq!(
+            [size_of::<table::Set<Counts>>(), size_of::<RateLimiter>()],
+            [264, 256]
+        );
+        let sets = |n| RateLimiter::new(SEC, n).table.sets();
         assert_eq!([sets(100_000), sets(9), sets(1)], [12_500, 2, 1]);
         // per 0 is 1 ns and max_keys 0 is 1: one set of 8 ways.
         let l = RateLimiter::new(0, 0);

@@ -37,17 +37,11 @@
 //! `a = max_keys / 4`, 0.8% at `max_keys / 2`, 5% at `3/4` and 14% at `max_keys`. Size
 //! `max_keys` at twice the keys expected to hold state at once.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
-
 use crate::limits::clock::Nanos;
 use crate::limits::restore::Restored;
+use crate::limits::table::{self, Table};
 use crate::limits::verdict::{Grant, Verdict, NEVER};
-
-/// Slots per set: enough that a set rarely overflows at half load (see the module doc),
-/// few enough that a scan reads four cache lines.
-const WAYS: usize = 8;
+use crate::limits::victim::Score;
 
 /// Parameters of a token bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,50 +56,61 @@ pub struct TokenBucketParams {
     pub strict: bool,
 }
 
+/// What a bucket holds and how it refills: the token bucket's parameters, or an ad-hoc
+/// bucket's (which come with each call), so that both run the same [`Bucket`] arithmetic.
+pub(crate) trait Refill: Copy {
+    /// Tokens a full bucket holds.
+    fn capacity(self) -> u64;
+    /// Tokens added per refill, at least 1.
+    fn amount(self) -> u64;
+    /// Nanoseconds between refills, at least 1.
+    fn every(self) -> Nanos;
+}
+
+impl Refill for &TokenBucketParams {
+    fn capacity(self) -> u64 {
+        self.capacity
+    }
+    fn amount(self) -> u64 {
+        self.amount
+    }
+    fn every(self) -> Nanos {
+        self.every
+    }
+}
+
 /// Exact per-key token buckets.
 ///
 /// Exact because a key's tokens are its own, unlike a sketch's shared counters: a bucket
 /// is the limit customers are promised, so it must not overcount.
 pub struct TokenBucket {
-    params: TokenBucketParams,
-    sets: Box<[Set]>,
-    evictions: Evictions,
+    /// The buckets, headed by the parameters.
+    table: Table<Bucket, TokenBucketParams>,
 }
 
-/// One set: its lock and its slots, 200 bytes.
-type Set = Mutex<[Slot; WAYS]>;
-
-/// One key's state: 16 bytes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    tokens: u64,
-    last: Nanos,
+/// One key's state: 16 bytes (a slot with its key, 24).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    /// Tokens held after the last refill applied.
+    pub(crate) tokens: u64,
+    /// The instant of the last refill applied.
+    pub(crate) last: Nanos,
 }
-
-/// A key and its bucket, or an empty slot (key 0): 24 bytes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Slot {
-    key: u64,
-    bucket: Bucket,
-}
-
-/// The eviction count, on its own cache-line pair: written by any core that evicts, it
-/// must not false-share with the parameters every decision reads.
-#[repr(align(128))]
-struct Evictions(AtomicU64);
 
 impl TokenBucket {
     /// The most keys one table may hold: 2²⁴, 16 777 216 keys in 400 MiB.
-    pub const MAX_KEYS: usize = 1 << 24;
+    pub const MAX_KEYS: usize = table::MAX_KEYS;
 
     /// The bytes [`TokenBucket::new`] allocates for `max_keys` (after the same clamping):
     /// whole sets of 8 slots, 25 bytes a key.
     pub fn table_bytes(max_keys: usize) -> usize {
-        Self::sets_for(max_keys) * std::mem::size_of::<Set>()
+        Table::<Bucket>::bytes_for(max_keys.min(Self::MAX_KEYS))
     }
 
+    /// The sets [`TokenBucket::new`] allocates for `max_keys`.
+    #[cfg(test)]
     fn sets_for(max_keys: usize) -> usize {
-        max_keys.clamp(1, Self::MAX_KEYS).div_ceil(WAYS)
+        Table::<Bucket>::sets_for(max_keys.min(Self::MAX_KEYS))
     }
 
     /// Buckets with `params`, holding state for at most `max_keys` keys (see the module doc
@@ -116,18 +121,13 @@ impl TokenBucket {
     /// `max_keys` above [`Self::MAX_KEYS`] is cut to it, so no value can make the table
     /// allocate more than 400 MiB (the config refuses such values too).
     pub fn new(params: TokenBucketParams, max_keys: usize) -> Self {
-        let sets = Self::sets_for(max_keys);
+        let params = TokenBucketParams {
+            amount: params.amount.max(1),
+            every: params.every.max(1),
+            ..params
+        };
         Self {
-            params: TokenBucketParams {
-                amount: params.amount.max(1),
-                every: params.every.max(1),
-                ..params
-            },
-            // An exact-size iterator: one allocation, of exactly `sets` sets.
-            sets: (0..sets)
-                .map(|_| Mutex::new([Slot::default(); WAYS]))
-                .collect(),
-            evictions: Evictions(AtomicU64::new(0)),
+            table: Table::new(max_keys.min(Self::MAX_KEYS), params),
         }
     }
 
@@ -138,7 +138,7 @@ impl TokenBucket {
     /// `cost` tokens. A `cost` above `capacity` can never pass (with `capacity: 0` that is
     /// a deliberate block): its `retry_after` is [`NEVER`], so no client is invited back.
     pub fn acquire(&self, key: u64, cost: u64, now: Nanos) -> Verdict {
-        let p = &self.params;
+        let p = self.table.head();
         let (admitted, bucket) = self.with_bucket(key, now, |bucket| {
             if bucket.tokens >= cost {
                 bucket.tokens -= cost;
@@ -174,7 +174,7 @@ impl TokenBucket {
     /// when `min` is above `capacity`). `acquire_many(key, c, c, now)` decides exactly as
     /// `acquire(key, c, now)`.
     pub fn acquire_many(&self, key: u64, min: u64, want: u64, now: Nanos) -> Grant {
-        let p = &self.params;
+        let p = self.table.head();
         let min = min.min(want);
         let (granted, bucket) = self.with_bucket(key, now, |bucket| {
             if bucket.tokens >= min {
@@ -207,44 +207,33 @@ impl TokenBucket {
     /// Due refills apply first and the bucket never exceeds `capacity`; a key without state
     /// is full, so refunding it changes nothing.
     pub fn refund(&self, key: u64, cost: u64, now: Nanos) {
-        let capacity = self.params.capacity;
+        let capacity = self.table.head().capacity;
         self.with_bucket(key, now, |bucket| {
             bucket.tokens = bucket.tokens.saturating_add(cost).min(capacity);
         });
     }
 
-    /// Tokens `key` holds at `now` (capacity for an unknown key).
-    pub fn tokens(&self, key: u64, now: Nanos) -> u64 {
-        let key = key.max(1);
-        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
-        held.map_or(self.params.capacity, |s| {
-            s.bucket.refilled(&self.params, now).tokens
-        })
-    }
-
     /// Tokens `key` holds at `now` and the instant of the last refill applied, taking
-    /// nothing and changing nothing (the admin API's `/state`); `None` for the instant
-    /// when the key holds no state (its bucket is full).
-    pub fn peek(&self, key: u64, now: Nanos) -> (u64, Option<Nanos>) {
-        let key = key.max(1);
-        let held = self.set(key).lock().iter().find(|s| s.key == key).copied();
-        held.map_or((self.params.capacity, None), |s| {
-            let b = s.bucket.refilled(&self.params, now);
+    /// nothing and changing nothing (the admin API's `/state`, snapshots' tests); `None` for
+    /// the instant when the key holds no state (its bucket is full).
+    pub fn state(&self, key: u64, now: Nanos) -> (u64, Option<Nanos>) {
+        let held = self.table.get(key, |_| true);
+        held.map_or((self.table.head().capacity, None), |b| {
+            let b = b.refilled(self.table.head(), now);
             (b.tokens, Some(b.last))
         })
     }
 
     /// The parameters (`amount` and `every` at least 1).
     pub fn params(&self) -> TokenBucketParams {
-        self.params
+        *self.table.head()
     }
 
     /// Keys currently holding state (a bucket full by now still counts until touched).
     ///
     /// Locks each set in turn, so it is for metrics and tests, not the hot path.
     pub fn len(&self) -> usize {
-        let held = |set: &Set| set.lock().iter().filter(|s| s.key != 0).count();
-        self.sets.iter().map(held).sum()
+        self.table.len()
     }
 
     /// Whether no key holds state.
@@ -258,92 +247,46 @@ impl TokenBucket {
     /// `max_keys` is too small for the keys holding state. Reusing the slot of a bucket
     /// that is full by now loses nothing and is not counted.
     pub fn evictions(&self) -> u64 {
-        self.evictions.0.load(Ordering::Relaxed)
-    }
-
-    /// The set of `key` (already mapped away from 0), by Lemire's multiply-high reduction.
-    fn set(&self, key: u64) -> &Set {
-        let index = (u128::from(key) * self.sets.len() as u128) >> 64;
-        &self.sets[index as usize]
+        self.table.evictions()
     }
 
     /// Runs `f` on `key`'s bucket refilled to `now`, then stores it, or frees its slot if
-    /// full. Returns `f`'s result and the bucket after it.
+    /// full (a new key's bucket starts full and takes a slot only if `f` leaves it below
+    /// capacity). Returns `f`'s result and the bucket after it.
+    #[inline(always)]
     fn with_bucket<R>(
         &self,
         key: u64,
         now: Nanos,
         f: impl FnOnce(&mut Bucket) -> R,
     ) -> (R, Bucket) {
-        let p = &self.params;
-        let key = key.max(1);
-        let mut slots = self.set(key).lock();
-        // A key holds at most one slot. Conditional moves, not an early exit: a hit's way
-        // is random, so a branch on it would mispredict.
-        let (mut hit, mut empty) = (WAYS, WAYS);
-        for (way, slot) in slots.iter().enumerate() {
-            hit = if slot.key == key { way } else { hit };
-            empty = if slot.key == 0 { way } else { empty };
-        }
-        if let Some(slot) = slots.get_mut(hit) {
-            let mut bucket = slot.bucket.refilled(p, now);
-            let out = f(&mut bucket);
-            if bucket.tokens >= p.capacity {
-                slot.key = 0;
-            } else {
-                slot.bucket = bucket;
-            }
-            return (out, bucket);
-        }
-        let mut bucket = Bucket::full(p, now);
-        let out = f(&mut bucket);
-        if bucket.tokens < p.capacity {
-            let way = self.victim(&slots, empty, now);
-            slots[way] = Slot { key, bucket };
-        }
-        (out, bucket)
-    }
-
-    /// The way a new key takes: `empty` if it is a way, else a bucket full by `now` if
-    /// any, else (counted) the one with the most tokens at `now`, the earliest refilled
-    /// among equals.
-    ///
-    /// Each way scores (tokens, !last) with its way in the 3 lowest bits, or `u64::MAX`
-    /// tokens if full, and the highest score wins: the loop compiles to conditional moves,
-    /// where branches would mispredict on every set. `!last` ranks the earliest refill
-    /// highest, to within 8 ns, plenty for a tie-break.
-    fn victim(&self, slots: &[Slot; WAYS], empty: usize, now: Nanos) -> usize {
-        if empty < WAYS {
-            return empty;
-        }
-        let p = &self.params;
-        let mut best = 0u128;
-        for (way, slot) in slots.iter().enumerate() {
-            let bucket = slot.bucket.refilled(p, now);
-            let full = bucket.tokens >= p.capacity;
-            let tokens = if full { u64::MAX } else { bucket.tokens };
-            let low = !bucket.last & !7 | (WAYS - 1 - way) as u64;
-            best = best.max(u128::from(tokens) << 64 | u128::from(low));
-        }
-        if (best >> 64) as u64 != u64::MAX {
-            self.evictions.0.fetch_add(1, Ordering::Relaxed);
-        }
-        WAYS - 1 - (best & 7) as usize
+        let p = self.table.head();
+        self.table.update(
+            key,
+            |_| true,
+            |held| held.map_or_else(|| Bucket::full(p, now), |b| b.refilled(p, now)),
+            f,
+            |b| b.tokens < p.capacity,
+            |_, b| b.score(p, now),
+            0,
+        )
     }
 }
 
 impl Bucket {
     /// A new key's bucket.
-    fn full(p: &TokenBucketParams, now: Nanos) -> Self {
+    pub(crate) fn full(p: impl Refill, now: Nanos) -> Self {
         Self {
-            tokens: p.capacity,
+            tokens: p.capacity(),
             last: now,
         }
     }
 
-    /// The bucket after the refills due at `now`; `self` is a stored bucket, so not full.
-    fn refilled(self, p: &TokenBucketParams, now: Nanos) -> Self {
-        if now.saturating_sub(self.last) < p.every {
+    /// The bucket after the refills due at `now` (`now ≥ last`, or no refill is due); `self`
+    /// is a stored bucket, so not full.
+    #[inline(always)]
+    pub(crate) fn refilled(self, p: impl Refill, now: Nanos) -> Self {
+        if now.saturating_sub(self.last) < p.every() {
             // No refill due: the common case, without a division.
             return self;
         }
@@ -353,28 +296,45 @@ impl Bucket {
     /// [`Bucket::refilled`] once a refill is due, kept out of line so that the scan of a
     /// set stays small.
     #[inline(never)]
-    fn refill(self, p: &TokenBucketParams, now: Nanos) -> Self {
-        let due = now.saturating_sub(self.last) / p.every;
+    fn refill(self, p: impl Refill, now: Nanos) -> Self {
+        let due = now.saturating_sub(self.last) / p.every();
         let tokens = self
             .tokens
-            .saturating_add(due.saturating_mul(p.amount))
-            .min(p.capacity);
-        if tokens >= p.capacity {
+            .saturating_add(due.saturating_mul(p.amount()))
+            .min(p.capacity());
+        if tokens >= p.capacity() {
             return Self::full(p, now);
         }
         Self {
             tokens,
             // due · every ≤ now - last: no overflow.
-            last: self.last + due * p.every,
+            last: self.last + due * p.every(),
         }
     }
 
     /// Nanoseconds from `now` until the refill that brings the bucket to `want` tokens.
-    fn wait_for(&self, p: &TokenBucketParams, want: u64, now: Nanos) -> Nanos {
-        let refills = want.saturating_sub(self.tokens).div_ceil(p.amount);
+    pub(crate) fn wait_for(&self, p: impl Refill, want: u64, now: Nanos) -> Nanos {
+        let refills = want.saturating_sub(self.tokens).div_ceil(p.amount());
         refills
-            .saturating_mul(p.every)
+            .saturating_mul(p.every())
             .saturating_sub(now.saturating_sub(self.last))
+    }
+
+    /// What forgetting this stored bucket would wrongly admit at `now`
+    /// ([`crate::limits::victim`]): a new key starts full, so the loss is the tokens it
+    /// lacks, and it empties (equals a new key) when it is full again. A bucket full by
+    /// `now` is free.
+    pub(crate) fn score(self, p: impl Refill, now: Nanos) -> Score {
+        let b = self.refilled(p, now);
+        let missing = p.capacity().saturating_sub(b.tokens);
+        if missing == 0 {
+            return Score::FREE;
+        }
+        Score::new(
+            missing,
+            now.saturating_add(b.wait_for(p, p.capacity(), now)),
+            now,
+        )
     }
 }
 
@@ -397,16 +357,13 @@ impl TokenBucket {
     /// touched; [`TokenBucket::import`] drops it). Each set is locked only while its 8
     /// slots are copied: decisions wait at most that long, and `f` runs with no lock held.
     pub fn export(&self, mut f: impl FnMut(BucketEntry)) {
-        for set in self.sets.iter() {
-            let slots = *set.lock();
-            for slot in slots.iter().filter(|s| s.key != 0) {
-                f(BucketEntry {
-                    key: slot.key,
-                    tokens: slot.bucket.tokens,
-                    last: slot.bucket.last,
-                });
-            }
-        }
+        self.table.each(|slot| {
+            f(BucketEntry {
+                key: slot.key,
+                tokens: slot.value.tokens,
+                last: slot.value.last,
+            })
+        });
     }
 
     /// Puts a saved bucket back at `now`: refilled as the semantics say (a `last` after
@@ -414,7 +371,7 @@ impl TokenBucket {
     /// key's state if the key has some, else takes an empty slot or one whose bucket is
     /// full by now; it never evicts (see [`crate::limits::restore`]).
     pub fn import(&self, entry: BucketEntry, now: Nanos) -> Restored {
-        let p = &self.params;
+        let p = self.table.head();
         let saved = Bucket {
             tokens: entry.tokens.min(p.capacity),
             last: entry.last.min(now),
@@ -424,33 +381,16 @@ impl TokenBucket {
         } else {
             saved.refilled(p, now)
         };
-        let key = entry.key.max(1);
-        let mut slots = self.set(key).lock();
-        let hit = slots.iter().position(|s| s.key == key);
-        if bucket.tokens >= p.capacity {
-            if let Some(way) = hit {
-                slots[way] = Slot::default();
-            }
-            return Restored::Empty;
-        }
-        let free = || {
-            slots
-                .iter()
-                .position(|s| s.key == 0 || s.bucket.refilled(p, now).tokens >= p.capacity)
-        };
-        match hit.or_else(free) {
-            Some(way) => {
-                slots[way] = Slot { key, bucket };
-                Restored::Stored
-            }
-            None => Restored::NoRoom,
-        }
+        let kept = (bucket.tokens < p.capacity).then_some(bucket);
+        self.table
+            .put(entry.key, kept, |b| b.refilled(p, now).tokens >= p.capacity)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::table::WAYS;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
@@ -466,6 +406,13 @@ mod tests {
         }
     }
 
+    impl TokenBucket {
+        /// The tokens of [`TokenBucket::state`]: the tests' shorthand.
+        pub(crate) fn tokens(&self, key: u64, now: Nanos) -> u64 {
+            self.state(key, now).0
+        }
+    }
+
     /// Spreads small test keys over the sets, as real (hashed) keys are.
     fn spread(i: u64) -> u64 {
         i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -475,8 +422,8 @@ mod tests {
     fn the_table_never_exceeds_max_keys() {
         let p = params(5, 1, SEC, false);
         // Valid sizes are kept exactly: whole sets of 8, 25 bytes a key.
-        assert_eq!(TokenBucket::new(p, 1000).sets.len(), 125);
-        assert_eq!(TokenBucket::new(p, 1001).sets.len(), 126);
+        assert_eq!(TokenBucket::new(p, 1000).table.sets(), 125);
+        assert_eq!(TokenBucket::new(p, 1001).table.sets(), 126);
         assert_eq!(TokenBucket::table_bytes(100_000), 2_500_000);
         assert_eq!(
             TokenBucket::table_bytes(TokenBucket::MAX_KEYS),
@@ -490,7 +437,7 @@ mod tests {
             assert_eq!(TokenBucket::sets_for(huge), TokenBucket::MAX_KEYS / WAYS);
             assert_eq!(TokenBucket::table_bytes(huge), 400 << 20);
         }
-        assert_eq!(TokenBucket::new(p, 0).sets.len(), 1);
+        assert_eq!(TokenBucket::new(p, 0).table.sets(), 1);
     }
 
     #[test]
@@ -596,8 +543,11 @@ mod tests {
         // Every set filled up, then each newcomer evicted exactly one bucket.
         assert_eq!((b.len(), b.evictions()), (1_000, 199_000));
         // 25 bytes per key and a 256-byte header, as documented.
-        assert_eq!([size_of::<Set>(), size_of::<TokenBucket>()], [200, 256]);
-        let sets = |n| TokenBucket::new(params(10, 1, SEC, false), n).sets.len();
+        assert_eq!(
+            [size_of::<table::Set<Bucket>>(), size_of::<TokenBucket>()],
+            [200, 256]
+        );
+        let sets = |n| TokenBucket::new(params(10, 1, SEC, false), n).table.sets();
         assert_eq!([sets(100_000), sets(9), sets(1)], [12_500, 2, 1]);
         // max_keys 0 is 1: one set of 8 ways.
         let b = TokenBucket::new(params(10, 1, SEC, false), 0);

@@ -74,10 +74,24 @@ impl Score {
     }
 }
 
-/// The way of least score among `scores` (the first of equals), and whether taking it
+/// How a kind ranks a way for eviction: the least rank is taken. Every free rank (a way
+/// whose state equals a new key's) is equal to every other free one and below every rank
+/// that is not free, so the first free way is the least.
+pub trait Rank: Ord + Copy {
+    /// Whether taking the way loses nothing.
+    fn is_free(self) -> bool;
+}
+
+impl Rank for Score {
+    fn is_free(self) -> bool {
+        Score::is_free(self)
+    }
+}
+
+/// The way of least rank among `scores` (the first of equals), and whether taking it
 /// forgets live state (an eviction, to be counted). Stops at the first free way.
-pub fn choose(scores: impl IntoIterator<Item = Score>) -> (usize, bool) {
-    let mut best: Option<(Score, usize)> = None;
+pub fn choose<R: Rank>(scores: impl IntoIterator<Item = R>) -> (usize, bool) {
+    let mut best: Option<(R, usize)> = None;
     for (way, score) in scores.into_iter().enumerate() {
         if score.is_free() {
             return (way, false);

@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use crate::limits::Nanos;
 use crate::proxy::problem::Problem;
+use crate::proxy::request_id::RequestId;
 use crate::proxy::route::HostBuf;
-use crate::runtime::decide::{Holds, Notes};
+use crate::runtime::decide::{Holds, Notes, Phase};
+use crate::runtime::learned::Attempt;
 use crate::runtime::Runtime;
 
 /// Decrements the origin's exact inflight gauge when dropped.
@@ -62,6 +64,23 @@ pub struct Ctx {
     pub picked: Option<SocketAddr>,
     /// A retry's rejection, decided in `upstream_peer`, written by `fail_to_proxy`.
     pub rejection: Option<Problem>,
+    /// The upstream attempt being timed for `max: auto` limits (only when the origin has
+    /// one), until its response's headers or its failure.
+    pub attempt: Option<Attempt>,
+    /// The request's ID (`X-Request-Id`), set when the request is first seen.
+    pub request_id: RequestId,
+    /// When the request's header was read, on the proxy's clock (Unix nanoseconds).
+    pub arrived: Nanos,
+    /// The limit that rejected the request: its phase and index.
+    pub rejected: Option<(Phase, u16)>,
+    /// The upstream server of the last attempt.
+    pub upstream: Option<SocketAddr>,
+    /// When the request was sent upstream (the last attempt).
+    pub upstream_sent: Option<Instant>,
+    /// The upstream's status and its time to first byte (nanoseconds).
+    pub upstream_answer: Option<(u16, u64)>,
+    /// Whether a store's fallback (`fallback`) or deny cache (`deny_cache`) decided.
+    pub source: &'static str,
 }
 
 impl Ctx {
@@ -91,6 +110,14 @@ impl Default for Ctx {
             gauge: None,
             picked: None,
             rejection: None,
+            attempt: None,
+            request_id: RequestId::default(),
+            arrived: 0,
+            rejected: None,
+            upstream: None,
+            upstream_sent: None,
+            upstream_answer: None,
+            source: "",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
 //! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what
 //! the request's header becomes upstream ([`forward`]), the per-request context
-//! ([`ctx`]), the responses tollgate writes itself ([`problem`]), and two small HTTP side
+//! ([`ctx`]), the responses tollgate writes itself ([`problem`], and ACME HTTP-01 answers:
+//! [`challenge`]), and two small HTTP side
 //! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
 //! proxy, each downstream connection's life: its caps ([`connections`]), its deadlines and
 //! draining ([`front`], [`conn`]), what precedes its first request ([`edge`]: the listener
@@ -13,6 +14,8 @@
 //! decisions; it never builds runtime state and never imports the reloader or the process
 //! assembly ([`crate::server`]), which sit above it.
 
+pub mod access;
+pub mod challenge;
 pub mod conn;
 pub mod connections;
 pub mod ctx;
@@ -27,6 +30,7 @@ pub mod listeners;
 pub mod metrics_app;
 pub mod pingora_log;
 pub mod proxy_protocol;
+pub mod request_id;
 pub mod route;
 pub mod service;
 pub mod tls_accept;

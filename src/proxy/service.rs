@@ -19,8 +19,11 @@ use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
-use crate::config::UpstreamProtocol;
-use crate::limits::{Clock, MonotonicClock, Nanos, Verdict};
+use crate::accesslog::AccessLog;
+use crate::config::{HeadersMode, UpstreamProtocol};
+use crate::limits::{Clock, MonotonicClock, Verdict};
+use crate::proxy::access;
+use crate::proxy::challenge;
 use crate::proxy::conn::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::forward;
@@ -28,9 +31,11 @@ use crate::proxy::grpc;
 use crate::proxy::identity::{client_ip, is_trusted, RequestFacts};
 use crate::proxy::pingora_log::redact;
 use crate::proxy::problem::{self, Problem, RejectInfo};
+use crate::proxy::request_id::{self, RequestId};
 use crate::proxy::route::HostBuf;
 use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::decide::{self, Decided, Phase};
+use crate::runtime::learned::{self, Attempt};
 use crate::runtime::policy::{ceil_secs, limit_item};
 use crate::runtime::{OriginRt, Runtime};
 
@@ -48,14 +53,23 @@ pub struct Tollgate {
     upstream_retries: LogBudget,
     /// Requests that failed inside tollgate.
     internal_errors: LogBudget,
+    /// The access log, when `server.access_log` is set (fixed until a restart).
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Tollgate {
     /// A proxy reading its config from `runtime`, which the reloader swaps; once `drain`
     /// starts, every response closes its connection. `clock` times every decision: the
     /// process's clock, which snapshots of the limiters' state are written and loaded on.
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>, drain: Arc<Drain>, clock: MonotonicClock) -> Self {
+    /// Each request's line goes to `access_log`, if any.
+    pub fn new(
+        runtime: Arc<ArcSwap<Runtime>>,
+        drain: Arc<Drain>,
+        clock: MonotonicClock,
+        access_log: Option<Arc<AccessLog>>,
+    ) -> Self {
         Self {
+            access_log,
             runtime,
             drain,
             clock,
@@ -152,7 +166,10 @@ impl Tollgate {
         .await;
         match decided {
             Ok(None) => None,
-            Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, ctx.now)),
+            Ok(Some(rejected)) => {
+                ctx.rejected = Some((rejected.phase, rejected.limit));
+                Some(rejected_problem(origin, &rejected, client, ctx))
+            }
             Err(e) => Some(problem::bad_request(e.to_string())),
         }
     }
@@ -178,8 +195,12 @@ impl Tollgate {
                 "origin has no upstream to select",
             )
         })?;
-        // A retry picks a server again: drop the previous attempt's units first, so they
-        // are replaced, never doubled.
+        // A retry picks a server again: the previous attempt failed at the server (a
+        // congestion signal for `max: auto`), and its units are dropped first, so they are
+        // replaced, never doubled.
+        if let Some(attempt) = ctx.attempt.take() {
+            attempt.failed(origin, self.clock.now());
+        }
         ctx.holds.retain(|t| t.phase != Phase::Upstream);
         ctx.notes.retain(|n| n.phase != Phase::Upstream);
         let facts = facts(session, ctx, rt, origin, Some(addr));
@@ -198,7 +219,10 @@ impl Tollgate {
         let client = ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let rejection = match decided {
             Ok(None) => None,
-            Ok(Some(rejected)) => Some(rejected_problem(origin, &rejected, client, now)),
+            Ok(Some(rejected)) => {
+                ctx.rejected = Some((rejected.phase, rejected.limit));
+                Some(rejected_problem(origin, &rejected, client, ctx))
+            }
             Err(e) => Some(problem::bad_request(e.to_string())),
         };
         if let Some(problem) = rejection {
@@ -206,7 +230,15 @@ impl Tollgate {
             // request that never ran.
             return Ok(Err(problem));
         }
+        ctx.source = source_of(&ctx.holds);
         decide::settle(origin, &mut ctx.holds);
+        if learned::learns(origin) {
+            ctx.attempt = Some(Attempt {
+                server: addr,
+                start: self.clock.now(),
+            });
+        }
+        ctx.upstream = Some(addr);
         if ctx.gauge.is_none() {
             ctx.gauge = Some(GaugeGuard::new(&origin.inflight_gauge));
         }
@@ -311,7 +343,8 @@ fn facts<'a>(
 
 /// The response to a limit's rejection, logged at info within the limit's log budget (a
 /// flood of rejections writes a few lines a second, then says how many it left out).
-fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: Nanos) -> Problem {
+fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, ctx: &Ctx) -> Problem {
+    let now = ctx.now;
     let Some(limit) = decide::limit_of(origin, rejected.phase, rejected.limit) else {
         return problem::bad_request("the rejecting limit is gone".to_string());
     };
@@ -336,18 +369,39 @@ fn rejected_problem(origin: &OriginRt, rejected: &Decided, client: IpAddr, now: 
         policy_item: variant.policy.item(rejected.policy),
         remaining: rejected.verdict.remaining,
         retry_after: rejected.verdict.retry_after,
+        request_id: ctx.request_id.as_str(),
     })
+}
+
+/// Who decided the request's admissions on a shared store, when it was not the store:
+/// `fallback` or `deny_cache` (the access log's `source`); empty otherwise.
+fn source_of(holds: &decide::Holds) -> &'static str {
+    use crate::runtime::limiter::Hold;
+    use crate::store::Source;
+    for t in holds {
+        if let Hold::SharedRefund { source, .. } = &t.hold {
+            match source {
+                Source::Fallback => return "fallback",
+                Source::DenyCache => return "deny_cache",
+                Source::Store => {}
+            }
+        }
+    }
+    ""
 }
 
 /// Writes a response tollgate built itself. When the request has an unread body the
 /// connection is closed afterwards, so a keep-alive client never waits on a body nobody
 /// reads (Pingora issues 766 and 540); so it is when `close` says the process drains.
-async fn send(session: &mut Session, problem: &Problem, close: bool) -> Result<()> {
+async fn send(session: &mut Session, problem: &Problem, close: bool, id: &RequestId) -> Result<()> {
     if grpc::is_grpc(&session.req_header().headers) {
         return grpc::send(session, problem).await;
     }
-    let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 2))?;
+    let mut resp = ResponseHeader::build(problem.status, Some(problem.headers.len() + 3))?;
     resp.insert_header("content-type", "application/problem+json")?;
+    if !id.is_empty() {
+        resp.insert_header(request_id::HEADER, id.as_str())?;
+    }
     resp.insert_header("content-length", problem.body.len().to_string())?;
     for (name, value) in &problem.headers {
         resp.insert_header(*name, value.as_str())?;
@@ -370,9 +424,10 @@ impl ProxyHttp for Tollgate {
         Ctx::default()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         // The header is complete: the connection's header deadline no longer applies.
         mark_request_started(session);
+        ctx.arrived = self.clock.now();
         Ok(())
     }
 
@@ -391,12 +446,28 @@ impl ProxyHttp for Tollgate {
             // Pingora then answers `Connection: close` and does not read another request.
             session.set_keepalive(None);
         }
+        let trusted = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .is_some_and(|a| is_trusted(a.ip(), &rt.config.server.trusted_proxies));
+        ctx.request_id = RequestId::of(
+            &session.req_header().headers,
+            trusted,
+            ctx.arrived / 1_000_000,
+        );
+        if let Some(key_authorization) =
+            challenge::answer(session.req_header().uri.path(), &rt.managed)
+        {
+            ctx.rt = Some(rt);
+            challenge::send(session, &key_authorization, close).await?;
+            return Ok(true);
+        }
         let answer = self.admit(session, ctx, &rt).await;
         ctx.rt = Some(rt);
         match answer {
             None => Ok(false),
             Some(problem) => {
-                send(session, &problem, close).await?;
+                send(session, &problem, close, &ctx.request_id).await?;
                 Ok(true)
             }
         }
@@ -418,7 +489,7 @@ impl ProxyHttp for Tollgate {
                 Ok(true)
             }
             Ok(Err(problem)) => {
-                send(session, &problem, self.drain.is_draining()).await?;
+                send(session, &problem, self.drain.is_draining(), &ctx.request_id).await?;
                 Ok(false)
             }
             // No server to pick: `upstream_peer` meets the same error and answers it.
@@ -456,8 +527,12 @@ impl ProxyHttp for Tollgate {
         &self,
         session: &mut Session,
         upstream_request: &mut pingora::http::RequestHeader,
-        _ctx: &mut Ctx,
+        ctx: &mut Ctx,
     ) -> Result<()> {
+        // The request's ID replaces whatever the client sent (kept only from a trusted
+        // proxy, and only well formed: see `request_id`).
+        upstream_request.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        ctx.upstream_sent = Some(std::time::Instant::now());
         // Tell the upstream who connected: every X-Forwarded-For line as one list, with the
         // direct peer appended.
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
@@ -477,6 +552,18 @@ impl ProxyHttp for Tollgate {
             // Handed over while this request ran: its client moves on after this response.
             session.set_keepalive(None);
         }
+        if let (Some(attempt), Some(rt), Some(i)) = (ctx.attempt.take(), &ctx.rt, ctx.origin) {
+            // The end of the upstream's headers: what `max: auto` measures.
+            let status = upstream_response.status.as_u16();
+            attempt.answered(&rt.origins[i], status, self.clock.now());
+        }
+        let ttfb = ctx
+            .upstream_sent
+            .map_or(0, |t| t.elapsed().as_nanos() as u64);
+        ctx.upstream_answer = Some((upstream_response.status.as_u16(), ttfb));
+        if !ctx.request_id.is_empty() {
+            upstream_response.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        }
         if ctx.notes.is_empty() {
             return Ok(());
         }
@@ -487,10 +574,14 @@ impl ProxyHttp for Tollgate {
         let mut policies = String::new();
         let mut limits = String::new();
         for note in &ctx.notes {
-            // Only limits with `headers: always` leave notes.
+            // Only limits with `headers: always` become headers (shadow rejections are
+            // noted for the access log).
             let Some(limit) = decide::limit_of(origin, note.phase, note.limit) else {
                 continue;
             };
+            if limit.headers != HeadersMode::Always {
+                continue;
+            }
             let Some(variant) = limit.variants.get(note.variant as usize) else {
                 continue;
             };
@@ -556,13 +647,20 @@ impl ProxyHttp for Tollgate {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        if let (Some(attempt), Some(rt), Some(i)) = (ctx.attempt.take(), &ctx.rt, ctx.origin) {
+            // The server failed (connect error, timeout, reset): congestion. A client that
+            // left is no news about the server: no sample.
+            if *e.esource() == ErrorSource::Upstream {
+                attempt.failed(&rt.origins[i], self.clock.now());
+            }
+        }
         ctx.release_upstream();
         if let Some(problem) = ctx.rejection.as_ref() {
             // A retry's rejection (the first attempt's is answered in
             // `proxy_upstream_filter`). Pingora closes the connection after an
             // `upstream_peer` error, so the response says so.
             let status = problem.status;
-            if let Err(err) = send(session, problem, true).await {
+            if let Err(err) = send(session, problem, true, &ctx.request_id).await {
                 log::debug!("cannot send rejection downstream: {err}");
             }
             return FailToProxy {
@@ -619,5 +717,10 @@ impl ProxyHttp for Tollgate {
         }
         // Normally already released at the end of the upstream body; this covers the rest.
         ctx.release_upstream();
+        if let Some(log) = &self.access_log {
+            if log.wants(code, ctx.rejected.is_some()) {
+                access::push(log, session, ctx, code, self.clock.now());
+            }
+        }
     }
 }

@@ -8,7 +8,8 @@
 //!   its slot, so `max_connections` and `max_connections_per_ip` count TLS connections
 //!   before any cryptography is spent on them.
 //! - **Counted and quiet**: every handshake is counted in
-//!   `tollgate_tls_handshakes_total{result,version}`, and a failed one (a scanner, a client
+//!   `tollgate_tls_handshakes_total{result,version}` (`result="acme_validation"`: a CA's
+//!   TLS-ALPN-01 validation, closed once the handshake answered it), and a failed one (a scanner, a client
 //!   that refuses the certificate, an old TLS version) is logged at `info` within a budget,
 //!   where Pingora logs each at `error`.
 //!
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 use crate::limits::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
 use crate::ratelog::{suppressed_note, LogBudget};
+use crate::tls::acceptor::is_acme_validation;
 
 /// The handshake counters, resolved once, and the failures' log budget.
 pub struct Handshakes {
@@ -36,6 +38,7 @@ pub struct Handshakes {
     other: IntCounter,
     failed: IntCounter,
     timed_out: IntCounter,
+    validations: IntCounter,
     log: LogBudget,
     clock: MonotonicClock,
 }
@@ -54,6 +57,7 @@ impl Handshakes {
             other: c("success", "other"),
             failed: c("failure", "none"),
             timed_out: c("timeout", "none"),
+            validations: c("acme_validation", "none"),
             log: LogBudget::new(),
             clock: MonotonicClock::new(),
         }
@@ -78,6 +82,11 @@ impl Handshakes {
         };
         match tokio::time::timeout_at(deadline, handshake(acceptor, tcp)).await {
             Ok(Ok(tls)) => {
+                if tls.get_ssl().is_some_and(is_acme_validation) {
+                    // A CA's TLS-ALPN-01 validation: the handshake was the answer.
+                    self.validations.inc();
+                    return None;
+                }
                 let counter = match tls.get_ssl().map(|s| s.version2()) {
                     Some(Some(SslVersion::TLS1_3)) => &self.tls13,
                     Some(Some(SslVersion::TLS1_2)) => &self.tls12,

@@ -21,7 +21,9 @@
 //! - `tollgate_kill_switch`: 1 while rejections are turned into grants.
 //! - `tollgate_tls_certificate_expiry_timestamp_seconds{cert}`: each served certificate's
 //!   `notAfter` (Unix seconds), by certificate file: a replaced certificate's new date shows
-//!   at the next scrape after it is loaded.
+//!   at the next scrape after it is loaded. Certificates `tls.acme` manages are there too,
+//!   by their file in `storage` (or `redis:STORE/HOST`), so `TollgateCertificateExpiring`
+//!   fires when their renewal keeps failing.
 //!
 //! The limiter API's resources are exported like limits, under `origin="_api"`.
 //!
@@ -284,7 +286,8 @@ impl Collector for RuntimeCollector {
         families.extend(self.max.collect());
         families.extend(self.kill.collect());
         self.cert_expiry.reset();
-        for cert in rt.tls.iter().flat_map(|t| &t.certs) {
+        let managed = rt.managed.certs();
+        for cert in rt.tls.iter().flat_map(|t| &t.certs).chain(&managed) {
             let file = cert.file.display().to_string();
             self.cert_expiry
                 .with_label_values(&[file.as_str()])

@@ -87,7 +87,7 @@ pub type Holds = SmallVec<[Taken; 4]>;
 pub type Notes = SmallVec<[Decided; 2]>;
 
 /// Runs the limits of `phase` in config order. Admissions go into `holds`, `headers:
-/// always` decisions into `notes`. On an enforced rejection everything in `holds` (both
+/// always` decisions and shadow rejections into `notes`. On an enforced rejection everything in `holds` (both
 /// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
 /// returned as an error (400).
 pub async fn run<F: Facts + Sync + ?Sized>(
@@ -173,7 +173,9 @@ async fn run_phase<F: Facts + Sync + ?Sized>(
             undo(origin, holds, now);
             return Ok(Some(decided));
         }
-        if limit.headers == HeadersMode::Always {
+        // A shadow rejection is noted too (its verdict says so), for the access log's
+        // `shadow_rejected`; only `headers: always` notes become response headers.
+        if limit.headers == HeadersMode::Always || !verdict.allowed {
             notes.push(decided);
         }
     }

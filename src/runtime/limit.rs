@@ -3,6 +3,7 @@
 //! the identity ([`StateId`]) that carries state over a reload.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{HeadersMode, Kind, Limit, Mode};
@@ -10,6 +11,7 @@ use crate::limits::heavy::{self, HeavyHitters};
 use crate::limits::{Fact, Facts, KeySpec, MatchValue, Matcher};
 use crate::metrics::DecisionCounters;
 use crate::ratelog::LogBudget;
+use crate::runtime::learned::LearnCtx;
 use crate::runtime::limiter::{BuildCtx, Limiter, LimiterError, SharedAt};
 use crate::runtime::policy::Policy;
 use crate::runtime::stores::Stores;
@@ -136,6 +138,8 @@ pub struct Building<'a, 'p> {
     pub stores: &'a Stores,
     /// The previous runtime's heavy-hitter lists, by origin and limit name.
     pub tops: &'a HashMap<(String, String), Arc<HeavyHitters>>,
+    /// The origin's resolved upstream servers (for `max: auto`).
+    pub servers: &'a [SocketAddr],
 }
 
 impl LimitRt {
@@ -180,6 +184,10 @@ impl LimitRt {
             let ctx = BuildCtx {
                 segments: at.segments,
                 shared,
+                learn: Some(LearnCtx {
+                    servers: at.servers,
+                    key: &limit.key,
+                }),
             };
             let (limiter, kept) = Limiter::build(params, previous, ctx)?;
             if kept {

@@ -23,6 +23,7 @@ use crate::limits::{
     RateParams, SketchSize, SlidingLog, TokenBucket, TokenBucketParams, Verdict, NANOS_PER_SEC,
     NEVER,
 };
+use crate::runtime::learned::{self, LearnCtx, Learned};
 use crate::segments::Segment;
 use crate::store::{
     KeyNames, LogDecision, RedisStore, SharedConcurrency, SharedConcurrencyGuard, SharedInflight,
@@ -207,6 +208,8 @@ pub struct InflightRt {
     pub sketch: SketchSize,
     /// The sketch, shared with every live guard.
     pub state: Arc<InflightLimiter>,
+    /// `max: auto`: what each upstream server takes (`crate::runtime::learned`).
+    pub learned: Option<Arc<Learned>>,
 }
 
 /// The rate kind, live.
@@ -421,6 +424,8 @@ pub struct BuildCtx<'a> {
     pub segments: &'a HashMap<String, Arc<Segment>>,
     /// The shared store the limit's state lives in, if not in-process.
     pub shared: Option<SharedAt<'a>>,
+    /// The origin's servers and the limit's key, for `max: auto`.
+    pub learn: Option<LearnCtx<'a>>,
 }
 
 impl<'a> BuildCtx<'a> {
@@ -429,6 +434,7 @@ impl<'a> BuildCtx<'a> {
         Self {
             segments,
             shared: None,
+            learn: None,
         }
     }
 }
@@ -473,7 +479,7 @@ impl Limiter {
         }
         let segments = ctx.segments;
         Ok(match params {
-            LimitParams::Inflight { max, sketch } => {
+            LimitParams::Inflight { max, sketch, auto } => {
                 let prev = match previous {
                     Some(Limiter::Inflight(p)) => Some(p),
                     _ => None,
@@ -483,10 +489,18 @@ impl Limiter {
                     |p| (p.sketch == *sketch).then(|| p.state.clone()),
                     || Ok(InflightLimiter::new(*sketch)),
                 )?;
+                let learned = match (auto, ctx.learn) {
+                    (Some(auto), Some(learn)) => {
+                        let before = prev.and_then(|p| p.learned.as_deref());
+                        Some(Arc::new(Learned::new(*auto, learn, before)))
+                    }
+                    _ => None,
+                };
                 let rt = InflightRt {
                     max: *max,
                     sketch: *sketch,
                     state,
+                    learned,
                 };
                 (Limiter::Inflight(rt), kept)
             }
@@ -700,7 +714,7 @@ impl Limiter {
                 };
                 (Limiter::SharedRate(rt), reused)
             }
-            LimitParams::Inflight { max, sketch } => {
+            LimitParams::Inflight { max, sketch, .. } => {
                 let kept = match previous {
                     Some(Limiter::SharedInflight(p))
                         if p.store == store
@@ -965,19 +979,22 @@ impl Limiter {
                 });
                 Decision::of(verdict, hold)
             }
-            Limiter::Inflight(l) => match l.state.acquire(key, l.max) {
-                Ok((guard, estimate)) => Decision::of(
-                    Verdict::allow(l.max.saturating_sub(estimate), 0),
-                    Some(Hold::Inflight(guard)),
-                ),
-                Err(estimate) => {
-                    // Concurrency frees up as soon as any request ends: one second is the
-                    // smallest honest Retry-After. `max: 0` is a block: no retry.
-                    let retry = if l.max == 0 { NEVER } else { NANOS_PER_SEC };
-                    let remaining = l.max.saturating_sub(estimate);
-                    Decision::of(Verdict::reject(remaining, 0, retry), None)
+            Limiter::Inflight(l) => {
+                let max = learned::max_of(l.max, l.learned.as_deref(), facts);
+                match l.state.acquire(key, max) {
+                    Ok((guard, estimate)) => Decision::of(
+                        Verdict::allow(max.saturating_sub(estimate), 0),
+                        Some(Hold::Inflight(guard)),
+                    ),
+                    Err(estimate) => {
+                        // Concurrency frees up as soon as any request ends: one second is
+                        // the smallest honest Retry-After. `max: 0` is a block: no retry.
+                        let retry = if max == 0 { NEVER } else { NANOS_PER_SEC };
+                        let remaining = max.saturating_sub(estimate);
+                        Decision::of(Verdict::reject(remaining, 0, retry), None)
+                    }
                 }
-            },
+            }
             Limiter::Rate(l) => {
                 let v = l.state.acquire(key, l.rate.max, 1, l.rate.strict, now);
                 Decision::of(v, v.allowed.then_some(Hold::Refund { key, cost: 1 }))

@@ -3,7 +3,8 @@
 //!
 //! Every front end (the HTTP proxy, the limiter API) reads one [`Runtime`] snapshot per
 //! request or command and asks it for decisions ([`decide`] for a request's limits,
-//! [`grant`] and [`resources`] for the API's resources); the reloader ([`crate::reload`])
+//! [`grant`] and [`resources`] for the API's resources; [`learned`] for what `max: auto`
+//! learned about each upstream server); the reloader ([`crate::reload`])
 //! builds the next one on top of the current one. It depends on [`crate::config`], [`crate::limits`],
 //! [`crate::tls`] and [`crate::metrics`], never on a front end: see the module map in
 //! `docs/architecture.md`.
@@ -19,10 +20,12 @@
 pub mod collector;
 pub mod decide;
 pub mod grant;
+pub mod learned;
 pub mod limit;
 pub mod limiter;
 pub mod policy;
 pub mod resources;
+pub mod rls;
 pub mod router;
 pub mod stores;
 pub mod switch;
@@ -39,13 +42,14 @@ use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
 use crate::runtime::limiter::{Limiter, LimiterError};
 use crate::runtime::resources::Resources;
+use crate::runtime::rls::RlsRt;
 use crate::runtime::router::Router;
 use crate::runtime::stores::Stores;
 use crate::runtime::switch::KillSwitch;
 use crate::runtime::upstreams::{ResolveError, Upstreams};
 use crate::segments::{Segment, SegmentError};
 use crate::store::StoreError;
-use crate::tls::{TlsError, TlsStore};
+use crate::tls::{Managed, TlsError, TlsStore};
 
 /// One origin, live.
 pub struct OriginRt {
@@ -117,9 +121,14 @@ pub struct Runtime {
     pub stores: Stores,
     /// The limiter API's resources (`resources:`), by name.
     pub resources: Resources,
+    /// Envoy's rate limit service: `rls.config_dir`'s domains and their rules.
+    pub rls: RlsRt,
     /// The TLS listeners' certificates and acceptor; `None` without `tls.certificates`.
     /// Kept over reloads that change neither the settings nor the files' bytes.
     pub tls: Option<Arc<TlsStore>>,
+    /// The certificates and challenges `tls.acme` manages: one board for the process,
+    /// carried over every reload, which the TLS acceptor reads at each handshake.
+    pub managed: Arc<Managed>,
 }
 
 /// How a reload treated limiter state, for the log.
@@ -172,6 +181,14 @@ pub enum BuildError {
         /// What went wrong.
         source: LimiterError,
     },
+    /// An Envoy rate limit service rule's state could not be built.
+    #[error("rls rule `{rule}`: {source}")]
+    Rls {
+        /// The rule's path.
+        rule: String,
+        /// What went wrong.
+        source: LimiterError,
+    },
     /// A limiter's state could not be built.
     #[error("origin `{origin}`, limit `{limit}`: {source}")]
     Limit {
@@ -204,6 +221,7 @@ impl Runtime {
                     .iter()
                     .flat_map(|o| o.all_limits().flat_map(|l| l.states(&o.name)))
                     .chain(p.resources.states())
+                    .chain(p.rls.states())
                     .collect()
             })
             .unwrap_or_default();
@@ -231,7 +249,8 @@ impl Runtime {
             })?;
             segments.insert(spec.name.clone(), Arc::new(set));
         }
-        let tls = TlsStore::build(&config.tls, previous.and_then(|p| p.tls.as_ref()))
+        let managed = previous.map_or_else(Managed::new, |p| p.managed.clone());
+        let tls = TlsStore::build(&config.tls, previous.and_then(|p| p.tls.as_ref()), &managed)
             .map_err(|source| BuildError::Tls { source })?;
         let stores = Stores::build(&config, previous.map(|p| &p.stores), metrics)
             .map_err(|source| BuildError::Store { source })?;
@@ -250,6 +269,7 @@ impl Runtime {
                 segments: &segments,
                 stores: &stores,
                 tops: &tops,
+                servers: upstreams.addrs(),
             };
             for limit in &origin.limits {
                 let kind = limit.params.kind();
@@ -303,6 +323,8 @@ impl Runtime {
         let resources =
             Resources::build(&config, &before, &segments, &stores, metrics, &mut carried)
                 .map_err(|(resource, source)| BuildError::Resource { resource, source })?;
+        let rls = RlsRt::build(&config, &before, &stores, metrics, &mut carried)
+            .map_err(|(rule, source)| BuildError::Rls { rule, source })?;
         carried.dropped = before.len().saturating_sub(carried.kept);
         let router = Router::new(
             config
@@ -322,7 +344,9 @@ impl Runtime {
             kill,
             stores,
             resources,
+            rls,
             tls,
+            managed,
         };
         Ok((runtime, carried))
     }

@@ -124,6 +124,8 @@ impl Resources {
             segments,
             stores,
             tops: &tops,
+            // Resources have no upstream (and no inflight kind).
+            servers: &[],
         };
         let mut out = Resources::default();
         for resource in &config.resources {

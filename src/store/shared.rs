@@ -308,7 +308,7 @@ impl SharedTokenBucket {
             .await
         {
             Ok((tokens, _)) => (tokens, Source::Store),
-            Err(_) => (self.local.tokens(key, now), Source::Fallback),
+            Err(_) => (self.local.state(key, now).0, Source::Fallback),
         }
     }
 

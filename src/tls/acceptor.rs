@@ -11,6 +11,13 @@
 //! acceptor's context when it is created, so they hold whatever context is switched to;
 //! ALPN is read from the switched-to context, so every context carries it.
 //!
+//! **Managed certificates** ([`super::managed`]) are looked up first, by exact name; a
+//! client offering ALPN `acme-tls/1` for a host with a pending TLS-ALPN-01 challenge (a
+//! CA validating it) is handed the challenge certificate in the ALPN callback, which
+//! OpenSSL runs after the SNI callback and before it settles the certificate; such a
+//! connection is closed after its handshake ([`crate::tls`] callers check
+//! [`is_acme_validation`]).
+//!
 //! **Defaults.** TLS 1.2 and 1.3 only (1.3 only with `min_version: "1.3"`); for 1.2,
 //! ECDHE key exchange with AES-GCM or ChaCha20-Poly1305 ([`DEFAULT_CIPHERS`], Mozilla's
 //! "intermediate" list less its finite-field DHE suites), server preference, no
@@ -22,16 +29,17 @@
 //! started in. A store rebuilt by a reload starts a new cache and new ticket keys (clients
 //! make one full handshake); an unchanged store is kept, and its sessions with it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use openssl::error::ErrorStack;
 use openssl::ssl::{
     select_next_proto, AlpnError, NameType, SniError, SslAcceptor, SslAlert, SslContext,
-    SslContextBuilder, SslMethod, SslOptions, SslSessionCacheMode, SslVersion,
+    SslContextBuilder, SslMethod, SslOptions, SslRef, SslSessionCacheMode, SslVersion,
 };
 
 use crate::config::{Tls, TlsVersion};
 use crate::tls::certs::LoadedCert;
+use crate::tls::managed::{Managed, ACME_TLS_ALPN};
 use crate::tls::sni::SniTable;
 
 /// The TLS 1.2 cipher list used unless `tls.ciphers` says otherwise: forward secrecy and
@@ -49,7 +57,11 @@ const SESSION_ID_CONTEXT: &[u8] = b"tollgate";
 const SESSION_CACHE_SIZE: i32 = 20_480;
 
 /// The settings every context shares.
-fn configure(b: &mut SslContextBuilder, tls: &Tls) -> Result<(), ErrorStack> {
+fn configure(
+    b: &mut SslContextBuilder,
+    tls: &Tls,
+    managed: Weak<Managed>,
+) -> Result<(), ErrorStack> {
     let min = match tls.min_version {
         TlsVersion::V1_2 => SslVersion::TLS1_2,
         TlsVersion::V1_3 => SslVersion::TLS1_3,
@@ -63,16 +75,58 @@ fn configure(b: &mut SslContextBuilder, tls: &Tls) -> Result<(), ErrorStack> {
             | SslOptions::NO_COMPRESSION,
     );
     b.set_session_id_context(SESSION_ID_CONTEXT)?;
-    b.set_alpn_select_callback(|_, offered| {
+    b.set_alpn_select_callback(move |ssl, offered| {
+        if let Some(acme) = offered_protocol(offered, ACME_TLS_ALPN) {
+            return answer_validation(ssl, &managed).map(|()| acme);
+        }
         select_next_proto(ALPN, offered).ok_or(AlpnError::NOACK)
     });
     Ok(())
 }
 
+/// The protocol `wanted` within the client's ALPN list `offered` (wire format), if offered.
+fn offered_protocol<'a>(offered: &'a [u8], wanted: &[u8]) -> Option<&'a [u8]> {
+    let mut rest = offered;
+    while let Some((&len, tail)) = rest.split_first() {
+        let len = usize::from(len);
+        let proto = tail.get(..len)?;
+        if proto == wanted {
+            return Some(proto);
+        }
+        rest = &tail[len..];
+    }
+    None
+}
+
+/// Hands a TLS-ALPN-01 validation the challenge certificate of its SNI name; refused when
+/// the name has no challenge pending.
+fn answer_validation(ssl: &mut SslRef, managed: &Weak<Managed>) -> Result<(), AlpnError> {
+    let challenge = managed.upgrade().and_then(|m| {
+        let name = ssl.servername(NameType::HOST_NAME)?;
+        m.alpn_challenge(name)
+    });
+    let Some(challenge) = challenge else {
+        return Err(AlpnError::ALERT_FATAL);
+    };
+    ssl.set_certificate(&challenge.cert)
+        .and_then(|()| ssl.set_private_key(&challenge.key))
+        .map_err(|_| AlpnError::ALERT_FATAL)
+}
+
+/// Whether a finished handshake was a CA's TLS-ALPN-01 validation (nothing follows it: the
+/// connection is closed).
+pub fn is_acme_validation(ssl: &SslRef) -> bool {
+    ssl.selected_alpn_protocol() == Some(ACME_TLS_ALPN)
+}
+
 /// A certificate's own context: the shared settings, its chain and its key.
-fn cert_context(tls: &Tls, cert: &LoadedCert) -> Result<SslContext, ErrorStack> {
+pub(crate) fn cert_context(
+    tls: &Tls,
+    cert: &LoadedCert,
+    managed: Weak<Managed>,
+) -> Result<SslContext, ErrorStack> {
     let mut b = SslContext::builder(SslMethod::tls_server())?;
-    configure(&mut b, tls)?;
+    configure(&mut b, tls, managed)?;
     let mut chain = cert.chain.iter();
     if let Some(leaf) = chain.next() {
         b.set_certificate(leaf)?;
@@ -85,31 +139,45 @@ fn cert_context(tls: &Tls, cert: &LoadedCert) -> Result<SslContext, ErrorStack> 
     Ok(b.build())
 }
 
-/// The acceptor serving `certs` by SNI (`default`: the index of the certificate for no or
-/// an unknown name).
+/// The acceptor serving `managed`'s certificates by exact name, then `certs` by SNI
+/// (`default`: the index of the certificate for no or an unknown name).
 pub fn build(
     tls: &Tls,
     certs: &[LoadedCert],
     default: Option<usize>,
+    managed: &Arc<Managed>,
 ) -> Result<SslAcceptor, ErrorStack> {
     let mut table = SniTable::new(default);
     let mut contexts = Vec::with_capacity(certs.len());
     for (i, cert) in certs.iter().enumerate() {
-        contexts.push(cert_context(tls, cert)?);
+        contexts.push(cert_context(tls, cert, Arc::downgrade(managed))?);
         for name in &cert.names {
             table.insert(name, i);
         }
     }
     let contexts: Arc<[SslContext]> = contexts.into();
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())?;
-    configure(&mut b, tls)?;
+    configure(&mut b, tls, Arc::downgrade(managed))?;
     b.set_session_cache_mode(SslSessionCacheMode::SERVER);
     b.set_session_cache_size(SESSION_CACHE_SIZE);
+    let managed = Arc::downgrade(managed);
     b.set_servername_callback(move |ssl, alert| {
         let name = ssl.servername(NameType::HOST_NAME);
+        let live = managed.upgrade();
+        if let Some(ctx) = name.zip(live.as_ref()).and_then(|(n, m)| m.context(n)) {
+            return ssl.set_ssl_context(&ctx).map_err(|_| SniError::ALERT_FATAL);
+        }
         let context = table.pick(name).and_then(|i| contexts.get(i));
         match context {
             Some(ctx) => ssl.set_ssl_context(ctx).map_err(|_| SniError::ALERT_FATAL),
+            // A CA validating a host that has no certificate yet: the ALPN callback
+            // hands it the challenge certificate.
+            None if name
+                .zip(live.as_ref())
+                .is_some_and(|(n, m)| m.has_alpn_challenge(n)) =>
+            {
+                Ok(())
+            }
             None => {
                 *alert = SslAlert::UNRECOGNIZED_NAME;
                 Err(SniError::ALERT_FATAL)
@@ -117,4 +185,24 @@ pub fn build(
         }
     });
     Ok(b.build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_protocol_in_the_wire_list() {
+        let offered = b"\x02h2\x0aacme-tls/1\x08http/1.1";
+        assert_eq!(
+            offered_protocol(offered, b"acme-tls/1"),
+            Some(&b"acme-tls/1"[..])
+        );
+        assert_eq!(offered_protocol(offered, b"h3"), None);
+        assert_eq!(
+            offered_protocol(b"\x09short", b"short"),
+            None,
+            "a length past the end"
+        );
+    }
 }

@@ -46,6 +46,9 @@ pub struct LoadedCert {
     pub names: Vec<String>,
     /// The leaf's `notAfter`, in seconds since the Unix epoch.
     pub not_after: i64,
+    /// The leaf's `notBefore`, in seconds since the Unix epoch (ACME renews at two thirds
+    /// of the lifetime).
+    pub not_before: i64,
     /// The bytes of both files, to tell whether a later read changed anything.
     pub bytes: (Vec<u8>, Vec<u8>),
 }
@@ -132,12 +135,15 @@ pub fn parse(
         .unwrap_or_default();
     let not_after = unix_time(leaf.not_after())
         .ok_or_else(|| CertError::new(cert, "its expiry time cannot be read"))?;
+    let not_before = unix_time(leaf.not_before())
+        .ok_or_else(|| CertError::new(cert, "its start time cannot be read"))?;
     Ok(LoadedCert {
         cert_file: cert.to_path_buf(),
         chain,
         key: pkey,
         names,
         not_after,
+        not_before,
         bytes: (Vec::new(), Vec::new()),
     })
 }

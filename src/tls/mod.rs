@@ -8,15 +8,17 @@
 //! serving. A rebuild whose settings and file bytes are unchanged keeps the previous store,
 //! so its TLS session cache and ticket keys survive reloads that do not touch TLS.
 //!
-//! **Certificates from elsewhere.** The store is made from [`LoadedCert`]s, whatever read
-//! them: [`TlsStore::from_certs`] takes any list (file-based ones first, then, in a later
-//! version, certificates an ACME client manages), so managed certificates join SNI
-//! selection by appending to that list.
+//! **Managed certificates.** Certificates an ACME client orders (`tls.acme`) live on the
+//! [`managed::Managed`] board, one per process, carried over reloads: the acceptor's SNI
+//! callback looks there first, so a new or renewed certificate serves the next handshake
+//! without a rebuild of the store, and a host without one yet falls back to the files (and
+//! their default).
 //!
 //! It uses `config` and OpenSSL, never Pingora: the proxy drives the handshake.
 
 pub mod acceptor;
 pub mod certs;
+pub mod managed;
 pub mod sni;
 
 use std::path::PathBuf;
@@ -27,6 +29,7 @@ use openssl::ssl::SslAcceptor;
 use crate::config::{Config, Tls};
 use crate::files::Stamp;
 pub use certs::{CertError, LoadedCert};
+pub use managed::Managed;
 
 /// A certificate expiring sooner than this gets a warning from `check` and at load.
 pub const EXPIRY_WARNING_SECS: i64 = 14 * 86_400;
@@ -82,16 +85,19 @@ impl std::fmt::Debug for TlsStore {
 }
 
 impl TlsStore {
-    /// Loads every certificate `tls` names (none: no store) and builds the acceptor,
-    /// unless `previous` was built from the same settings and the same file bytes, which
-    /// is then returned as it is.
+    /// Loads every certificate `tls` names (none, and no `tls.acme`: no store) and builds
+    /// the acceptor, which serves `managed`'s certificates first, unless `previous` was
+    /// built from the same settings and the same file bytes, which is then returned as it
+    /// is.
     pub fn build(
         tls: &Tls,
         previous: Option<&Arc<TlsStore>>,
+        managed: &Arc<Managed>,
     ) -> Result<Option<Arc<TlsStore>>, TlsError> {
-        if tls.certificates.is_empty() {
+        if tls.certificates.is_empty() && tls.acme.is_none() {
             return Ok(None);
         }
+        managed.set_settings(tls);
         let stamps: Vec<Option<Stamp>> = files(tls).map(Stamp::read).collect();
         let mut loaded = Vec::with_capacity(tls.certificates.len());
         for spec in &tls.certificates {
@@ -104,7 +110,7 @@ impl TlsStore {
                 return Ok(Some(prev.clone()));
             }
         }
-        let mut store = Self::from_certs(tls, loaded, tls.default)?;
+        let mut store = Self::from_certs(tls, loaded, tls.default, managed)?;
         store.stamps = stamps;
         Ok(Some(Arc::new(store)))
     }
@@ -115,22 +121,24 @@ impl TlsStore {
         &self.stamps
     }
 
-    /// A store serving `certs` (`default`: the index of the one for no or an unknown
-    /// name) with `tls`'s settings.
+    /// A store serving `managed`'s certificates, then `certs` (`default`: the index of the
+    /// one for no or an unknown name) with `tls`'s settings.
     pub fn from_certs(
         tls: &Tls,
         certs: Vec<LoadedCert>,
         default: Option<usize>,
+        managed: &Arc<Managed>,
     ) -> Result<TlsStore, TlsError> {
-        let acceptor =
-            acceptor::build(tls, &certs, default).map_err(|source| TlsError::Settings {
+        let acceptor = acceptor::build(tls, &certs, default, managed).map_err(|source| {
+            TlsError::Settings {
                 what: if tls.ciphers.is_some() {
                     " (tls.ciphers)".to_string()
                 } else {
                     String::new()
                 },
                 source,
-            })?;
+            }
+        })?;
         let infos = certs
             .iter()
             .map(|c| CertInfo {

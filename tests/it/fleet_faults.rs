@@ -175,11 +175,12 @@ async fn redis_killed_and_restarted_and_its_scripts_flushed() {
         tries += 1;
         assert!(tries < 50, "Redis never decided again:\n{}", t.log_text());
     }
-    assert!(
-        t.log_text().contains("Redis lost script"),
-        "{}",
-        t.log_text()
-    );
+    // The line is written before the answer, but read from the process's stderr by
+    // another thread: wait for it rather than race it.
+    eventually("the lost script is logged", 100, || async {
+        t.log_text().contains("Redis lost script")
+    })
+    .await;
     load.more(20).await;
     let seen = load.stop().await;
     assert_no_5xx_within(&seen, BUDGET, SLACK, "killed");

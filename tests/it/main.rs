@@ -9,6 +9,8 @@
 
 mod common;
 
+mod access_log;
+mod acme;
 mod admin;
 mod api_auth;
 mod api_binary;
@@ -48,6 +50,7 @@ mod reload;
 mod reload_files;
 mod reload_hardening;
 mod request_limits;
+mod rls;
 mod schema;
 mod simulate;
 mod snapshot;

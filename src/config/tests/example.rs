@@ -90,11 +90,13 @@ fn parses_the_design_example() {
             customer_header: Some("x-customer-id".into()),
             demo_upstream: None,
             limiter_api: None,
+            rls: None,
             admin: None,
             admin_token: None,
             instance: None,
             kill_switch: false,
             connections: Default::default(),
+            access_log: None,
         }
     );
     assert_eq!(c.origins.len(), 2);
@@ -123,7 +125,8 @@ fn parses_the_design_example() {
             headers: HeadersMode::OnReject,
             params: LimitParams::Inflight {
                 max: 200,
-                sketch: SketchSize::DEFAULT
+                sketch: SketchSize::DEFAULT,
+                auto: None,
             },
             store: None,
             lease: None,
@@ -196,7 +199,8 @@ fn parses_the_design_example() {
         blog.limits[0].params,
         LimitParams::Inflight {
             max: 1000,
-            sketch: SketchSize::DEFAULT
+            sketch: SketchSize::DEFAULT,
+            auto: None,
         },
         "the default, unmerged"
     );

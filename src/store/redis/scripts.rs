@@ -3,6 +3,12 @@
 //! `EVALSHA` and falls back to `EVAL` (which also caches the script) when Redis answers
 //! `NOSCRIPT` (it restarted, or a failover reached a node that never saw the script). The
 //! breaker's probe `SCRIPT LOAD`s them all after every (re)connection.
+//!
+//! **One prelude.** `scripts/prelude.lua` is prepended to every script at build time
+//! (`script!`): the decision's clock (Redis `TIME`, or a replay's `at`), the integer
+//! helpers (`fdiv`, `cdiv`, `str`), the 2^52 cap (`CAP`), key expiry and the leased
+//! counts' helpers, each under one name. A script uses them and declares none of its own
+//! (a test below holds that).
 
 use redis::Value;
 
@@ -17,6 +23,19 @@ pub struct LuaScript {
     pub body: &'static str,
     /// Lower-case hex SHA1 of `body`.
     pub sha: String,
+}
+
+/// The script `scripts/<file>` with the prelude prepended, both read at build time.
+macro_rules! script {
+    ($file:literal) => {
+        LuaScript::new(
+            $file,
+            concat!(
+                include_str!("scripts/prelude.lua"),
+                include_str!(concat!("scripts/", $file))
+            ),
+        )
+    };
 }
 
 impl LuaScript {
@@ -90,86 +109,32 @@ impl Scripts {
     /// Loads the sources and hashes them.
     pub fn new() -> Self {
         Self {
-            token_bucket: LuaScript::new(
-                "token_bucket.lua",
-                include_str!("scripts/token_bucket.lua"),
-            ),
-            token_bucket_get: LuaScript::new(
-                "token_bucket_get.lua",
-                include_str!("scripts/token_bucket_get.lua"),
-            ),
-            token_bucket_refund: LuaScript::new(
-                "token_bucket_refund.lua",
-                include_str!("scripts/token_bucket_refund.lua"),
-            ),
-            rate: LuaScript::new("rate.lua", include_str!("scripts/rate.lua")),
-            rate_refund: LuaScript::new("rate_refund.lua", include_str!("scripts/rate_refund.lua")),
-            rate_get: LuaScript::new("rate_get.lua", include_str!("scripts/rate_get.lua")),
-            inflight_acquire: LuaScript::new(
-                "inflight_acquire.lua",
-                include_str!("scripts/inflight_acquire.lua"),
-            ),
-            inflight_release: LuaScript::new(
-                "inflight_release.lua",
-                include_str!("scripts/inflight_release.lua"),
-            ),
-            inflight_renew: LuaScript::new(
-                "inflight_renew.lua",
-                include_str!("scripts/inflight_renew.lua"),
-            ),
-            inflight_total: LuaScript::new(
-                "inflight_total.lua",
-                include_str!("scripts/inflight_total.lua"),
-            ),
-            sliding_log: LuaScript::new("sliding_log.lua", include_str!("scripts/sliding_log.lua")),
-            sliding_log_refund: LuaScript::new(
-                "sliding_log_refund.lua",
-                include_str!("scripts/sliding_log_refund.lua"),
-            ),
-            sliding_log_get: LuaScript::new(
-                "sliding_log_get.lua",
-                include_str!("scripts/sliding_log_get.lua"),
-            ),
-            tiered: LuaScript::new("tiered.lua", include_str!("scripts/tiered.lua")),
-            tiered_refund: LuaScript::new(
-                "tiered_refund.lua",
-                include_str!("scripts/tiered_refund.lua"),
-            ),
-            tiered_get: LuaScript::new("tiered_get.lua", include_str!("scripts/tiered_get.lua")),
-            counters_acquire: LuaScript::new(
-                "counters_acquire.lua",
-                include_str!("scripts/counters_acquire.lua"),
-            ),
-            counters_release: LuaScript::new(
-                "counters_release.lua",
-                include_str!("scripts/counters_release.lua"),
-            ),
-            counters_renew: LuaScript::new(
-                "counters_renew.lua",
-                include_str!("scripts/counters_renew.lua"),
-            ),
-            counters_total: LuaScript::new(
-                "counters_total.lua",
-                include_str!("scripts/counters_total.lua"),
-            ),
-            lease_bucket_take: LuaScript::new(
-                "lease_bucket_take.lua",
-                include_str!("scripts/lease_bucket_take.lua"),
-            ),
-            lease_rate_take: LuaScript::new(
-                "lease_rate_take.lua",
-                include_str!("scripts/lease_rate_take.lua"),
-            ),
-            lease_rate_return: LuaScript::new(
-                "lease_rate_return.lua",
-                include_str!("scripts/lease_rate_return.lua"),
-            ),
-            lease_slots_take: LuaScript::new(
-                "lease_slots_take.lua",
-                include_str!("scripts/lease_slots_take.lua"),
-            ),
-            probe: LuaScript::new("probe.lua", include_str!("scripts/probe.lua")),
-            repair: LuaScript::new("repair.lua", include_str!("scripts/repair.lua")),
+            token_bucket: script!("token_bucket.lua"),
+            token_bucket_get: script!("token_bucket_get.lua"),
+            token_bucket_refund: script!("token_bucket_refund.lua"),
+            rate: script!("rate.lua"),
+            rate_refund: script!("rate_refund.lua"),
+            rate_get: script!("rate_get.lua"),
+            inflight_acquire: script!("inflight_acquire.lua"),
+            inflight_release: script!("inflight_release.lua"),
+            inflight_renew: script!("inflight_renew.lua"),
+            inflight_total: script!("inflight_total.lua"),
+            sliding_log: script!("sliding_log.lua"),
+            sliding_log_refund: script!("sliding_log_refund.lua"),
+            sliding_log_get: script!("sliding_log_get.lua"),
+            tiered: script!("tiered.lua"),
+            tiered_refund: script!("tiered_refund.lua"),
+            tiered_get: script!("tiered_get.lua"),
+            counters_acquire: script!("counters_acquire.lua"),
+            counters_release: script!("counters_release.lua"),
+            counters_renew: script!("counters_renew.lua"),
+            counters_total: script!("counters_total.lua"),
+            probe: script!("probe.lua"),
+            repair: script!("repair.lua"),
+            lease_bucket_take: script!("lease_bucket_take.lua"),
+            lease_rate_take: script!("lease_rate_take.lua"),
+            lease_rate_return: script!("lease_rate_return.lua"),
+            lease_slots_take: script!("lease_slots_take.lua"),
         }
     }
 
@@ -285,5 +250,39 @@ mod tests {
         assert!(int_list(&Value::Int(1), 4).is_err());
         assert!(int(&Value::Nil).is_err());
         assert_eq!((count(-2), count(7)), (0, 7));
+    }
+
+    #[test]
+    fn every_script_starts_with_the_prelude_and_redeclares_none_of_it() {
+        let prelude = include_str!("scripts/prelude.lua");
+        let s = Scripts::new();
+        // The names the prelude declares, and what they replaced.
+        let declared = [
+            "local CAP",
+            "local function clock",
+            "local function fdiv",
+            "local function cdiv",
+            "local function str",
+            "local function expire_in",
+            "local function member",
+            "local function drop_ended",
+            "local function held_total",
+            "local function expire_with_leases",
+        ];
+        for name in declared {
+            assert_eq!(prelude.matches(name).count(), 1, "{name}");
+        }
+        for script in s.all() {
+            let own = script
+                .body
+                .strip_prefix(prelude)
+                .unwrap_or_else(|| panic!("{} does not start with the prelude", script.name));
+            for name in declared {
+                assert!(!own.contains(name), "{} declares {name}", script.name);
+            }
+            for redeclared in ["redis.call('TIME')", "4503599627370496", "local LIMIT"] {
+                assert!(!own.contains(redeclared), "{}: {redeclared}", script.name);
+            }
+        }
     }
 }

@@ -10,6 +10,7 @@ pub mod api;
 pub mod certs;
 pub mod fleet;
 pub mod h2load;
+pub mod pebble;
 pub mod raw;
 pub mod redis;
 pub mod smyte;

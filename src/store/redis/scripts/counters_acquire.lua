@@ -21,12 +21,7 @@ local me = ARGV[1]
 local lease = tonumber(ARGV[2])
 local min = tonumber(ARGV[3])
 local copies = tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now = clock()
 
 if min > copies then
   min = copies
@@ -35,17 +30,8 @@ local n = #KEYS / 2
 local totals = {}
 for i = 1, n do
   local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', str(now))
-  if #dead > 0 then
-    redis.call('HDEL', counts, unpack(dead))
-    redis.call('ZREMRANGEBYSCORE', leases, '-inf', str(now))
-  end
-  local total = 0
-  local held = redis.call('HVALS', counts)
-  for j = 1, #held do
-    total = total + tonumber(held[j])
-  end
-  totals[i] = total
+  drop_ended(counts, leases, now)
+  totals[i] = held_total(counts)
 end
 
 local want = copies
@@ -68,10 +54,7 @@ for i = 1, n do
   if want > 0 then
     redis.call('HINCRBY', counts, me, want)
     redis.call('ZADD', leases, str(now + lease), me)
-    local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
-    local ttl = math.ceil((tonumber(last[2]) - now) / 1000) + 1
-    redis.call('PEXPIRE', counts, str(ttl))
-    redis.call('PEXPIRE', leases, str(ttl))
+    expire_with_leases(counts, leases, now)
   end
   local left = tonumber(ARGV[4 + i]) - totals[i] - want
   if remaining == nil or left < remaining then

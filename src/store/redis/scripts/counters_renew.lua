@@ -14,23 +14,14 @@
 
 local me = ARGV[1]
 local lease = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now = clock()
 
 local totals = {}
 for i = 1, #KEYS / 2 do
   local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
   local count = tonumber(ARGV[1 + 2 * i])
   local dirty = ARGV[2 + 2 * i] == '1'
-  local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', str(now))
-  if #dead > 0 then
-    redis.call('HDEL', counts, unpack(dead))
-    redis.call('ZREMRANGEBYSCORE', leases, '-inf', str(now))
-  end
+  drop_ended(counts, leases, now)
   if count > 0 then
     if dirty then
       redis.call('HSET', counts, me, str(count))
@@ -42,24 +33,15 @@ for i = 1, #KEYS / 2 do
     redis.call('HDEL', counts, me)
     redis.call('ZREM', leases, me)
   end
-  local total = 0
   if count == 0 and not dirty and redis.call('HEXISTS', counts, me) == 1 then
     -- Not ours to change, but a count of ours stays leased.
     redis.call('ZADD', leases, str(now + lease), me)
   end
-  local held = redis.call('HVALS', counts)
-  for j = 1, #held do
-    total = total + tonumber(held[j])
-  end
+  local total = held_total(counts)
   if total == 0 then
     redis.call('DEL', counts, leases)
   else
-    local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
-    if last[2] then
-      local ttl = math.ceil((tonumber(last[2]) - now) / 1000) + 1
-      redis.call('PEXPIRE', counts, str(ttl))
-      redis.call('PEXPIRE', leases, str(ttl))
-    end
+    expire_with_leases(counts, leases, now)
   end
   totals[i] = total
 end

@@ -9,8 +9,7 @@
 -- so here a field is summed unless its lease score is <= now. Returns {total_1, ...,
 -- total_N}. Writes nothing.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 local n = #KEYS / 2
 local totals = {}
 for i = 1, n do

@@ -14,32 +14,15 @@
 local me = ARGV[1]
 local max = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', str(now))
-if #dead > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', str(now))
-end
-
-local total = 0
-local counts = redis.call('HVALS', KEYS[1])
-for i = 1, #counts do
-  total = total + tonumber(counts[i])
-end
+drop_ended(KEYS[1], KEYS[2], now)
+local total = held_total(KEYS[1])
 if total + 1 > max then
   return {0, total + 1}
 end
 
 redis.call('HINCRBY', KEYS[1], me, 1)
 redis.call('ZADD', KEYS[2], str(now + lease), me)
-local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local ttl = math.ceil((tonumber(last[2]) - now) / 1000) + 1
-redis.call('PEXPIRE', KEYS[1], str(ttl))
-redis.call('PEXPIRE', KEYS[2], str(ttl))
+expire_with_leases(KEYS[1], KEYS[2], now)
 return {1, total + 1}

@@ -15,18 +15,9 @@ local me = ARGV[1]
 local count = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local dirty = ARGV[4] ~= '0'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', str(now))
-if #dead > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', str(now))
-end
+drop_ended(KEYS[1], KEYS[2], now)
 
 if count > 0 then
   if dirty then
@@ -40,19 +31,10 @@ elseif dirty then
   redis.call('ZREM', KEYS[2], me)
 end
 
-local total = 0
-local counts = redis.call('HVALS', KEYS[1])
-for i = 1, #counts do
-  total = total + tonumber(counts[i])
-end
+local total = held_total(KEYS[1])
 if total == 0 then
   redis.call('DEL', KEYS[1], KEYS[2])
   return 0
 end
-local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-if last[2] then
-  local ttl = math.ceil((tonumber(last[2]) - now) / 1000) + 1
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
-  redis.call('PEXPIRE', KEYS[2], str(ttl))
-end
+expire_with_leases(KEYS[1], KEYS[2], now)
 return total

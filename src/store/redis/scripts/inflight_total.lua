@@ -6,9 +6,8 @@
 --
 -- Returns the total. Writes nothing.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%.0f', now), '+inf')
+local now = clock()
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. str(now), '+inf')
 local total = 0
 for i = 1, #live do
   total = total + (tonumber(redis.call('HGET', KEYS[1], live[i])) or 0)

@@ -16,34 +16,7 @@ local capacity = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
 local every = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
-local replay = ARGV[5] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[5])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, b)
-  return fdiv(a + b - 1, b)
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local LIMIT = 4503599627370496 -- 2^52: durations saturate here
+local now, replay = clock(ARGV[5])
 
 local tokens, last
 local state = redis.call('HMGET', KEYS[1], 't', 'l')
@@ -81,18 +54,11 @@ else
   redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
   -- Expire when full again (see token_bucket.lua).
   local refills = cdiv(capacity - tokens, amount)
-  local reset = LIMIT
-  if refills < LIMIT / every then
+  local reset = CAP
+  if refills < CAP / every then
     reset = math.max(refills * every - (now - last), 0)
   end
-  local ttl = cdiv(reset, 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
-  if ttl < 1 then
-    ttl = 1
-  end
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
+  expire_in(KEYS[1], cdiv(reset, 1000), replay)
 end
 
 return {granted, tokens, 0, -1}

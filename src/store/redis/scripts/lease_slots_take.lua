@@ -19,28 +19,15 @@
 local me = ARGV[1]
 local lease = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now = clock()
 
 local n = #KEYS / 2
 local rooms = {}
 local granted = want
 for i = 1, n do
   local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', str(now))
-  if #dead > 0 then
-    redis.call('HDEL', counts, unpack(dead))
-    redis.call('ZREMRANGEBYSCORE', leases, '-inf', str(now))
-  end
-  local total = 0
-  local held = redis.call('HVALS', counts)
-  for j = 1, #held do
-    total = total + tonumber(held[j])
-  end
+  drop_ended(counts, leases, now)
+  local total = held_total(counts)
   local room = math.max(tonumber(ARGV[3 + i]) - total, 0)
   rooms[i] = room
   if room < granted then
@@ -56,10 +43,7 @@ for i = 1, n do
   end
   if granted > 0 or redis.call('HEXISTS', counts, me) == 1 then
     redis.call('ZADD', leases, str(now + lease), me)
-    local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
-    local ttl = math.ceil((tonumber(last[2]) - now) / 1000) + 1
-    redis.call('PEXPIRE', counts, str(ttl))
-    redis.call('PEXPIRE', leases, str(ttl))
+    expire_with_leases(counts, leases, now)
   end
   local left = rooms[i] - granted
   if remaining == nil or left < remaining then

@@ -7,5 +7,5 @@
 -- Returns Redis TIME in µs.
 
 redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)
-local t = redis.call('TIME')
-return tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
+return now

@@ -35,34 +35,7 @@ local tick = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local strict = ARGV[5] == '1'
 local min = tonumber(ARGV[6])
-local replay = ARGV[7] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[7])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, b)
-  return fdiv(a + b - 1, b)
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local CAP = 4503599627370496 -- 2^52
+local now, replay = clock(ARGV[7])
 
 local t = fdiv(now, tick)
 local period = fdiv(t, per)
@@ -162,11 +135,7 @@ else
   if curr > 0 then
     ends = period + 2
   end
-  local ttl = cdiv(math.max(ends * per * tick - now, 1), 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
+  expire_in(KEYS[1], cdiv(math.max(ends * per * tick - now, 1), 1000), replay)
 end
 
 return {allowed, remaining, reset, retry, granted}

@@ -10,18 +10,7 @@
 
 local per = tonumber(ARGV[1])
 local tick = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+local now = clock()
 
 local ticks = fdiv(now, tick)
 local period = fdiv(ticks, per)

@@ -10,28 +10,7 @@
 local per = tonumber(ARGV[1])
 local tick = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local replay = ARGV[4] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now, replay = clock(ARGV[4])
 
 local state = redis.call('HMGET', KEYS[1], 'p', 'c', 'q')
 if not state[1] then

@@ -27,18 +27,7 @@ local id = ARGV[1]
 local min = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local replay = ARGV[5 + 2 * n] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[5 + 2 * n])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now, replay = clock(ARGV[5 + 2 * n])
 
 local maxes, pers = {}, {}
 local longest = 1
@@ -81,11 +70,7 @@ if granted > 0 then
   local batch = {}
   for j = 1, granted do
     batch[#batch + 1] = str(now)
-    if j == 1 then
-      batch[#batch + 1] = id
-    else
-      batch[#batch + 1] = id .. ':' .. j
-    end
+    batch[#batch + 1] = member(id, j)
     if #batch >= 2000 then
       redis.call('ZADD', KEYS[1], unpack(batch))
       batch = {}
@@ -103,14 +88,7 @@ if newest[2] then
   if reset < 0 then
     reset = 0
   end
-  local ttl = math.ceil(reset / 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
-  if ttl < 1 then
-    ttl = 1
-  end
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
+  expire_in(KEYS[1], math.ceil(reset / 1000), replay)
 end
 
 local retry = 0

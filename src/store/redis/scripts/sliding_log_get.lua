@@ -9,11 +9,10 @@
 -- window anyway). Returns {count_1, ..., count_n}. Writes nothing.
 
 local n = tonumber(ARGV[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 local counts = {}
 for i = 1, n do
   local per = tonumber(ARGV[1 + i])
-  counts[i] = redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', now - per), '+inf')
+  counts[i] = redis.call('ZCOUNT', KEYS[1], '(' .. str(now - per), '+inf')
 end
 return counts

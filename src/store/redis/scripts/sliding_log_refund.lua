@@ -12,27 +12,12 @@
 local id = ARGV[1]
 local count = tonumber(ARGV[2])
 local longest = tonumber(ARGV[3])
-local replay = ARGV[4] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now, replay = clock(ARGV[4])
 
 local removed = 0
 local batch = {}
 for j = 1, count do
-  if j == 1 then
-    batch[#batch + 1] = id
-  else
-    batch[#batch + 1] = id .. ':' .. j
-  end
+  batch[#batch + 1] = member(id, j)
   if #batch >= 2000 then
     removed = removed + redis.call('ZREM', KEYS[1], unpack(batch))
     batch = {}
@@ -44,13 +29,6 @@ end
 
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if newest[2] then
-  local ttl = math.ceil((tonumber(newest[2]) + longest - now) / 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
-  if ttl < 1 then
-    ttl = 1
-  end
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
+  expire_in(KEYS[1], math.ceil((tonumber(newest[2]) + longest - now) / 1000), replay)
 end
 return removed

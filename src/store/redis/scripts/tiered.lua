@@ -51,22 +51,11 @@ local glimit = tonumber(ARGV[6])
 local gmode = tonumber(ARGV[7])
 local groom_arg = tonumber(ARGV[8])
 local gturn_arg = tonumber(ARGV[9])
-local replay = ARGV[10 + 5 * n] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[10 + 5 * n])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now, replay = clock(ARGV[10 + 5 * n])
 
 local INF = math.huge
 local SEC = 1000000
 local TIER_WINDOW, NO_TIER, HARD, GLOBAL = 1, 2, 3, 4
-
-local function str(x)
-  return string.format('%.0f', x)
-end
 
 local limit, window, active, cooldown, skippable, logs = {}, {}, {}, {}, {}, {}
 for i = 1, n do
@@ -282,11 +271,7 @@ local function push(log, first, count)
   local batch = {}
   for j = first, first + count - 1 do
     batch[#batch + 1] = str(at)
-    if j == 1 then
-      batch[#batch + 1] = id
-    else
-      batch[#batch + 1] = id .. ':' .. j
-    end
+    batch[#batch + 1] = member(id, j)
     if #batch >= 2000 then
       redis.call('ZADD', log, unpack(batch))
       batch = {}
@@ -443,12 +428,8 @@ local function settle()
     end
     return
   end
-  local ttl = math.ceil((ends - now) / 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
   for k = 1, last do
-    redis.call('PEXPIRE', KEYS[k], str(ttl))
+    expire_in(KEYS[k], math.ceil((ends - now) / 1000), replay)
   end
 end
 

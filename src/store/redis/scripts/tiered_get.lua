@@ -22,13 +22,8 @@ local n = tonumber(ARGV[1])
 local hard = tonumber(ARGV[2])
 local glimit = tonumber(ARGV[3])
 local gmode = tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = clock()
 local SEC = 1000000
-
-local function str(x)
-  return string.format('%.0f', x)
-end
 
 local function live(log, w)
   return redis.call('ZCOUNT', log, '(' .. str(now - w), '+inf')

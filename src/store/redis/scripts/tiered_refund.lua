@@ -20,25 +20,11 @@ local n = tonumber(ARGV[5])
 local hard = ARGV[6] == '1'
 local gmode = tonumber(ARGV[7])
 local decided = tonumber(ARGV[8])
-local now
-if ARGV[9] ~= nil then
-  now = tonumber(ARGV[9])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
+local now = clock(ARGV[9])
 
 local members = {}
 for j = 1, granted do
-  if j == 1 then
-    members[j] = id
-  else
-    members[j] = id .. ':' .. j
-  end
+  members[j] = member(id, j)
 end
 
 local function remove(key)

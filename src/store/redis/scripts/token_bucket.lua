@@ -25,36 +25,7 @@ local every = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local strict = ARGV[5] == '1'
 local min = tonumber(ARGV[6])
-local now
-local replay = ARGV[7] ~= nil
-if replay then
-  now = tonumber(ARGV[7])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- floor(a / b) for integers 0 <= a, 1 <= b, a + b < 2^53: the double quotient is rounded,
--- so the floor may be one off near an integer; one exact product corrects it.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, b)
-  return fdiv(a + b - 1, b)
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local LIMIT = 4503599627370496 -- 2^52: durations saturate here
+local now, replay = clock(ARGV[7])
 
 local tokens, last
 local state = redis.call('HMGET', KEYS[1], 't', 'l')
@@ -100,8 +71,8 @@ local function wait_for(want)
     return 0
   end
   local refills = cdiv(want - tokens, amount)
-  if refills >= LIMIT / every then
-    return LIMIT
+  if refills >= CAP / every then
+    return CAP
   end
   local elapsed = now - last
   if elapsed < 0 then
@@ -120,8 +91,8 @@ if allowed == 0 then
   if min > capacity then
     -- It can never pass; the time to fill an empty bucket is a hint.
     local full = cdiv(capacity, amount)
-    if full >= LIMIT / every then
-      retry = LIMIT
+    if full >= CAP / every then
+      retry = CAP
     else
       retry = full * every
     end
@@ -137,16 +108,8 @@ if tokens >= capacity then
   redis.call('DEL', KEYS[1])
 else
   redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
-  -- Expire when full again, in whole milliseconds rounded up; a replay (`at`) keeps a
-  -- minute of slack, since its clock need not run with Redis's.
-  local ttl = cdiv(reset, 1000)
-  if replay then
-    ttl = ttl + 60000
-  end
-  if ttl < 1 then
-    ttl = 1
-  end
-  redis.call('PEXPIRE', KEYS[1], str(ttl))
+  -- Expire when full again, in whole milliseconds rounded up.
+  expire_in(KEYS[1], cdiv(reset, 1000), replay)
 end
 
 return {allowed, tokens, reset, retry, granted}

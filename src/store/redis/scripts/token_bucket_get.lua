@@ -9,29 +9,7 @@
 local capacity = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
 local every = tonumber(ARGV[3])
-local now
-if ARGV[4] ~= nil then
-  now = tonumber(ARGV[4])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, b)
-  return fdiv(a + b - 1, b)
-end
-
-local LIMIT = 4503599627370496
+local now = clock(ARGV[4])
 
 local state = redis.call('HMGET', KEYS[1], 't', 'l')
 if not (state[1] and state[2]) then
@@ -53,8 +31,8 @@ end
 
 local refills = cdiv(capacity - tokens, amount)
 local reset
-if refills >= LIMIT / every then
-  reset = LIMIT
+if refills >= CAP / every then
+  reset = CAP
 else
   local elapsed = now - last
   if elapsed < 0 then

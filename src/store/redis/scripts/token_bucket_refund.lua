@@ -12,34 +12,7 @@ local capacity = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
 local every = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
-local replay = ARGV[5] ~= nil
-local now
-if replay then
-  now = tonumber(ARGV[5])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, b)
-  return fdiv(a + b - 1, b)
-end
-
-local function str(x)
-  return string.format('%.0f', x)
-end
-
-local LIMIT = 4503599627370496
+local now, replay = clock(ARGV[5])
 
 local state = redis.call('HMGET', KEYS[1], 't', 'l')
 if not (state[1] and state[2]) then
@@ -64,20 +37,13 @@ end
 
 redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
 local refills = cdiv(capacity - tokens, amount)
-local ttl = LIMIT
-if refills < LIMIT / every then
+local ttl = CAP
+if refills < CAP / every then
   local elapsed = now - last
   if elapsed < 0 then
     elapsed = 0
   end
   ttl = refills * every - elapsed
 end
-ttl = cdiv(math.max(ttl, 0), 1000)
-if replay then
-  ttl = ttl + 60000
-end
-if ttl < 1 then
-  ttl = 1
-end
-redis.call('PEXPIRE', KEYS[1], str(ttl))
+expire_in(KEYS[1], cdiv(math.max(ttl, 0), 1000), replay)
 return tokens

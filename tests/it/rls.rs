@@ -1,0 +1,522 @@
+//! Envoy's rate limit service (issue 24) with a client the project did not write: Python's
+//! grpcio and protobuf (`common/rls_client.py`) calling `ShouldRateLimit` and the gRPC
+//! health check on `server.rls`, against envoyproxy/ratelimit's README examples read as
+//! they are (units raised to an hour or a day where a count must not slide out of its
+//! window on a loaded machine), a config directory rewritten under a running process, and
+//! two processes sharing one Redis store, frozen or not.
+
+// Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+use crate::common::redis as harness;
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use common::{eventually, free_port, Tollgate};
+use harness::RedisServer;
+
+const CLIENT: &str = include_str!("common/rls_client.py");
+
+/// README examples 2, 3, 5, 6, 7 and 9, and one with `detailed_metric`.
+const MESSAGING: &str = "domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+const PER_IP: &str = "domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: hour
+      requests_per_unit: 0
+";
+
+const INTERNAL: &str = "domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+";
+
+const SHADOW: &str = "domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 2
+          unit: hour
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 2
+          unit: hour
+";
+
+const REPLACES: &str = "domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: hour
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: hour
+";
+
+const WILDCARD: &str = "domain: example9
+descriptors:
+  - key: path
+    value: /api/*/action
+    rate_limit:
+      unit: hour
+      requests_per_unit: 20
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 3
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+
+/// Writes `files` into `dir/rls/`.
+fn write_rls(dir: &Path, files: &[(&str, &str)]) {
+    let rls = dir.join("rls");
+    std::fs::create_dir_all(&rls).unwrap();
+    for (name, text) in files {
+        std::fs::write(rls.join(name), text).unwrap();
+    }
+}
+
+/// A config with the service on `rls_port`, `rls:` pointing at `rls/` and `extra` appended.
+fn config(rls_port: u16, extra: &str) -> String {
+    format!(
+        "{}  rls: \"127.0.0.1:{rls_port}\"\norigins:\n  app:\n    hosts: [app.test]\n    upstreams: [\"127.0.0.1:1\"]\nrls:\n  config_dir: rls\n{extra}",
+        common::SERVER
+    )
+}
+
+/// Starts tollgate with `files` in its `rls/` directory; returns it and the service's port
+/// once the service accepts.
+async fn start(files: &[(&str, &str)], extra: &str) -> (Tollgate, u16) {
+    let dir = tempfile::tempdir().unwrap();
+    write_rls(dir.path(), files);
+    let port = free_port();
+    let t = Tollgate::start_in(dir, &config(port, extra), |_| {}).await;
+    eventually("the rate limit service accepts", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    (t, port)
+}
+
+/// Runs the Python client's `steps` against the service on `port`: one answer each.
+fn run(port: u16, steps: Value) -> Vec<Value> {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(CLIENT)
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(steps.to_string())
+        .output()
+        .expect("/usr/bin/python3 with grpcio and protobuf (scripts/deps.sh installs them)");
+    assert!(out.status.success(), "python: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// One call of `descriptors` (lists of `[key, value]` entries) in `domain`, `repeat`
+/// times; the last answer.
+fn call(port: u16, domain: &str, descriptors: Value, repeat: u32) -> Value {
+    let step = json!([{"call": {"domain": domain, "descriptors": descriptors}, "repeat": repeat}]);
+    run(port, step).remove(0)
+}
+
+fn codes(answer: &Value) -> Vec<String> {
+    answer["statuses"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no statuses in {answer}"))
+        .iter()
+        .map(|s| s["code"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn readme_examples_answer_as_envoyproxy_ratelimit_documents() {
+    let files = [
+        ("messaging.yaml", MESSAGING),
+        ("per_ip.yaml", PER_IP),
+        ("internal.yml", INTERNAL),
+        ("shadow.yaml", SHADOW),
+        ("replaces.yaml", REPLACES),
+        ("wildcard.yaml", WILDCARD),
+    ];
+    let (t, port) = start(&files, "").await;
+
+    // Example 2: nested descriptors. The 6th marketing message to one number is over
+    // the limit of 5 a day; the per-number limit of 100 still has 94 left.
+    let both = json!([
+        [["message_type", "marketing"], ["to_number", "2061111111"]],
+        [["to_number", "2061111111"]]
+    ]);
+    let a = call(port, "messaging", both.clone(), 5);
+    assert_eq!(a["overall"], "OK", "{a}");
+    assert_eq!(a["statuses"][0]["remaining"], 0);
+    let a = call(port, "messaging", both, 1);
+    assert_eq!(a["overall"], "OVER_LIMIT", "{a}");
+    assert_eq!(codes(&a), ["OVER_LIMIT", "OK"]);
+    assert_eq!(a["statuses"][0]["limit"], 5);
+    assert_eq!(a["statuses"][0]["unit"], 4, "DAY");
+    assert_eq!(a["statuses"][1]["limit"], 100);
+    assert_eq!(a["statuses"][1]["remaining"], 94);
+    assert!(a["statuses"][1]["reset"].as_f64().unwrap() > 0.0, "{a}");
+    // Another number has its own count.
+    let a = call(
+        port,
+        "messaging",
+        json!([[["message_type", "marketing"], ["to_number", "2062222222"]]]),
+        1,
+    );
+    assert_eq!(a["statuses"][0]["remaining"], 4, "{a}");
+    // Example 4: a descriptor deeper than the tree matches nothing.
+    let a = call(
+        port,
+        "messaging",
+        json!([[["to_number", "1"], ["extra", "x"]]]),
+        1,
+    );
+    assert_eq!(a["statuses"][0], json!({"code": "OK", "remaining": 0}));
+
+    // Example 3: the most specific match wins: key and value before key alone.
+    let a = call(
+        port,
+        "edge_proxy_per_ip",
+        json!([[["remote_address", "50.0.0.5"]]]),
+        1,
+    );
+    assert_eq!(a["overall"], "OVER_LIMIT", "{a}");
+    assert_eq!(a["statuses"][0]["limit"], 0);
+    let a = call(
+        port,
+        "edge_proxy_per_ip",
+        json!([[["remote_address", "50.0.0.1"]]]),
+        10,
+    );
+    assert_eq!(a["overall"], "OK", "{a}");
+    assert_eq!(a["statuses"][0]["limit"], 10);
+    let a = call(
+        port,
+        "edge_proxy_per_ip",
+        json!([[["remote_address", "50.0.0.1"]]]),
+        1,
+    );
+    assert_eq!(a["overall"], "OVER_LIMIT", "{a}");
+
+    // Example 5: unlimited is OK with u32::MAX remaining and no limit.
+    let a = call(port, "internal", json!([[["ldap", "x"]]]), 3);
+    assert_eq!(
+        a["statuses"][0],
+        json!({"code": "OK", "remaining": 4294967295u32})
+    );
+
+    // Example 6: shadow_mode answers OK over the limit; the enforced twin does not.
+    let a = call(
+        port,
+        "example6",
+        json!([[["service", "s"], ["user", "user-a"]]]),
+        3,
+    );
+    assert_eq!(a["overall"], "OK", "{a}");
+    assert_eq!(a["statuses"][0]["limit"], 2);
+    let a = call(
+        port,
+        "example6",
+        json!([[["service", "s"], ["user", "user-b"]]]),
+        3,
+    );
+    assert_eq!(a["overall"], "OVER_LIMIT", "{a}");
+
+    // Example 7: with both rules matched, the replaced one is not evaluated (nor
+    // counted): 6 calls pass under the replacing 10, and the named rule alone still
+    // allows its 5.
+    let both = json!([
+        [["key_1", "value_1"], ["user", "bkthomps"]],
+        [["key_2", "value_2"], ["user", "bkthomps"]]
+    ]);
+    let a = call(port, "example7", both, 6);
+    assert_eq!(a["overall"], "OK", "{a}");
+    assert_eq!(a["statuses"][0], json!({"code": "OK", "remaining": 0}));
+    assert_eq!(a["statuses"][1]["limit"], 10);
+    assert_eq!(a["statuses"][1]["remaining"], 4);
+    let a = call(
+        port,
+        "example7",
+        json!([[["key_1", "value_1"], ["user", "bkthomps"]]]),
+        1,
+    );
+    assert_eq!(a["statuses"][0]["remaining"], 4, "{a}");
+
+    // Example 9: a middle wildcard; example 11: share_threshold shares one count.
+    let a = call(port, "example9", json!([[["path", "/api/123/action"]]]), 1);
+    assert_eq!(a["statuses"][0]["limit"], 20, "{a}");
+    let a = call(port, "example9", json!([[["path", "/api/123/other"]]]), 1);
+    assert_eq!(a["statuses"][0], json!({"code": "OK", "remaining": 0}));
+    call(port, "example9", json!([[["files", "files/a.pdf"]]]), 2);
+    let a = call(port, "example9", json!([[["files", "files/b.csv"]]]), 1);
+    assert_eq!(a["statuses"][0]["remaining"], 0, "{a}");
+    let a = call(port, "example9", json!([[["files", "files/c.txt"]]]), 1);
+    assert_eq!(a["overall"], "OVER_LIMIT", "{a}");
+
+    // Unknown domain or descriptor: OK, as upstream answers.
+    let a = call(port, "nobody", json!([[["a", "b"]]]), 1);
+    assert_eq!(
+        a,
+        json!({"overall": "OK", "statuses": [{"code": "OK", "remaining": 0}]})
+    );
+    let a = call(port, "internal", json!([[["unknown", "b"]]]), 1);
+    assert_eq!(a["overall"], "OK");
+
+    // Metrics: per rule path, never per request value.
+    let m = t.metrics_text().await;
+    assert!(
+        m.contains(r#"tollgate_rls_hits_total{descriptor="messaging.message_type_marketing.to_number",domain="messaging",result="over_limit"} 1"#),
+        "{m}"
+    );
+    assert!(m.contains(r#"tollgate_rls_hits_total{descriptor="example6.service.user_user-a",domain="example6",result="shadow_mode"} 1"#), "{m}");
+    assert!(
+        m.contains(r#"tollgate_rls_requests_total{code="ok",domain="_unknown"} 1"#),
+        "{m}"
+    );
+    assert!(!m.contains("2061111111"), "a request value became a label");
+}
+
+#[tokio::test]
+async fn hits_addend_counts_per_request_and_per_descriptor() {
+    let (_t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    let d = json!([[["to_number", "1"]]]);
+    let steps = json!([
+        {"call": {"domain": "messaging", "descriptors": d, "hits_addend": 60}},
+        {"call": {"domain": "messaging", "descriptors": d, "hits_addend": 60}},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "2"]]], "hits_addend": 60, "descriptor_hits": [30]}},
+    ]);
+    let out = run(port, steps);
+    assert_eq!(out[0]["statuses"][0]["remaining"], 40, "{out:?}");
+    // 60 more do not fit in the 40 left: over, and (not strict) nothing is taken.
+    assert_eq!(out[1]["overall"], "OVER_LIMIT", "{out:?}");
+    assert_eq!(out[1]["statuses"][0]["remaining"], 40);
+    // A descriptor's own hits_addend wins over the request's.
+    assert_eq!(out[2]["statuses"][0]["remaining"], 70, "{out:?}");
+}
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_argument_and_health_is_served() {
+    let (t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    let many: Vec<Value> = (0..100).map(|i| json!([["k", i.to_string()]])).collect();
+    let steps = json!([
+        {"call": {"domain": "", "descriptors": [[["a", "b"]]]}},
+        {"call": {"domain": "messaging", "descriptors": []}},
+        {"call": {"domain": "messaging", "descriptors": [[["", "b"]]]}},
+        {"call": {"domain": "messaging", "descriptors": many}},
+        {"health": ""},
+        {"health": "envoy.service.ratelimit.v3.RateLimitService"},
+        {"health": "no.such.Service"},
+    ]);
+    let out = run(port, steps);
+    for a in &out[..4] {
+        assert_eq!(a["error"], "INVALID_ARGUMENT", "{out:?}");
+    }
+    assert_eq!(out[4]["status"], "SERVING");
+    assert_eq!(out[5]["status"], "SERVING");
+    assert_eq!(out[6]["error"], "NOT_FOUND");
+    let invalid = r#"tollgate_rls_requests_total{code="invalid",domain="_unknown"}"#;
+    assert_eq!(t.metric(invalid).await, 4.0);
+}
+
+#[tokio::test]
+async fn a_changed_config_dir_reloads_live_and_a_broken_file_is_refused_at_its_line() {
+    let (t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    let d = json!([[["to_number", "1"]]]);
+    assert_eq!(
+        call(port, "messaging", d.clone(), 1)["statuses"][0]["limit"],
+        100
+    );
+    // A new domain's file appears, and an existing one changes its limit.
+    write_rls(t.dir.path(), &[("per_ip.yaml", PER_IP)]);
+    std::fs::write(
+        t.dir.path().join("rls/messaging.yaml"),
+        MESSAGING.replace("requests_per_unit: 100", "requests_per_unit: 7"),
+    )
+    .unwrap();
+    eventually("the new domain and limit are served", 500, || async {
+        let a = call(
+            port,
+            "edge_proxy_per_ip",
+            json!([[["remote_address", "1.2.3.4"]]]),
+            1,
+        );
+        let b = call(port, "messaging", d.clone(), 1);
+        a["statuses"][0]["limit"] == 10 && b["statuses"][0]["limit"] == 7
+    })
+    .await;
+    // The count carried over the reload (same rule, same window): 1 + the polls so far.
+    let b = call(port, "messaging", d.clone(), 1);
+    assert!(b["statuses"][0]["remaining"].as_u64().unwrap() < 6, "{b}");
+
+    // A broken file is refused with its file, line and column; the old rules keep serving.
+    let before = t
+        .metric(r#"tollgate_config_reloads_total{result="failure"}"#)
+        .await;
+    std::fs::write(
+        t.dir.path().join("rls/per_ip.yaml"),
+        PER_IP.replace("unit: hour", "unit: fortnight"),
+    )
+    .unwrap();
+    t.wait_metric(
+        r#"tollgate_config_reloads_total{result="failure"}"#,
+        before + 1.0,
+    )
+    .await;
+    let log = t.log_text();
+    assert!(
+        log.contains("rls/per_ip.yaml:5:13: descriptors[0].rate_limit.unit: invalid rate limit unit `fortnight`"),
+        "{log}"
+    );
+    let a = call(
+        port,
+        "edge_proxy_per_ip",
+        json!([[["remote_address", "1.2.3.4"]]]),
+        1,
+    );
+    assert_eq!(a["statuses"][0]["limit"], 10);
+}
+
+#[test]
+fn check_names_the_ratelimit_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    write_rls(
+        dir.path(),
+        &[
+            ("a.yaml", MESSAGING),
+            (
+                "b.yaml",
+                "domain: messaging\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, unlimited: true}\n  - value: v\n  - key: k\n    shadow: true\n",
+            ),
+        ],
+    );
+    let path = dir.path().join("tollgate.yaml");
+    let text = config(free_port(), "")
+        .replace("{listen}", "127.0.0.1:1")
+        .replace("{metrics}", "127.0.0.1:2");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(common::binary())
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let b = dir.path().join("rls/b.yaml").display().to_string();
+    for want in [
+        format!("{b}:1:1: domain: domain `messaging` is defined in another file too"),
+        format!("{b}:4:24: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited"),
+        format!("{b}:5:5: descriptors[1].key: descriptor has empty key"),
+        format!("{b}:6:5: descriptors[2]: duplicate descriptor composite key `messaging.k`"),
+        format!("{b}:7:5: descriptors[2].shadow: unknown key `shadow`"),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+}
+
+/// `stores: fleet` on `redis_url` with a short budget, and `rls.store: fleet`.
+fn fleet(redis_url: &str) -> String {
+    format!(
+        "  store: fleet\nstores:\n  fleet:\n    kind: redis\n    url: {redis_url}\n    timeout: 100ms\n    breaker: {{ failures: 3, probe_every: 100ms }}\n    fallback: allow\n    deny_cache: 0\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tollgates_share_one_count_in_redis_and_fail_open_when_it_freezes() {
+    let mut redis = RedisServer::start();
+    let files = [("messaging.yaml", MESSAGING)];
+    let (a, pa) = start(&files, &fleet(&redis.url())).await;
+    let (_b, pb) = start(&files, &fleet(&redis.url())).await;
+    let d = json!([[["message_type", "marketing"], ["to_number", "9"]]]);
+    assert_eq!(
+        call(pa, "messaging", d.clone(), 3)["statuses"][0]["remaining"],
+        2
+    );
+    // The other process sees the same count: 2 more fit, the 6th in all is over.
+    assert_eq!(
+        call(pb, "messaging", d.clone(), 2)["statuses"][0]["remaining"],
+        0
+    );
+    let over = call(pb, "messaging", d.clone(), 1);
+    assert_eq!(over["overall"], "OVER_LIMIT", "{over}");
+    let over = call(pa, "messaging", d.clone(), 1);
+    assert_eq!(over["overall"], "OVER_LIMIT", "{over}");
+
+    // Redis frozen: each answer comes within the budget's fallback (`allow`): OK.
+    redis.freeze();
+    let fell_back = "tollgate_store_fallback_decisions_total{store=\"fleet\"}";
+    let before = a.metric(fell_back).await;
+    let started = std::time::Instant::now();
+    let open = call(pa, "messaging", d.clone(), 3);
+    assert_eq!(open["overall"], "OK", "{open}");
+    // A deadline that catches a call waiting on the frozen Redis, not a latency figure.
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(a.metric(fell_back).await >= before + 3.0);
+    redis.thaw();
+    eventually("Redis decides again", 500, || async {
+        call(pa, "messaging", d.clone(), 1)["overall"] == "OVER_LIMIT"
+    })
+    .await;
+}
