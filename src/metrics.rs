@@ -89,6 +89,15 @@ pub struct Metrics {
     /// `tollgate_store_fallback_decisions_total{store}`: decisions made by the fallback
     /// because the store did not answer within its budget or its breaker was open.
     pub store_fallback_decisions_total: IntCounterVec,
+    /// `tollgate_store_leased{store,origin,limit}`: quota this instance holds in lease
+    /// slices and has not spent (tokens, counts, free slots): the bound on the
+    /// under-admission leases can cause, summed over the fleet (`crate::limits::lease`).
+    pub store_leased: IntGaugeVec,
+    /// `tollgate_store_lease_calls_total{store,result}`: lease calls, by result
+    /// (`granted`: the slice asked for; `partial`: less, the shared remainder was short;
+    /// `empty`: none left, the key decides exactly; `returned`: unspent quota given back;
+    /// `failed`: no answer, the key decides as the store's fallback says).
+    pub store_lease_calls_total: IntCounterVec,
     /// `tollgate_access_log_dropped_total`: access log lines dropped because the buffer
     /// was full (the writer fell behind the disk) or a write failed.
     pub access_log_dropped_total: IntCounter,
@@ -276,6 +285,22 @@ impl Metrics {
         registry.register(Box::new(store_requests_total.clone()))?;
         registry.register(Box::new(store_latency_seconds.clone()))?;
         registry.register(Box::new(store_fallback_decisions_total.clone()))?;
+        let store_leased = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_store_leased",
+                "Quota this instance holds in lease slices and has not spent, by store, origin and limit: summed over the fleet, the bound on the under-admission leases cause.",
+            ),
+            &["store", "origin", "limit"],
+        )?;
+        let store_lease_calls_total = IntCounterVec::new(
+            Opts::new(
+                "tollgate_store_lease_calls_total",
+                "Lease calls to a shared store by result (granted, partial, empty, returned, failed).",
+            ),
+            &["store", "result"],
+        )?;
+        registry.register(Box::new(store_leased.clone()))?;
+        registry.register(Box::new(store_lease_calls_total.clone()))?;
         let access_log_dropped_total = IntCounter::new(
             "tollgate_access_log_dropped_total",
             "Access log lines dropped: the buffer was full (the writer fell behind) or a write failed.",
@@ -314,6 +339,8 @@ impl Metrics {
             store_requests_total,
             store_latency_seconds,
             store_fallback_decisions_total,
+            store_leased,
+            store_lease_calls_total,
             access_log_dropped_total,
         })
     }
@@ -368,7 +395,29 @@ impl Metrics {
             fallback: self
                 .store_fallback_decisions_total
                 .with_label_values(&[store]),
+            lease_calls: LeaseCalls {
+                granted: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "granted"]),
+                partial: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "partial"]),
+                empty: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "empty"]),
+                returned: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "returned"]),
+                failed: self
+                    .store_lease_calls_total
+                    .with_label_values(&[store, "failed"]),
+            },
         }
+    }
+
+    /// The `tollgate_store_leased` gauge of one limit in one store.
+    pub fn leased(&self, store: &str, origin: &str, limit: &str) -> IntGauge {
+        self.store_leased.with_label_values(&[store, origin, limit])
     }
 
     /// The inflight gauge of one origin.
@@ -439,6 +488,23 @@ pub struct StoreMetrics {
     pub latency: Histogram,
     /// `tollgate_store_fallback_decisions_total{store}`.
     pub fallback: IntCounter,
+    /// `tollgate_store_lease_calls_total{store,result}`.
+    pub lease_calls: LeaseCalls,
+}
+
+/// One store's `tollgate_store_lease_calls_total` children, one per result.
+#[derive(Clone)]
+pub struct LeaseCalls {
+    /// A take granted the slice asked for.
+    pub granted: IntCounter,
+    /// A take granted less: the shared remainder was short.
+    pub partial: IntCounter,
+    /// A take granted nothing: the key decides exactly.
+    pub empty: IntCounter,
+    /// Unspent quota given back (idle, surplus slots, reload).
+    pub returned: IntCounter,
+    /// A lease call got no answer (timeout, error, breaker open).
+    pub failed: IntCounter,
 }
 
 impl StoreMetrics {
@@ -480,6 +546,7 @@ mod tests {
         store.up.set(1);
         store.ok.inc();
         store.latency.observe(0.00008);
+        m.leased("shared", "shop", "api_tokens").set(7);
         m.request_duration_seconds
             .with_label_values(&["shop"])
             .observe(0.01);
@@ -504,6 +571,9 @@ mod tests {
             "tollgate_store_requests_total{result=\"breaker_open\",store=\"shared\"} 0",
             "tollgate_store_latency_seconds_bucket{store=\"shared\",le=\"0.0001\"} 1",
             "tollgate_store_fallback_decisions_total{store=\"shared\"} 0",
+            "tollgate_store_lease_calls_total{result=\"granted\",store=\"shared\"} 0",
+            "tollgate_store_lease_calls_total{result=\"failed\",store=\"shared\"} 0",
+            "tollgate_store_leased{limit=\"api_tokens\",origin=\"shop\",store=\"shared\"} 7",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -15,7 +15,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::config::model::{
-    Config, Cost, Fallback, Group, HeadersMode, Limit, LimitParams, Listener, Members, Mode,
+    Config, Cost, Fallback, Group, HeadersMode, Kind, Limit, LimitParams, Listener, Members, Mode,
     Origin, RedisEndpoint, Secret, Server, Tls,
 };
 use crate::config::secret::redact_url;
@@ -513,6 +513,8 @@ struct EffLimit {
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<EffLease>,
     key: Vec<String>,
     mode: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -523,6 +525,41 @@ struct EffLimit {
     top_keys: Option<usize>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     overrides: Vec<EffOverride>,
+}
+
+/// `lease:` of a limit in a Redis store: `off`, or every setting spelt out.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EffLease {
+    Off(&'static str),
+    On {
+        hot_above: String,
+        max_share: String,
+        renew_every: String,
+        idle: String,
+    },
+}
+
+impl EffLease {
+    fn of(l: &Limit) -> Option<Self> {
+        l.store.as_ref()?;
+        Some(match &l.lease {
+            Some(p) => EffLease::On {
+                hot_above: format!("{}/s", p.hot_above),
+                max_share: crate::config::lease::share_text(p.max_share),
+                renew_every: duration(p.renew_every),
+                idle: duration(p.idle),
+            },
+            None if matches!(
+                l.params.kind(),
+                Kind::TokenBucket | Kind::Rate | Kind::Concurrency | Kind::Inflight
+            ) =>
+            {
+                EffLease::Off("off")
+            }
+            None => return None,
+        })
+    }
 }
 
 fn mode(m: Mode) -> &'static str {
@@ -538,6 +575,7 @@ impl EffLimit {
         Self {
             kind: l.params.kind().name(),
             store: l.store.clone(),
+            lease: EffLease::of(l),
             key: l.key.parts().iter().map(ToString::to_string).collect(),
             mode: mode(l.mode),
             headers: Some(match l.headers {
@@ -564,6 +602,7 @@ impl EffLimit {
     fn resource(l: &Limit) -> Self {
         let mut eff = Self::of(l);
         eff.headers = None;
+        eff.lease = None;
         eff.params.cost = None;
         for o in &mut eff.overrides {
             o.params.cost = None;

@@ -5,6 +5,7 @@
 //! because an origin's limit may take its kind from a default of the same name.
 
 use crate::config::bounds;
+use crate::config::lease;
 use crate::config::model::{HeadersMode, Kind, Mode};
 use crate::config::names::{is_label, key_part, label_message};
 use crate::config::overrides;
@@ -108,6 +109,7 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
         "store" => {
             spec.store = scalar::text(r, v, path).map(|t| At::new(t.to_string(), v.pos, path));
         }
+        "lease" => spec.lease = lease::parse(r, v, path),
         other => {
             params::param(r, other, e.key_pos, v, path, false, &mut spec.params);
         }

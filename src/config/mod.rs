@@ -14,6 +14,7 @@ mod access_log;
 mod acme;
 mod api;
 mod bounds;
+mod lease;
 mod limit;
 mod merge;
 mod names;

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 pub use crate::config::rls::{Rls, RlsDescriptor, RlsDomain, RlsLimit, RlsRule};
 pub use crate::config::secret::Secret;
+pub use crate::limits::lease::LeaseParams;
 use crate::limits::{
     AdaptiveBounds, KeyPart, KeySpec, LogWindow, Matcher, RateParams, SketchSize, TieredParams,
     TokenBucketParams,
@@ -833,6 +834,10 @@ pub struct Limit {
     /// The shared store its state lives in (`store: NAME`); `None` is the in-process
     /// store.
     pub store: Option<String>,
+    /// How a hot key's quota is leased from the shared store (`lease:`, default `auto` on
+    /// a Redis store for token buckets, rates, concurrency and inflight); `None`: one call
+    /// per decision (`lease: off`, a local limit, or a kind that stays exact).
+    pub lease: Option<LeaseParams>,
     /// Special cases, first match wins; each has its own state.
     pub overrides: Vec<Override>,
     /// `top_keys: N`: keep a heavy-hitter sketch of this limit's keys for the admin API's

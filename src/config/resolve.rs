@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use crate::config::bounds;
+use crate::config::lease::LeaseSetting;
 use crate::config::model::{
-    AutoMax, Connections, Cost, Group, Kind, Limit, LimitParams, Members, Mode, Override,
-    SegmentSpec, StoreSpec,
+    AutoMax, Connections, Cost, Group, Kind, LeaseParams, Limit, LimitParams, Members, Mode,
+    Override, SegmentSpec, StoreSpec,
 };
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{
@@ -83,6 +84,8 @@ fn store_of(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<Strin
 
 /// A resolved limit, or `mode: off` (the origin does not get it).
 #[derive(Debug, Clone, PartialEq)]
+// Built once per limit while a config loads, and unpacked at once: its size is no cost.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Resolved {
     /// The limit runs.
     On(Limit),
@@ -111,7 +114,9 @@ pub(crate) fn resolve(
         return None;
     };
     for f in &spec.fields {
-        if !takes(kind, f.v) {
+        if f.v == "lease" && !takes(kind, f.v) {
+            r.error(f.pos, &f.path, exact_kind(kind));
+        } else if !takes(kind, f.v) {
             r.error(f.pos, &f.path, wrong_kind(f.v, kind));
         }
     }
@@ -132,6 +137,7 @@ pub(crate) fn resolve(
         r.error(auto.pos, &auto.path, message);
         return None;
     }
+    let lease = lease_of(r, kind, spec, store.is_some());
     let mode = match spec.mode.as_ref().map(|m| m.v) {
         Some(Setting::On(mode)) => mode,
         Some(Setting::Off) | None => Mode::Enforce,
@@ -187,9 +193,44 @@ pub(crate) fn resolve(
         headers: spec.headers.as_ref().map(|h| h.v).unwrap_or_default(),
         params: params?,
         store,
+        lease,
         overrides,
         top_keys: spec.top_keys.as_ref().map(|t| t.v),
     }))
+}
+
+/// The lease settings of a limit of `kind`, `shared` or not: `auto` unless written, on a
+/// Redis store, for the kinds that lease; `None` for the others and for `lease: off`. A
+/// `lease` on a local limit is refused (the kinds that stay exact are refused in
+/// [`resolve`], with [`exact_kind`]).
+fn lease_of(r: &mut Report, kind: Kind, spec: &LimitSpec, shared: bool) -> Option<LeaseParams> {
+    // A resource's copies are held by limiter API connections (`lease` is not one of its
+    // fields): they keep one call per command.
+    let leases = matches!(
+        kind,
+        Kind::TokenBucket | Kind::Rate | Kind::Concurrency | Kind::Inflight
+    ) && !spec.path.starts_with("resources");
+    match &spec.lease {
+        Some(l) if !shared && leases => {
+            let message = "`lease` needs a Redis store (`store: NAME`): a local limit decides in process, with no call to save";
+            r.error(l.pos, &l.path, message);
+            None
+        }
+        Some(At {
+            v: LeaseSetting::On(p),
+            ..
+        }) if leases => Some(*p),
+        Some(_) => None,
+        None => (shared && leases).then(LeaseParams::default),
+    }
+}
+
+/// Why `lease` is refused on a sliding log or tiered limit.
+fn exact_kind(kind: Kind) -> String {
+    format!(
+        "`lease` is not a field of kind `{}`: sliding logs and tiers stay exact (per-user caps and burst rules, whose keys are rarely hot); leases apply to token_bucket, rate, concurrency and inflight",
+        kind.name()
+    )
 }
 
 fn wrong_kind(field: &str, kind: Kind) -> String {

@@ -39,8 +39,9 @@ pub const API_ORIGIN: &str = "_api";
 pub(crate) const MAX_RESOURCES: usize = 1_000;
 
 /// Limit fields a resource does not take (see [`check`]): a command's cost is its
-/// `copies`, replies carry the limits, and no admin `/top` list is kept for the API.
-pub(crate) const NOT_RESOURCE_FIELDS: [&str; 3] = ["cost", "headers", "top_keys"];
+/// `copies`, replies carry the limits, no admin `/top` list is kept for the API, and
+/// resources are not leased.
+pub(crate) const NOT_RESOURCE_FIELDS: [&str; 4] = ["cost", "headers", "top_keys", "lease"];
 
 /// What a resource says instead of a key part an API caller cannot have.
 fn no_such_part(part: &KeyPart) -> String {
@@ -97,6 +98,7 @@ fn check(r: &mut Report, spec: &mut LimitSpec, known: &Known<'_>) -> bool {
             "cost" => "a command's cost is its `copies`; `cost` is not a field of a resource",
             "headers" => "`headers` has no meaning for a resource: API replies carry the limits",
             "top_keys" => "`top_keys` keeps the heaviest keys of a proxy limit for the admin API; a resource keeps none",
+            "lease" => "`lease` is for limits the proxy decides; a resource keeps one store call per command",
             _ => continue,
         };
         r.error(f.pos, &f.path, why);

@@ -630,6 +630,8 @@ fn read_rule(
         // detailed_metric: per-value visibility through the heavy hitters (admin `/top`),
         // never through metric labels.
         top_keys: detailed.then_some(DETAILED_TOP_KEYS),
+        // Envoy's limits decide exactly, one call per decision (no lease slices yet).
+        lease: None,
     };
     Some(RlsRule {
         name,

@@ -25,6 +25,7 @@ use crate::config::access_log::{
 use crate::config::acme::{ACME_KEYS, CHALLENGES, MAX_ACME_HOSTS, RETRY_KEYS};
 use crate::config::api::API_KEYS;
 use crate::config::bounds;
+use crate::config::lease::LEASE_KEYS;
 use crate::config::limit::GROUP_KEYS;
 use crate::config::model::{Kind, UpstreamProtocol};
 use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
@@ -192,6 +193,29 @@ fn duration((lo, hi): (&str, &str)) -> Value {
         "pattern": format!("^\\s*(?:[0-9]+(?:\\.[0-9]+)?\\s*(?:{DURATION_UNITS})\\s*)+$"),
         "description": format!("A duration with a unit (`250ms`, `1s`, `5m`, `1h`, `1d`), between {lo} and {hi}."),
     })
+}
+
+/// `lease: auto | off | {hot_above, max_share, renew_every, idle}` (config::lease).
+fn lease(keys: &mut Keys<'_>, at: &str) -> Value {
+    let settings = keys.object(&format!("{at}.lease"), &LEASE_KEYS, |key| {
+        Some(match key {
+            "hot_above" => json!({
+                "type": ["string", "integer"],
+                "pattern": "^\\s*[0-9]+\\s*(?:/s)?\\s*$",
+                "minimum": 1,
+                "description": "Decisions per second on one instance above which a key is hot, e.g. `20/s`.",
+            }),
+            "max_share" => json!({
+                "type": "string",
+                "pattern": "^\\s*[0-9]+(?:\\.[0-9]+)?\\s*%\\s*$",
+                "description": "The most of the limit one slice takes, above 0% and at most 100%, e.g. `1%`.",
+            }),
+            "renew_every" => duration(("1ms", "1m")),
+            "idle" => duration(("10ms", "1h")),
+            _ => return None,
+        })
+    });
+    json!({"anyOf": [{"enum": ["auto", "off"]}, settings]})
 }
 
 /// `ip:port` (`[v6]:port`).
@@ -637,6 +661,7 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
         .filter(|k| !(place == Place::Resource && NOT_RESOURCE_FIELDS.contains(k)))
         .collect();
     let over = override_item(keys, &format!("{at}.overrides[]"), place);
+    let lease_schema = lease(keys, at);
     let params: Vec<(&str, Option<Value>)> =
         table.iter().map(|&k| (k, param(k, 1, keys, at))).collect();
     let mut out = keys.object(at, &table, |key| {
@@ -649,6 +674,7 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
             "store" => text(),
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
             "top_keys" => int(1, bounds::MAX_TOP_KEYS as u64),
+            "lease" => lease_schema.clone(),
             "sketch" => {
                 let mut sketch = json!({
                     "type": ["object", "null"],

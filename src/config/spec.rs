@@ -10,6 +10,7 @@
 
 use strum::IntoEnumIterator;
 
+use crate::config::lease::LeaseSetting;
 use crate::config::model::{Cost, HeadersMode, Kind, Mode};
 use crate::config::report::{At, Pos};
 use crate::limits::{AdaptiveBounds, KeyPart, LogWindow, Matcher, Tier};
@@ -29,12 +30,12 @@ pub(crate) const COMMON: [&str; 7] = [
 /// field belongs to which kind.
 pub(crate) fn own_fields(kind: Kind) -> &'static [&'static str] {
     match kind {
-        Kind::Inflight => &["max", "share", "sketch"],
+        Kind::Inflight => &["max", "share", "sketch", "lease"],
         Kind::Tiered => &["tiers", "hard_limit", "global_limit", "max_keys"],
-        Kind::Concurrency => &["max", "global", "groups", "max_keys"],
+        Kind::Concurrency => &["max", "global", "groups", "max_keys", "lease"],
         Kind::SlidingLog => &["windows", "cost", "max_keys"],
-        Kind::Rate => &["max", "per", "strict", "max_keys"],
-        Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys"],
+        Kind::Rate => &["max", "per", "strict", "max_keys", "lease"],
+        Kind::TokenBucket => &["capacity", "refill", "cost", "strict", "max_keys", "lease"],
     }
 }
 
@@ -109,8 +110,9 @@ pub(crate) const OVERRIDE_KEYS: [&str; 11] = [
 
 /// Limit keys that an override may not change: they shape state shared by every variant
 /// (a global count, the groups) or identify the limit.
-pub(crate) const NOT_OVERRIDABLE: [&str; 11] = [
+pub(crate) const NOT_OVERRIDABLE: [&str; 12] = [
     "store",
+    "lease",
     "top_keys",
     "kind",
     "key",
@@ -271,6 +273,8 @@ pub(crate) struct LimitSpec {
     pub groups: Option<At<Vec<GroupSpec>>>,
     /// `store`: the shared store's name.
     pub store: Option<At<String>>,
+    /// `lease`: how a hot key's quota is taken from the store.
+    pub lease: Option<At<LeaseSetting>>,
     /// `top_keys`: the heavy-hitter list's size.
     pub top_keys: Option<At<usize>>,
     /// `overrides`, replaced as a whole when an origin sets it.
@@ -296,6 +300,7 @@ impl LimitSpec {
             max_keys: None,
             groups: None,
             store: None,
+            lease: None,
             top_keys: None,
             overrides: None,
             fields: Vec::new(),
@@ -322,6 +327,7 @@ impl LimitSpec {
         lay(&mut out.max_keys, &origin.max_keys);
         lay(&mut out.groups, &origin.groups);
         lay(&mut out.store, &origin.store);
+        lay(&mut out.lease, &origin.lease);
         lay(&mut out.top_keys, &origin.top_keys);
         lay(&mut out.overrides, &origin.overrides);
         out.fields.extend(origin.fields.iter().cloned());

@@ -26,6 +26,9 @@
 //! - [`table`]: the one set-associative per-key table every kind above but inflight keeps
 //!   its state in (sets of 8 ways, Lemire's index, scan, victim, length, evictions); each
 //!   kind supplies only its slot's value, its transition and its victim score.
+//! - [`lease`]: hot keys, slice sizes and held slices of a shared limit's quota (leases):
+//!   the parts of a lease that need no store.
+//!
 //! - [`victim`]: which key a full set of a per-key table forgets for a new one: the one
 //!   whose forgetting would wrongly admit least (each kind scores its keys).
 //!
@@ -48,6 +51,7 @@ pub mod concurrency;
 pub mod heavy;
 pub mod inflight;
 pub mod key;
+pub mod lease;
 pub mod rate;
 pub mod restore;
 pub mod sketch;

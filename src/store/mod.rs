@@ -35,7 +35,7 @@ pub mod shared_tiered;
 
 pub use self::redis::{
     default_instance, CounterKeys, CountersOutcome, Endpoint, EntryId, Fallback, GlobalArg,
-    LogGrant, Micros, RateCounts, RedisStore, RedisStoreConfig, TieredGrant,
+    LeaseGrant, LogGrant, Micros, RateCounts, RedisStore, RedisStoreConfig, TieredGrant,
 };
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};

@@ -505,6 +505,8 @@ async fn store_metrics_are_exposed_and_pass_promtool() {
         "tollgate_store_requests_total{result=\"ok\",store=\"shared\"} 2",
         "tollgate_store_latency_seconds_count{store=\"shared\"} 2",
         "tollgate_store_fallback_decisions_total{store=\"shared\"} 0",
+        "tollgate_store_lease_calls_total{result=\"granted\",store=\"shared\"} 0",
+        "tollgate_store_lease_calls_total{result=\"failed\",store=\"shared\"} 0",
     ] {
         assert!(text.contains(line), "missing `{line}` in\n{text}");
     }

@@ -19,6 +19,7 @@
 use crate::common::redis as harness;
 
 mod concurrency;
+mod lease;
 mod shared_kinds;
 mod sliding_log;
 mod tiered;

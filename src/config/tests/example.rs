@@ -129,6 +129,7 @@ fn parses_the_design_example() {
                 auto: None,
             },
             store: None,
+            lease: None,
             overrides: vec![],
             top_keys: None,
         }

@@ -4,6 +4,7 @@ mod errors;
 pub(crate) mod example;
 mod fuzz;
 mod hostile;
+mod lease;
 mod origin_options;
 mod resources;
 mod stores;

@@ -77,7 +77,7 @@ impl RedisStore {
     }
 }
 
-fn inflight_keys(names: &KeyNames, hash: u64) -> (String, String) {
+pub(super) fn inflight_keys(names: &KeyNames, hash: u64) -> (String, String) {
     (
         names.key(hash, StateKind::InflightCounts),
         names.key(hash, StateKind::InflightLeases),

@@ -53,6 +53,7 @@
 mod conn;
 mod counters;
 mod inflight;
+mod lease;
 mod rate;
 mod scripts;
 mod sliding_log;
@@ -79,6 +80,7 @@ use crate::store::StoreError;
 
 use conn::{probe_loop, start_runtime, Arg, Conn, Target};
 pub use counters::{CounterKeys, CountersOutcome};
+pub use lease::LeaseGrant;
 pub use rate::RateCounts;
 pub use scripts::{LuaScript, Scripts};
 pub use sliding_log::LogGrant;

@@ -128,7 +128,7 @@ impl RateCounts {
 
 /// A window of `per` nanoseconds as (ticks, tick in µs): the finest tick of 1, 10, 100,
 /// 1000... µs that keeps the window within 2^27 ticks.
-fn rate_window(per: Nanos) -> (u64, u64) {
+pub(super) fn rate_window(per: Nanos) -> (u64, u64) {
     let per_us = round_micros(per).clamp(1, SCRIPT_MAX);
     let mut tick = 1u64;
     while per_us.div_ceil(tick) > RATE_TICKS {

@@ -91,6 +91,14 @@ pub struct Scripts {
     pub counters_renew: LuaScript,
     /// Concurrency: the fleet's copies per counter (read only).
     pub counters_total: LuaScript,
+    /// Lease: tokens out of a bucket.
+    pub lease_bucket_take: LuaScript,
+    /// Lease: counts in a rate's current period.
+    pub lease_rate_take: LuaScript,
+    /// Lease: unspent counts back to their period.
+    pub lease_rate_return: LuaScript,
+    /// Lease: a block of slots from several counters.
+    pub lease_slots_take: LuaScript,
     /// The breaker's probe: a write and TIME.
     pub probe: LuaScript,
     /// Deletes the keys of a failed decision that are not what tollgate writes there.
@@ -123,11 +131,15 @@ impl Scripts {
             counters_total: script!("counters_total.lua"),
             probe: script!("probe.lua"),
             repair: script!("repair.lua"),
+            lease_bucket_take: script!("lease_bucket_take.lua"),
+            lease_rate_take: script!("lease_rate_take.lua"),
+            lease_rate_return: script!("lease_rate_return.lua"),
+            lease_slots_take: script!("lease_slots_take.lua"),
         }
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 22] {
+    pub fn all(&self) -> [&LuaScript; 26] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -149,6 +161,10 @@ impl Scripts {
             &self.counters_release,
             &self.counters_renew,
             &self.counters_total,
+            &self.lease_bucket_take,
+            &self.lease_rate_take,
+            &self.lease_rate_return,
+            &self.lease_slots_take,
             &self.probe,
             &self.repair,
         ]
@@ -220,7 +236,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 22, "distinct scripts");
+        assert_eq!(shas.len(), 26, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),

@@ -105,14 +105,14 @@ impl RedisStore {
 }
 
 /// A token bucket's parameters in the scripts' units.
-struct BucketArgs {
-    capacity: u64,
-    amount: u64,
-    every: u64,
+pub(super) struct BucketArgs {
+    pub(super) capacity: u64,
+    pub(super) amount: u64,
+    pub(super) every: u64,
 }
 
 impl BucketArgs {
-    fn new(p: &TokenBucketParams) -> Self {
+    pub(super) fn new(p: &TokenBucketParams) -> Self {
         Self {
             capacity: p.capacity.min(SCRIPT_MAX),
             amount: p.amount.clamp(1, SCRIPT_MAX),
