@@ -156,6 +156,21 @@ async fn until(what: &str, tries: usize, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_supervisor_reloads_upgrades_and_stops_tollgate() {
+    supervise(false).await;
+}
+
+/// Started with SIGHUP ignored (under `nohup`, as a shell script or a CI runner may start
+/// it), the supervisor still reloads on SIGHUP: a shell cannot trap a signal ignored at its
+/// start, so it starts itself again with its signals at their defaults. Before that, this
+/// SIGHUP was dropped without a word and no reload ever happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_reloads_even_when_started_with_sighup_ignored() {
+    supervise(true).await;
+}
+
+/// Runs the supervisor (under `nohup` if `ignoring_hup`) through a reload, an upgrade and a
+/// stop.
+async fn supervise(ignoring_hup: bool) {
     let up = Upstream::start("127.0.0.1", "up").await;
     let dir = tempfile::tempdir().unwrap();
     let (listen, metrics) = (free_port(), free_port());
@@ -167,7 +182,14 @@ async fn the_supervisor_reloads_upgrades_and_stops_tollgate() {
     .replace("{metrics}", &format!("127.0.0.1:{metrics}"));
     let config_path = dir.path().join("tollgate.yaml");
     std::fs::write(&config_path, &config).unwrap();
-    let mut sup = Command::new(supervisor())
+    let mut sup = if ignoring_hup {
+        let mut c = Command::new("nohup");
+        c.arg(supervisor());
+        c
+    } else {
+        Command::new(supervisor())
+    };
+    let mut sup = sup
         .arg("--config")
         .arg(&config_path)
         .env("TOLLGATE_BIN", binary())
