@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde_json::{json, Value};
 
 use crate::limits::tiered::{TieredKeyState, TieredParams};
-use crate::limits::{Fact, Facts, KeyPart, Nanos};
+use crate::limits::{AdaptiveState, Fact, Facts, KeyPart, Nanos};
 use crate::runtime::learned::{self, Learned};
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::Limiter;
@@ -141,8 +141,11 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
     };
     if let (Limiter::Inflight(rt), Some(obj)) = (&variant.limiter, state.as_object_mut()) {
         if let Some(l) = &rt.learned {
-            obj.insert("max".into(), json!(learned::max_of(rt.max, Some(l), facts)));
-            obj.insert("learned".into(), learned_json(l));
+            // One read of the servers, so that the max shown is the one their limits give.
+            let servers: Vec<_> = l.servers().collect();
+            let max = l.max_in(learned::server_of(facts), &servers);
+            obj.insert("max".into(), json!(max));
+            obj.insert("learned".into(), learned_json(l, &servers));
         }
     }
     Answer::json(&json!({
@@ -157,10 +160,10 @@ pub async fn state(origin: &OriginRt, limit: &LimitRt, facts: &QueryFacts, now: 
 }
 
 /// `max: auto`'s bounds, share and each server's learned limit, gradient and latencies.
-fn learned_json(l: &Learned) -> Value {
+fn learned_json(l: &Learned, servers: &[(IpAddr, AdaptiveState)]) -> Value {
     let auto = l.auto();
-    let servers: Vec<Value> = l
-        .servers()
+    let servers: Vec<Value> = servers
+        .iter()
         .map(|(ip, s)| {
             json!({
                 "server": ip.to_string(),

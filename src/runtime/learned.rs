@@ -102,6 +102,20 @@ impl Learned {
         self.auto.share_of(learned.max(1))
     }
 
+    /// [`Self::max_for`] from one snapshot of the servers' states: the admin API's view,
+    /// where the max shown and the limits listed beside it must agree (the estimators move
+    /// every window, so reading them twice can disagree).
+    pub fn max_in(&self, server: Option<IpAddr>, states: &[(IpAddr, AdaptiveState)]) -> u64 {
+        let named = server.and_then(|ip| states.iter().find(|(s, _)| *s == ip));
+        let learned = match (self.per_server, named) {
+            (true, Some((_, st))) => st.limit,
+            _ => (states.iter())
+                .map(|(_, st)| st.limit)
+                .fold(0u64, u64::saturating_add),
+        };
+        self.auto.share_of(learned.max(1))
+    }
+
     /// Feeds one attempt's outcome to `server`'s estimator (unknown servers are ignored).
     pub fn record(&self, server: IpAddr, sample: Sample, now: Nanos) {
         if let Some(est) = self.server(server) {
@@ -124,13 +138,15 @@ impl Learned {
 pub fn max_of<F: Facts + ?Sized>(fixed: u64, learned: Option<&Learned>, facts: &F) -> u64 {
     match learned {
         None => fixed,
-        Some(l) => {
-            let server = match facts.fact(&KeyPart::ServerIp) {
-                Some(Fact::Ip(ip)) => Some(ip),
-                _ => None,
-            };
-            l.max_for(server)
-        }
+        Some(l) => l.max_for(server_of(facts)),
+    }
+}
+
+/// The upstream server a request's key names, if it names one.
+pub fn server_of<F: Facts + ?Sized>(facts: &F) -> Option<IpAddr> {
+    match facts.fact(&KeyPart::ServerIp) {
+        Some(Fact::Ip(ip)) => Some(ip),
+        _ => None,
     }
 }
 
