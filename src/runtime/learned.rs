@@ -154,7 +154,11 @@ pub fn server_of<F: Facts + ?Sized>(facts: &F) -> Option<IpAddr> {
 pub fn of(limit: &LimitRt) -> Option<&Learned> {
     limit.variants.iter().find_map(|v| match &v.limiter {
         Limiter::Inflight(rt) => rt.learned.as_deref(),
-        _ => None,
+        Limiter::Rate(_)
+        | Limiter::TokenBucket(_)
+        | Limiter::Tiered(_)
+        | Limiter::Concurrency(_)
+        | Limiter::SlidingLog(_) => None,
     })
 }
 

@@ -257,7 +257,7 @@ impl<'a> Saved<'a> {
                 let tiers = l.state.params().tiers.len() as u32;
                 Some((tiers, tiers + 1))
             }
-            _ => None,
+            Saved::TokenBucket(_) | Saved::Rate(_) | Saved::SlidingLog(_) => None,
         }
     }
 
