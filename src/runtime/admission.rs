@@ -16,11 +16,14 @@ use crate::config::Kind;
 use crate::limits::concurrency::{ConcurrencyGuard, ConcurrencyParams, Rejection};
 use crate::limits::sliding_log::never_fits;
 use crate::limits::tiered::TieredDecision;
-use crate::limits::{Facts, InflightGuard, Nanos, Verdict, NANOS_PER_SEC, NEVER};
+use crate::limits::{
+    Facts, InflightGuard, Nanos, RateLimiter, TokenBucket, Verdict, NANOS_PER_SEC, NEVER,
+};
 use crate::runtime::learned;
 use crate::runtime::limiter::{BadCost, Limiter, Place};
 use crate::store::{
-    LogAdmission, SharedConcurrencyGuard, SharedInflightGuard, Source, Sourced, TieredAdmission,
+    LogAdmission, SharedConcurrencyGuard, SharedInflightGuard, SharedRate, SharedTokenBucket,
+    Source, Sourced, TieredAdmission,
 };
 
 /// Who took a hold: this process's limiter (`L`: what its undo needs), or a shared store's
@@ -300,37 +303,13 @@ impl Limiter {
             held,
         };
         match (self, hold) {
-            (Limiter::Rate(l), Hold::Refund { key, cost, source }) => match (&l.state, source) {
-                (Place::Local(s), None) => s.refund(key, cost, now),
-                (Place::Store(s), Some(from)) => s.limiter.refund(key, cost, from, now),
-                (Place::Local(_), Some(_)) | (Place::Store(_), None) => {
-                    let hold = Hold::Refund { key, cost, source };
-                    return Err(mismatch(
-                        &hold,
-                        if source.is_some() {
-                            "shared"
-                        } else {
-                            "in process"
-                        },
-                    ));
-                }
-            },
+            (Limiter::Rate(l), Hold::Refund { key, cost, source }) => {
+                refund_in(&l.state, key, cost, source, now)
+                    .map_err(|held| mismatch(&Hold::Refund { key, cost, source }, held))?;
+            }
             (Limiter::TokenBucket(l), Hold::Refund { key, cost, source }) => {
-                match (&l.state, source) {
-                    (Place::Local(s), None) => s.refund(key, cost, now),
-                    (Place::Store(s), Some(from)) => s.limiter.refund(key, cost, from, now),
-                    (Place::Local(_), Some(_)) | (Place::Store(_), None) => {
-                        let hold = Hold::Refund { key, cost, source };
-                        return Err(mismatch(
-                            &hold,
-                            if source.is_some() {
-                                "shared"
-                            } else {
-                                "in process"
-                            },
-                        ));
-                    }
-                }
+                refund_in(&l.state, key, cost, source, now)
+                    .map_err(|held| mismatch(&Hold::Refund { key, cost, source }, held))?;
             }
             (Limiter::SlidingLog(l), Hold::Log { key, taken }) => match (&l.state, taken) {
                 (Place::Local(s), HoldIn::Local((cost, at))) => {
@@ -371,6 +350,55 @@ impl Limiter {
         }
         Ok(())
     }
+}
+
+/// A limiter whose admission is a cost, given back as such: rate and token bucket, in
+/// process (`Source` is `None`) or in a store (with the source that decided).
+trait RefundCost<From> {
+    fn refund_cost(&self, key: u64, cost: u64, from: From, now: Nanos);
+}
+
+impl RefundCost<()> for RateLimiter {
+    fn refund_cost(&self, key: u64, cost: u64, (): (), now: Nanos) {
+        self.refund(key, cost, now);
+    }
+}
+
+impl RefundCost<()> for TokenBucket {
+    fn refund_cost(&self, key: u64, cost: u64, (): (), now: Nanos) {
+        self.refund(key, cost, now);
+    }
+}
+
+impl RefundCost<Source> for SharedRate {
+    fn refund_cost(&self, key: u64, cost: u64, from: Source, now: Nanos) {
+        self.refund(key, cost, from, now);
+    }
+}
+
+impl RefundCost<Source> for SharedTokenBucket {
+    fn refund_cost(&self, key: u64, cost: u64, from: Source, now: Nanos) {
+        self.refund(key, cost, from, now);
+    }
+}
+
+/// Gives a refund back where it was taken: to the in-process state (`source` is `None`)
+/// or to the store's limiter (with the source that decided). A refund taken in the other
+/// place is not given; the error says who took it.
+fn refund_in<L: RefundCost<()>, R: RefundCost<Source>>(
+    place: &Place<L, R>,
+    key: u64,
+    cost: u64,
+    source: Option<Source>,
+    now: Nanos,
+) -> Result<(), &'static str> {
+    match (place, source) {
+        (Place::Local(s), None) => s.refund_cost(key, cost, (), now),
+        (Place::Store(s), Some(from)) => s.limiter.refund_cost(key, cost, from, now),
+        (Place::Local(_), Some(_)) => return Err("shared"),
+        (Place::Store(_), None) => return Err("in process"),
+    }
+    Ok(())
 }
 
 impl<L, R> HoldIn<L, R> {

@@ -105,87 +105,78 @@ pub async fn run<F: Facts + Sync + ?Sized>(
     notes: &mut Notes,
 ) -> Result<Option<Decided>, BadCost> {
     // One store budget for every shared limit of the phase (docs/architecture.md).
-    budget::phase(run_phase(origin, phase, facts, now, holds, notes)).await
-}
-
-/// [`run`]'s loop, within the phase's store budget.
-async fn run_phase<F: Facts + Sync + ?Sized>(
-    origin: &OriginRt,
-    phase: Phase,
-    facts: &F,
-    now: Nanos,
-    holds: &mut Holds,
-    notes: &mut Notes,
-) -> Result<Option<Decided>, BadCost> {
-    let mut keys = KeyCache::default();
-    // The kill switch turns every rejection into a grant, counted as shadow_rejected.
-    let kill = origin.kill.on();
-    for (index, limit) in origin.limits(phase).iter().enumerate() {
-        // State shared through a store is named by the portable hash every instance
-        // computes alike; in-process state by the fast one, shared between limits.
-        let key = if limit.shared {
-            stable_key_hash(&limit.key, facts)
-        } else {
-            keys.hash(limit, facts)
-        };
-        let Some(key) = key else {
-            limit.counters.skipped.inc();
-            continue;
-        };
-        let v = limit.select(facts);
-        let variant = &limit.variants[v];
-        let decision = match variant.limiter.decide(key, facts, now).await {
-            Ok(decision) => decision,
-            Err(e) => {
-                undo(origin, holds, now);
-                return Err(e);
+    budget::phase(async move {
+        let mut keys = KeyCache::default();
+        // The kill switch turns every rejection into a grant, counted as shadow_rejected.
+        let kill = origin.kill.on();
+        for (index, limit) in origin.limits(phase).iter().enumerate() {
+            // State shared through a store is named by the portable hash every instance
+            // computes alike; in-process state by the fast one, shared between limits.
+            let key = if limit.shared {
+                stable_key_hash(&limit.key, facts)
+            } else {
+                keys.hash(limit, facts)
+            };
+            let Some(key) = key else {
+                limit.counters.skipped.inc();
+                continue;
+            };
+            let v = limit.select(facts);
+            let variant = &limit.variants[v];
+            let decision = match variant.limiter.decide(key, facts, now).await {
+                Ok(decision) => decision,
+                Err(e) => {
+                    undo(origin, holds, now);
+                    return Err(e);
+                }
+            };
+            let verdict = decision.verdict;
+            if let Some(top) = &limit.top {
+                // Off (`None`) by default; the key's text is built only when it enters a list.
+                top.record(key, !verdict.allowed, now, || {
+                    limit.key.text(facts).unwrap_or_default()
+                });
             }
-        };
-        let verdict = decision.verdict;
-        if let Some(top) = &limit.top {
-            // Off (`None`) by default; the key's text is built only when it enters a list.
-            top.record(key, !verdict.allowed, now, || {
-                limit.key.text(facts).unwrap_or_default()
-            });
-        }
-        let decided = Decided {
-            phase,
-            limit: index as u16,
-            variant: v as u16,
-            policy: decision.policy,
-            verdict,
-        };
-        let hold = decision.hold;
-        if let Some(hold) = hold {
-            holds.push(Taken {
+            let decided = Decided {
                 phase,
-                limit: decided.limit,
-                variant: decided.variant,
-                hold,
-            });
-        } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
-            limit.counters.shadow_rejected.inc();
-            if let Some(suppressed) = limit.log.admit(now) {
-                log::info!(
-                    "shadow: limit `{}` of origin `{}` would reject ({}){}",
-                    limit.name,
-                    origin.name,
-                    variant.policy.text,
-                    suppressed_note(suppressed)
-                );
+                limit: index as u16,
+                variant: v as u16,
+                policy: decision.policy,
+                verdict,
+            };
+            let hold = decision.hold;
+            if let Some(hold) = hold {
+                holds.push(Taken {
+                    phase,
+                    limit: decided.limit,
+                    variant: decided.variant,
+                    hold,
+                });
+            } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
+                limit.counters.shadow_rejected.inc();
+                if let Some(suppressed) = limit.log.admit(now) {
+                    log::info!(
+                        "shadow: limit `{}` of origin `{}` would reject ({}){}",
+                        limit.name,
+                        origin.name,
+                        variant.policy.text,
+                        suppressed_note(suppressed)
+                    );
+                }
+            } else if !verdict.allowed {
+                limit.counters.rejected.inc();
+                undo(origin, holds, now);
+                return Ok(Some(decided));
             }
-        } else if !verdict.allowed {
-            limit.counters.rejected.inc();
-            undo(origin, holds, now);
-            return Ok(Some(decided));
+            // A shadow rejection is noted too (its verdict says so), for the access log's
+            // `shadow_rejected`; only `headers: always` notes become response headers.
+            if limit.headers == HeadersMode::Always || !verdict.allowed {
+                notes.push(decided);
+            }
         }
-        // A shadow rejection is noted too (its verdict says so), for the access log's
-        // `shadow_rejected`; only `headers: always` notes become response headers.
-        if limit.headers == HeadersMode::Always || !verdict.allowed {
-            notes.push(decided);
-        }
-    }
-    Ok(None)
+        Ok(None)
+    })
+    .await
 }
 
 /// The keys of one phase of one request, each hashed at most once: limits that share a key

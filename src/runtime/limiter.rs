@@ -379,6 +379,17 @@ fn place<L, R: InStoreLimiter>(
     Ok((fresh, false))
 }
 
+/// The previous limiter's kind parameters and state when it was of kind `$kind`.
+macro_rules! previous_of {
+    ($previous:expr, $kind:ident) => {
+        if let Some(Limiter::$kind(p)) = $previous {
+            Some(p)
+        } else {
+            None
+        }
+    };
+}
+
 impl Limiter {
     /// The limiter for `params`, in process or in `ctx`'s shared store, sharing
     /// `previous`'s state when `previous` is the same kind in the same place with the same
@@ -393,11 +404,7 @@ impl Limiter {
         let at = ctx.shared;
         Ok(match params {
             LimitParams::Inflight { max, sketch, auto } => {
-                let prev = if let Some(Limiter::Inflight(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, Inflight);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     // In process `max` is passed per call; the store's limiter holds it.
@@ -424,11 +431,7 @@ impl Limiter {
                 (Limiter::Inflight(rt), kept)
             }
             LimitParams::Rate { rate, max_keys } => {
-                let prev = if let Some(Limiter::Rate(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, Rate);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     // In process only the window shapes the state; the store's limiter
@@ -459,11 +462,7 @@ impl Limiter {
                 cost,
                 max_keys,
             } => {
-                let prev = if let Some(Limiter::TokenBucket(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, TokenBucket);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     |_| prev.is_some_and(|p| p.max_keys == *max_keys && p.params == *bucket),
@@ -484,11 +483,7 @@ impl Limiter {
                 (Limiter::TokenBucket(rt), kept)
             }
             LimitParams::Tiered { tiered, max_keys } => {
-                let prev = if let Some(Limiter::Tiered(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, Tiered);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     |_| prev.is_some_and(|p| p.max_keys == *max_keys && p.params == *tiered),
@@ -521,11 +516,7 @@ impl Limiter {
                     .iter()
                     .map(|g| group_rt(g, ctx.segments))
                     .collect::<Result<Vec<_>, _>>()?;
-                let prev = if let Some(Limiter::Concurrency(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, Concurrency);
                 let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
                 // In a store the counters are named after the groups: the state is kept
                 // while they, the maxes and the store are unchanged (members may change: a
@@ -566,11 +557,7 @@ impl Limiter {
                 cost,
                 max_keys,
             } => {
-                let prev = if let Some(Limiter::SlidingLog(p)) = previous {
-                    Some(p)
-                } else {
-                    None
-                };
+                let prev = previous_of!(previous, SlidingLog);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     |_| prev.is_some_and(|p| p.max_keys == *max_keys && p.windows == *windows),
