@@ -15,7 +15,7 @@
 //! copies ([`ConcurrencyLimiter::reserve`](crate::limits::ConcurrencyLimiter::reserve)):
 //! the domain's limit, the global limit and every group the domain belongs to must have
 //! room; the copies are held by the connection until `CH.RELEASE`, `CH.TRANSFER` or the
-//! connection's end (see [`super::holds`]). The domain is the resource's `customer` key
+//! connection's end (see [`super::ledger`]). The domain is the resource's `customer` key
 //! part: it picks the key, the override and the groups.
 //!
 //! **Replies** are maps (RESP3) or flat arrays of field and value (RESP2), so every client
@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use super::bounds::{MAX_DOMAIN_LEN, MAX_HOLDS_PER_CONNECTION, MAX_TRANSFER_TTL};
 use super::command::{Ctx, Finish, Outcome};
-use super::holds::{Counted, Counter, Held, LedgerError, NewHold, Slots};
+use super::ledger::{Counted, Counter, LedgerError, NewReservation, Reservation, Slots};
 use super::reply::{Quoted, Reply};
 use super::resp::Args;
 use super::smyte::{number, ArgError, MAX_COUNT};
@@ -320,11 +320,7 @@ pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let now = cx.service.now();
     if !limiter.is_shared() {
         return match ready(decide_request(rt, r, variant, ask, now)) {
-            Some(Ok((fields, outcome))) => {
-                fields.write(&mut cx.out);
-                outcome
-            }
-            Some(Err(e)) => cx.error(format_args!("{e}")),
+            Some(answer) => replied(cx, answer),
             None => cx.error(format_args!("ERR internal error: a local decision waited")),
         };
     }
@@ -352,15 +348,20 @@ pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
                 String::from_utf8_lossy(&name)
             )),
         };
-        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| match answer {
-            Ok((fields, outcome)) => {
-                fields.write(&mut cx.out);
-                outcome
-            }
-            Err(e) => cx.error(format_args!("{e}")),
-        });
+        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| replied(cx, answer));
         finish
     })
+}
+
+/// Writes a decided command's reply (its fields, or the error) and says its outcome.
+fn replied(cx: &mut Ctx<'_>, answer: Result<(Fields, Outcome), String>) -> Outcome {
+    match answer {
+        Ok((fields, outcome)) => {
+            fields.write(&mut cx.out);
+            outcome
+        }
+        Err(e) => cx.error(format_args!("{e}")),
+    }
 }
 
 /// Decides a request on variant `variant` of `r`, counts it, and says what to reply (or
@@ -408,15 +409,7 @@ async fn decide_request(
         )
         .signed("reset_after_ms", millis(v.reset_after))
         .text("kind", limiter.kind().name())
-        .text(
-            "source",
-            match g.source {
-                None => "local",
-                Some(Source::Store) => "store",
-                Some(Source::Fallback) => "fallback",
-                Some(Source::DenyCache) => "deny_cache",
-            },
-        )
+        .text("source", source_name(g.source))
         .int("shadow_rejected", u64::from(shadow));
     if let (Some(d), Some(t)) = (g.tiered, limiter.tiered_params()) {
         f.int("tier", d.tier as u64)
@@ -466,8 +459,8 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         let u = cx.service.unconfigured();
         u.counters.allowed.inc();
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(ask.resource).as_ref());
-        let held = Held::new(
-            NewHold {
+        let held = Reservation::new(
+            NewReservation {
                 resource: &name,
                 domain: ask.domain,
                 groups: 0,
@@ -534,8 +527,8 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let granted = taken + forced;
     if granted > 0 {
         let resource: Arc<str> = Arc::from(r.name());
-        let held = Held::new(
-            NewHold {
+        let held = Reservation::new(
+            NewReservation {
                 resource: &resource,
                 domain: ask.domain,
                 groups: mask,
@@ -552,40 +545,18 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         );
         cx.session.ledger.add(held);
     }
-    let groups: Vec<String> = names
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| mask >> i & 1 == 1)
-        .map(|(_, n)| n.clone())
-        .collect();
-    let mut f = Fields::default();
-    f.int("granted", granted)
-        .list("groups", if granted > 0 { groups } else { Vec::new() })
-        .int(
-            "held",
-            cx.session.ledger.holding(ask.resource, ask.domain, None),
-        )
-        .int("in_use", state.held(key))
-        .int("limit", c.max)
-        .opt("global", c.params.global)
-        .signed(
-            "retry_after_ms",
-            match (&rejection, forced) {
-                (Some(rej), 0) => millis(c.params.refusal(rej, mask).retry_after),
-                _ => 0,
-            },
-        )
-        .text("kind", Kind::Concurrency.name());
-    if let Some(rej) = &rejection {
-        f.text("limited_by", limited_by(rej, &names));
-    }
-    f.int("shadow_rejected", u64::from(forced > 0));
+    let groups = group_names(&names, mask);
+    let holding = cx.session.ledger.holding(ask.resource, ask.domain, None);
+    let decided = Reserved {
+        granted,
+        forced,
+        rejection: rejection.as_ref(),
+        mask,
+        names: &names,
+    };
+    let (f, outcome) = decided.reply(c, groups, holding, state.held(key), None);
     f.write(&mut cx.out);
-    if granted > 0 {
-        Outcome::Ok
-    } else {
-        Outcome::Rejected
-    }
+    outcome
 }
 
 /// `CH.RESERVE` on a concurrency resource kept in a shared store: one store call, deferred
@@ -604,17 +575,15 @@ fn reserve_shared(cx: &mut Ctx<'_>, ask: Ask<'_>, slot: Slots) -> Outcome {
     let (copies, min) = (ask.copies, ask.min);
     cx.defer(async move {
         let answer = reserve_in_store(&live, &name, &domain, copies, min, now, slot).await;
-        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| match answer {
-            Ok((mut fields, held, outcome)) => {
+        let finish: Finish = Box::new(move |cx: &mut Ctx<'_>| {
+            let answer = answer.map(|(mut fields, held, outcome)| {
                 if let Some(held) = held {
                     cx.session.ledger.add(held);
                 }
-                let holding = cx.session.ledger.holding(&name, &domain, None);
-                fields.set_int("held", holding);
-                fields.write(&mut cx.out);
-                outcome
-            }
-            Err(e) => cx.error(format_args!("{e}")),
+                fields.set_int("held", cx.session.ledger.holding(&name, &domain, None));
+                (fields, outcome)
+            });
+            replied(cx, answer)
         });
         finish
     })
@@ -630,7 +599,7 @@ async fn reserve_in_store(
     min: u64,
     now: Nanos,
     slot: Slots,
-) -> Result<(Fields, Option<Held>, Outcome), String> {
+) -> Result<(Fields, Option<Reservation>, Outcome), String> {
     let Some(r) = rt.resources.get(name) else {
         return Err(format!(
             "ERR resource '{}' was removed by a reload while deciding",
@@ -677,8 +646,8 @@ async fn reserve_in_store(
     let granted = taken + forced;
     let resource: Arc<str> = Arc::from(r.name());
     let held = (granted > 0).then(|| {
-        Held::new(
-            NewHold {
+        Reservation::new(
+            NewReservation {
                 resource: &resource,
                 domain,
                 // Forced copies took nothing from any group.
@@ -695,45 +664,99 @@ async fn reserve_in_store(
             slot,
         )
     });
-    let groups: Vec<String> = names
+    // Forced copies took nothing from any group.
+    let groups = if forced == 0 {
+        group_names(&names, mask)
+    } else {
+        Vec::new()
+    };
+    let decided = Reserved {
+        granted,
+        forced,
+        rejection: rejection.as_ref(),
+        mask,
+        names: &names,
+    };
+    let in_use = shared.limiter.held(key);
+    let (f, outcome) = decided.reply(c, groups, 0, in_use, Some(outcome.source));
+    Ok((f, held, outcome))
+}
+
+/// The names of the groups in `mask` (bit `i`: group `i`).
+fn group_names(names: &[String], mask: u64) -> Vec<String> {
+    names
         .iter()
         .enumerate()
-        .filter(|(i, _)| forced == 0 && mask >> i & 1 == 1)
+        .filter(|(i, _)| mask >> i & 1 == 1)
         .map(|(_, n)| n.clone())
-        .collect();
-    let mut f = Fields::default();
-    f.int("granted", granted)
-        .list("groups", if granted > 0 { groups } else { Vec::new() })
-        .int("held", 0)
-        .int("in_use", shared.limiter.held(key))
-        .int("limit", c.max)
-        .opt("global", c.params.global)
-        .signed(
-            "retry_after_ms",
-            match (&rejection, forced) {
-                (Some(rej), 0) => millis(c.params.refusal(rej, mask).retry_after),
-                _ => 0,
-            },
-        )
-        .text("kind", Kind::Concurrency.name())
-        .text(
-            "source",
-            match outcome.source {
-                Source::Store => "store",
-                Source::Fallback => "fallback",
-                Source::DenyCache => "deny_cache",
-            },
-        );
-    if let Some(rej) = &rejection {
-        f.text("limited_by", limited_by(rej, &names));
+        .collect()
+}
+
+/// A `CH.RESERVE` decision, in process or in a store, ready to be replied.
+struct Reserved<'a> {
+    /// Copies granted: taken, or forced by shadow or the kill switch.
+    granted: u64,
+    /// Of them, the forced ones (which took nothing).
+    forced: u64,
+    /// Why the limiter refused, if it did.
+    rejection: Option<&'a ConcurrencyRejection>,
+    /// The request's groups.
+    mask: u64,
+    /// Every group's name, in bit order.
+    names: &'a [String],
+}
+
+impl Reserved<'_> {
+    /// The reply's fields (`groups`: the groups the copies came from; `held`: this
+    /// connection's copies; `in_use`: the domain's; `source`: who decided, in a store)
+    /// and the command's outcome.
+    fn reply(
+        &self,
+        c: &ConcurrencyRt,
+        groups: Vec<String>,
+        held: u64,
+        in_use: u64,
+        source: Option<Source>,
+    ) -> (Fields, Outcome) {
+        let granted = self.granted;
+        let retry = match (self.rejection, self.forced) {
+            (Some(rej), 0) => millis(c.params.refusal(rej, self.mask).retry_after),
+            (Some(_), _) | (None, _) => 0,
+        };
+        let mut f = Fields::default();
+        f.int("granted", granted)
+            .list("groups", if granted > 0 { groups } else { Vec::new() })
+            .int("held", held)
+            .int("in_use", in_use)
+            .int("limit", c.max)
+            .opt("global", c.params.global)
+            .signed("retry_after_ms", retry)
+            .text("kind", Kind::Concurrency.name());
+        if let Some(source) = source {
+            f.text("source", source_name(Some(source)));
+        }
+        if let Some(rej) = self.rejection {
+            f.text("limited_by", limited_by(rej, self.names));
+        }
+        f.int("shadow_rejected", u64::from(self.forced > 0));
+        let outcome = if granted > 0 {
+            Outcome::Ok
+        } else {
+            Outcome::Rejected
+        };
+        (f, outcome)
     }
-    f.int("shadow_rejected", u64::from(forced > 0));
-    let outcome = if granted > 0 {
-        Outcome::Ok
-    } else {
-        Outcome::Rejected
-    };
-    Ok((f, held, outcome))
+}
+
+/// Who decided, as the replies' `source` says it: `local` (in process), `store`,
+/// `fallback` or `deny_cache`.
+fn source_name(source: Option<Source>) -> &'static str {
+    match source {
+        None => "local",
+        Some(Source::Store) => "store",
+        Some(Source::Fallback) => "fallback",
+        Some(Source::DenyCache) => "deny_cache",
+    }
 }
 
 /// Which limit turned a reservation down: `domain`, `global` or `group:NAME`.
@@ -887,13 +910,13 @@ pub fn seize(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let room = MAX_HOLDS_PER_CONNECTION.saturating_sub(cx.session.ledger.len());
     let holds = match cx.service.transfers().seize(args.at(1), room) {
         Ok(holds) => holds,
-        Err(super::holds::SeizeError::Unknown) => {
+        Err(super::ledger::SeizeError::Unknown) => {
             return cx.error(format_args!(
                 "ERR unknown transfer '{}': never made, already seized, or expired",
                 Quoted(args.at(1))
             ))
         }
-        Err(super::holds::SeizeError::NoRoom(n)) => {
+        Err(super::ledger::SeizeError::NoRoom(n)) => {
             return cx.error(format_args!(
                 "ERR too many holds: the transfer has {n} entries and this connection room for {room}; release some first"
             ))
@@ -906,7 +929,7 @@ pub fn seize(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
             String::from_utf8_lossy(first.domain()).into_owned(),
         );
     }
-    let copies: u64 = holds.iter().map(Held::copies).sum();
+    let copies: u64 = holds.iter().map(Reservation::copies).sum();
     let mut groups: Vec<String> = Vec::new();
     for h in &holds {
         for g in h.group_names() {
@@ -924,81 +947,4 @@ pub fn seize(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::resp::Parser;
-    use bytes::BytesMut;
-
-    fn parsed(line: &str) -> &'static Parser {
-        let mut p = Parser::new();
-        let mut buf = BytesMut::from(format!("{line}\r\n").as_bytes());
-        assert!(p.parse(&mut buf).unwrap());
-        Box::leak(Box::new(p))
-    }
-
-    fn ask(line: &str) -> Result<Ask<'static>, String> {
-        parse_ask(&parsed(line).args(), "CH.REQUEST").map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn asks_parse_and_bad_ones_name_the_argument() {
-        let a = ask("CH.REQUEST logins alice 5").unwrap();
-        assert_eq!(
-            (a.resource, a.domain, a.copies, a.min),
-            (&b"logins"[..], &b"alice"[..], 5, 5)
-        );
-        assert_eq!(ask("CH.REQUEST r d 5 min 2").unwrap().min, 2);
-        let long = format!("CH.REQUEST r {} 1", "d".repeat(257));
-        for (line, want) in [
-            ("CH.REQUEST r d 0", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '0'"),
-            ("CH.REQUEST r d -3", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '-3'"),
-            ("CH.REQUEST r d 1180591620717411303424", "ERR invalid 'copies': expected an integer from 1 to 9223372036854775807, got '1180591620717411303424'"),
-            ("CH.REQUEST r d 2 MIN 3", "ERR invalid 'MIN': 3 is above copies 2"),
-            ("CH.REQUEST r d 2 MIN 0", "ERR invalid 'MIN': expected an integer from 1 to 9223372036854775807, got '0'"),
-            ("CH.REQUEST r d 2 MIN", "ERR syntax error: option 'MIN' needs a value"),
-            ("CH.REQUEST r d 2 MIN 1 MIN 1", "ERR syntax error: option 'MIN' given twice"),
-            ("CH.REQUEST r d 2 MAX 1", "ERR syntax error: unknown option 'MAX' for 'CH.REQUEST'"),
-            (long.as_str(), "ERR invalid 'domain': expected 1 to 256 bytes, got 257"),
-        ] {
-            assert_eq!(ask(line), Err(want.to_string()), "{line}");
-        }
-    }
-
-    #[test]
-    fn ttls_are_seconds_with_a_fraction_within_a_day() {
-        assert_eq!(ttl(b"1").unwrap(), Duration::from_secs(1));
-        assert_eq!(ttl(b"0.25").unwrap(), Duration::from_millis(250));
-        assert_eq!(ttl(b"86400").unwrap(), Duration::from_secs(86_400));
-        for bad in [
-            &b"0"[..],
-            b"0.0",
-            b"86400.000000001",
-            b"-1",
-            b"1e3",
-            b"",
-            b".",
-            b"x",
-        ] {
-            let e = ttl(bad).map(|_| ()).unwrap_err().to_string();
-            assert!(e.starts_with("ERR invalid 'ttl_seconds'"), "{e}");
-        }
-    }
-
-    #[test]
-    fn fields_are_a_map_in_resp3_and_pairs_in_resp2() {
-        let mut f = Fields::default();
-        f.int("granted", 2)
-            .opt("global", None)
-            .list("groups", vec!["big".into()]);
-        let mut buf = BytesMut::new();
-        f.write(&mut Reply::new(&mut buf, true));
-        assert_eq!(
-            &buf[..],
-            b"%3\r\n$7\r\ngranted\r\n:2\r\n$6\r\nglobal\r\n_\r\n$6\r\ngroups\r\n*1\r\n$3\r\nbig\r\n"
-        );
-        let mut buf = BytesMut::new();
-        f.write(&mut Reply::new(&mut buf, false));
-        assert!(buf.starts_with(b"*6\r\n"));
-        assert_eq!((millis(NEVER), millis(1), millis(1_000_000)), (-1, 1, 1));
-    }
-}
+mod tests;

@@ -8,7 +8,9 @@
 //! - [`resp`]: the request parser (multibulk and inline commands, incremental, bounded);
 //! - [`reply`]: RESP2/RESP3 reply writing;
 //! - [`bounds`]: the documented limits on what one client may make the process hold;
-//! - [`command`]: the command table, per-connection [`Session`] state and dispatch;
+//! - [`table`]: the command table, each command's arity, documentation and handler;
+//! - [`command`]: per-connection [`Session`] state and dispatch;
+//! - [`builtin`]: the Redis built-ins (`PING`, `HELLO`, `CLIENT`, `INFO`, `COMMAND`, ...);
 //! - [`smyte`]: `RL.REDUCE` and `RL.GET` (and `RL.PREDUCE`, `RL.PGET` in milliseconds) over
 //!   [`AdhocBuckets`](crate::limits::AdhocBuckets),
 //!   or over a Redis store (`api.store`);
@@ -16,7 +18,8 @@
 //! - [`service`]: [`ApiService`] (shared state, tokio accept loop) and [`ApiApp`], the
 //!   Pingora `ServerApp` that runs it beside the proxy;
 //! - [`charon`]: Charon's `CH.*` commands on the configured resources of the live runtime;
-//! - [`holds`]: the copies a connection holds ([`holds::Ledger`]) and pending transfers;
+//! - [`ledger`]: the copies a connection reserved ([`ledger::Ledger`] of
+//!   [`ledger::Reservation`]s) and pending transfers;
 //! - [`multi`]: transactions (`MULTI`, `EXEC`, `DISCARD`);
 //! - [`auth`]: `AUTH` and `HELLO ... AUTH` against `api.password_file`.
 //!
@@ -52,15 +55,17 @@
 
 pub mod auth;
 pub mod bounds;
+pub mod builtin;
 pub mod charon;
 pub mod command;
 pub mod conn;
-pub mod holds;
+pub mod ledger;
 pub mod multi;
 pub mod reply;
 pub mod resp;
 pub mod service;
 pub mod smyte;
+pub mod table;
 
 pub use command::Session;
 pub use service::{ApiApp, ApiConfig, ApiService};

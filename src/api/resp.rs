@@ -234,6 +234,20 @@ fn parse_int(text: &[u8]) -> Option<i64> {
     Some(if negative { -value } else { value })
 }
 
+/// Whether `b` separates inline arguments (`isspace`, and NUL).
+fn blank(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t' | 0x0b | 0x0c | 0)
+}
+
+/// The index after the closing quote at `i`, which must end its argument: a blank or the
+/// line's end follows it.
+fn closed(line: &[u8], i: usize) -> Result<usize, ProtocolError> {
+    if line.get(i + 1).is_some_and(|&n| !blank(n)) {
+        return Err(ProtocolError::UnbalancedQuotes);
+    }
+    Ok(i + 1)
+}
+
 /// Splits an inline line into arguments with Redis's rules (`sdssplitargs`): words
 /// separated by blanks; `"..."` with `\n \r \t \b \a \\ \" \xHH` escapes; `'...'` with
 /// `\'`; a closing quote must be followed by a blank or the end of the line.
@@ -242,7 +256,6 @@ fn split_inline(
     data: &mut Vec<u8>,
     args: &mut Vec<(usize, usize)>,
 ) -> Result<(), ProtocolError> {
-    let blank = |b: u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t' | 0x0b | 0x0c | 0);
     let mut i = 0;
     loop {
         while i < line.len() && blank(line[i]) {
@@ -276,10 +289,7 @@ fn split_inline(
                     });
                     i += 2;
                 } else if c == b'"' {
-                    if line.get(i + 1).is_some_and(|&n| !blank(n)) {
-                        return Err(ProtocolError::UnbalancedQuotes);
-                    }
-                    i += 1;
+                    i = closed(line, i)?;
                     break;
                 } else {
                     data.push(c);
@@ -291,10 +301,7 @@ fn split_inline(
                     data.push(b'\'');
                     i += 2;
                 } else if c == b'\'' {
-                    if line.get(i + 1).is_some_and(|&n| !blank(n)) {
-                        return Err(ProtocolError::UnbalancedQuotes);
-                    }
-                    i += 1;
+                    i = closed(line, i)?;
                     break;
                 } else {
                     data.push(c);

@@ -43,7 +43,7 @@ use super::bounds::{
 };
 use super::command::{COMMANDS, OTHER, RESULTS};
 use super::conn;
-use super::holds::{HoldBudget, Transfers};
+use super::ledger::{ReservationBudget, Transfers};
 use super::resp::ProtocolError;
 use crate::config::{Secret, API_ORIGIN, UNCONFIGURED};
 use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
@@ -103,7 +103,7 @@ pub struct ApiService {
     clock: MonotonicClock,
     unconfigured: Unconfigured,
     transfers: Arc<Transfers>,
-    budget: Arc<HoldBudget>,
+    budget: Arc<ReservationBudget>,
     buckets: Arc<AdhocBuckets>,
     /// Seeded at random per process: clients choose keys, and must not be able to aim
     /// them all at one set of the table.
@@ -185,7 +185,7 @@ impl ApiService {
             clock: MonotonicClock::new(),
             unconfigured,
             transfers: Arc::new(Transfers::default()),
-            budget: Arc::new(HoldBudget::default()),
+            budget: Arc::new(ReservationBudget::default()),
             buckets,
             hasher: ahash::RandomState::new(),
             started: Instant::now(),
@@ -254,7 +254,7 @@ impl ApiService {
     }
 
     /// The process's bound on hold entries.
-    pub fn hold_budget(&self) -> &Arc<HoldBudget> {
+    pub fn hold_budget(&self) -> &Arc<ReservationBudget> {
         &self.budget
     }
 

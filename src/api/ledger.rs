@@ -2,7 +2,7 @@
 //! pending [`Transfers`].
 //!
 //! **Holds belong to the connection.** `CH.RESERVE` takes copies of a concurrency
-//! resource for a domain and records them in the connection's ledger as a [`Held`] entry:
+//! resource for a domain and records them in the connection's ledger as a [`Reservation`] entry:
 //! the resource, the domain, the groups the copies were taken from (a bitset of the
 //! limiter that took them, with its group names) and the limiter's state itself. An entry
 //! gives its copies back when it is dropped, exactly once, to the very state and groups it
@@ -29,7 +29,7 @@
 //! ledger. A transfer not seized within its ttl is dropped, which releases its copies.
 //!
 //! **Bounds.** A connection has at most [`MAX_HOLDS_PER_CONNECTION`] entries, the process
-//! at most [`MAX_HOLDS`] (ledgers and transfers together, a [`HoldBudget`]), and at most
+//! at most [`MAX_HOLDS`] (ledgers and transfers together, a [`ReservationBudget`]), and at most
 //! [`MAX_TRANSFERS`] pending transfers, each at most
 //! [`MAX_TRANSFER_TTL`](super::bounds::MAX_TRANSFER_TTL) long.
 //! `tollgate_api_holds{resource}` adds and subtracts as entries change, so it is exact.
@@ -49,12 +49,12 @@ use crate::store::SharedConcurrencyGuard;
 
 /// The process-wide count of hold entries, bounded by [`MAX_HOLDS`].
 #[derive(Debug)]
-pub struct HoldBudget {
+pub struct ReservationBudget {
     used: AtomicUsize,
     max: usize,
 }
 
-impl HoldBudget {
+impl ReservationBudget {
     /// A budget of `max` entries.
     pub fn new(max: usize) -> Self {
         Self {
@@ -89,16 +89,16 @@ impl HoldBudget {
     }
 }
 
-impl Default for HoldBudget {
+impl Default for ReservationBudget {
     fn default() -> Self {
         Self::new(MAX_HOLDS)
     }
 }
 
-/// Entries taken from a [`HoldBudget`], given back on drop.
+/// Entries taken from a [`ReservationBudget`], given back on drop.
 #[derive(Debug)]
 pub struct Slots {
-    budget: Arc<HoldBudget>,
+    budget: Arc<ReservationBudget>,
     n: usize,
 }
 
@@ -139,7 +139,7 @@ pub enum Counter {
 }
 
 impl Counted {
-    /// The same place for `n` copies split off a hold (see [`Held::split`]).
+    /// The same place for `n` copies split off a hold (see [`Reservation::split`]).
     fn split(&mut self, n: u64) -> Self {
         Self {
             counter: match &mut self.counter {
@@ -152,7 +152,7 @@ impl Counted {
 }
 
 /// Copies of one resource held for one domain in one set of groups of one state.
-pub struct Held {
+pub struct Reservation {
     resource: Arc<str>,
     domain: Box<[u8]>,
     groups: u64,
@@ -164,8 +164,8 @@ pub struct Held {
     _slot: Slots,
 }
 
-/// What a new hold is made of (see [`Held`]).
-pub struct NewHold<'a> {
+/// What a new hold is made of (see [`Reservation`]).
+pub struct NewReservation<'a> {
     /// The resource's name.
     pub resource: &'a Arc<str>,
     /// The domain.
@@ -184,9 +184,9 @@ pub struct NewHold<'a> {
     pub gauge: &'a IntGauge,
 }
 
-impl Held {
+impl Reservation {
     /// A hold of `new`'s copies in `slot` (its entry); the gauge counts them from now.
-    pub fn new(new: NewHold<'_>, slot: Slots) -> Self {
+    pub fn new(new: NewReservation<'_>, slot: Slots) -> Self {
         let held = Self {
             resource: Arc::clone(new.resource),
             domain: new.domain.into(),
@@ -231,15 +231,16 @@ impl Held {
     }
 
     /// Whether `other` counts in the same place: same resource, domain, groups and state.
-    fn same_place(&self, other: &Held) -> bool {
+    fn same_place(&self, other: &Reservation) -> bool {
         let same_state = match (&self.counted, &other.counted) {
             (Some(a), Some(b)) => match (&a.counter, &b.counter) {
                 (Counter::Local(a), Counter::Local(b)) => Arc::ptr_eq(a, b),
                 (Counter::Shared(a), Counter::Shared(b)) => a.same_place(b),
-                _ => false,
+                (Counter::Local(_), Counter::Shared(_))
+                | (Counter::Shared(_), Counter::Local(_)) => false,
             },
             (None, None) => true,
-            _ => false,
+            (Some(_), None) | (None, Some(_)) => false,
         };
         same_state
             && self.groups == other.groups
@@ -292,13 +293,13 @@ impl Held {
 
     /// Moves `n` of the copies (forced ones first) into a new entry in `slot`, which
     /// then owns them (the gauge's total does not change).
-    fn split(&mut self, n: u64, slot: Slots) -> Held {
+    fn split(&mut self, n: u64, slot: Slots) -> Reservation {
         let n = n.min(self.copies());
         let forced = n.min(self.forced);
         let taken = n - forced;
         self.forced -= forced;
         self.taken -= taken;
-        Held {
+        Reservation {
             resource: Arc::clone(&self.resource),
             domain: self.domain.clone(),
             groups: self.groups,
@@ -312,7 +313,7 @@ impl Held {
     }
 
     /// Adds `other`'s copies (counted in the same place) to this entry.
-    fn absorb(&mut self, mut other: Held) {
+    fn absorb(&mut self, mut other: Reservation) {
         self.taken = self.taken.saturating_add(other.taken);
         self.forced = self.forced.saturating_add(other.forced);
         if let (Some(mine), Some(theirs)) = (&mut self.counted, &mut other.counted) {
@@ -328,9 +329,9 @@ impl Held {
     }
 }
 
-impl std::fmt::Debug for Held {
+impl std::fmt::Debug for Reservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
+        f.debug_struct("Reservation")
             .field("resource", &self.resource)
             .field("domain", &String::from_utf8_lossy(&self.domain))
             .field("groups", &self.group_names())
@@ -340,7 +341,7 @@ impl std::fmt::Debug for Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for Reservation {
     fn drop(&mut self) {
         self.release(self.copies());
     }
@@ -369,7 +370,7 @@ pub enum LedgerError {
 /// One connection's holds (module doc).
 #[derive(Default)]
 pub struct Ledger {
-    entries: Vec<Held>,
+    entries: Vec<Reservation>,
 }
 
 impl Ledger {
@@ -385,11 +386,11 @@ impl Ledger {
 
     /// Copies held over every entry.
     pub fn copies(&self) -> u64 {
-        self.entries.iter().map(Held::copies).sum()
+        self.entries.iter().map(Reservation::copies).sum()
     }
 
     /// A slot for one more entry, or why there is none.
-    pub fn slot(&self, budget: &Arc<HoldBudget>) -> Result<Slots, LedgerError> {
+    pub fn slot(&self, budget: &Arc<ReservationBudget>) -> Result<Slots, LedgerError> {
         if self.entries.len() >= MAX_HOLDS_PER_CONNECTION {
             return Err(LedgerError::Full("this connection's maximum"));
         }
@@ -400,7 +401,7 @@ impl Ledger {
 
     /// Records `held`, merged into an entry counting in the same place if there is one
     /// (its slot is then given back).
-    pub fn add(&mut self, held: Held) {
+    pub fn add(&mut self, held: Reservation) {
         if held.copies() == 0 {
             return;
         }
@@ -415,7 +416,7 @@ impl Ledger {
         self.entries
             .iter()
             .filter(|e| e.matches(resource, domain, groups))
-            .map(Held::copies)
+            .map(Reservation::copies)
             .sum()
     }
 
@@ -460,8 +461,8 @@ impl Ledger {
         domain: &[u8],
         copies: u64,
         groups: Option<&[&[u8]]>,
-        budget: &Arc<HoldBudget>,
-    ) -> Result<Vec<Held>, LedgerError> {
+        budget: &Arc<ReservationBudget>,
+    ) -> Result<Vec<Reservation>, LedgerError> {
         let held = self.holding(resource, domain, groups);
         if copies > held || copies == 0 {
             return Err(LedgerError::OverRelease {
@@ -517,7 +518,7 @@ impl Drop for Ledger {
 
 /// A transfer waiting to be seized.
 struct Transfer {
-    holds: Vec<Held>,
+    holds: Vec<Reservation>,
     deadline: Instant,
 }
 
@@ -583,9 +584,9 @@ impl Transfers {
     /// [`sweep`](Self::sweep) without one). On error the holds are handed back.
     pub fn park(
         self: &Arc<Self>,
-        holds: Vec<Held>,
+        holds: Vec<Reservation>,
         ttl: Duration,
-    ) -> Result<TransferId, (TransferError, Vec<Held>)> {
+    ) -> Result<TransferId, (TransferError, Vec<Reservation>)> {
         let now = Instant::now();
         let handle = tokio::runtime::Handle::try_current().ok();
         if handle.is_none() {
@@ -622,7 +623,7 @@ impl Transfers {
 
     /// Takes the holds of transfer `id` (as [`park`](Self::park) replied it), if it is
     /// pending, not expired, and has at most `room` entries (else it stays pending).
-    pub fn seize(&self, id: &[u8], room: usize) -> Result<Vec<Held>, SeizeError> {
+    pub fn seize(&self, id: &[u8], room: usize) -> Result<Vec<Reservation>, SeizeError> {
         let raw = parse_id(id).ok_or(SeizeError::Unknown)?;
         let now = Instant::now();
         let mut table = self.table.lock();
@@ -643,7 +644,7 @@ impl Transfers {
     fn expire(&self, raw: &[u8; 16]) {
         let gone = self.table.lock().remove(raw);
         if let Some(t) = gone {
-            let copies: u64 = t.holds.iter().map(Held::copies).sum();
+            let copies: u64 = t.holds.iter().map(Reservation::copies).sum();
             log::debug!("limiter API: a transfer of {copies} copies expired unseized; released");
         }
     }
@@ -678,239 +679,4 @@ fn parse_id(text: &[u8]) -> Option<[u8; 16]> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limits::ConcurrencyParams;
-
-    /// A local concurrency state and its group names.
-    struct Pool {
-        limiter: Arc<ConcurrencyLimiter>,
-        names: Arc<[String]>,
-    }
-
-    impl Pool {
-        fn counted(&self) -> Counted {
-            Counted {
-                counter: Counter::Local(Arc::clone(&self.limiter)),
-                names: Arc::clone(&self.names),
-            }
-        }
-    }
-
-    fn limiter(max: u64, groups: Vec<u64>) -> Pool {
-        let names: Vec<String> = (0..groups.len()).map(|i| format!("g{i}")).collect();
-        Pool {
-            limiter: Arc::new(
-                ConcurrencyLimiter::new(
-                    ConcurrencyParams {
-                        max,
-                        global: Some(100),
-                        groups,
-                    },
-                    64,
-                )
-                .unwrap(),
-            ),
-            names: names.into(),
-        }
-    }
-
-    fn hold(
-        budget: &Arc<HoldBudget>,
-        ledger: &Ledger,
-        c: &Pool,
-        gauge: &IntGauge,
-        domain: &[u8],
-        groups: u64,
-        copies: u64,
-    ) -> Held {
-        let key = domain.len() as u64 * 7919;
-        let taken = c.limiter.reserve(key, groups, copies, copies).unwrap();
-        Held::new(
-            NewHold {
-                resource: &Arc::from("uploads"),
-                domain,
-                groups,
-                counted: Some(c.counted()),
-                key,
-                taken,
-                forced: 0,
-                gauge,
-            },
-            ledger.slot(budget).unwrap(),
-        )
-    }
-
-    #[test]
-    fn a_ledger_releases_what_it_holds_once_and_refuses_more() {
-        let budget = Arc::new(HoldBudget::new(10));
-        let gauge = IntGauge::new("g", "g").unwrap();
-        let c = limiter(10, vec![5, 5]);
-        let mut ledger = Ledger::default();
-        let h = hold(&budget, &ledger, &c, &gauge, b"acme", 0b01, 3);
-        ledger.add(h);
-        let h = hold(&budget, &ledger, &c, &gauge, b"acme", 0b01, 2);
-        ledger.add(h);
-        assert_eq!(
-            (ledger.len(), budget.used()),
-            (1, 1),
-            "merged into one entry"
-        );
-        assert_eq!((gauge.get(), c.limiter.in_use(0)), (5, 5));
-        let g0: &[&[u8]] = &[b"g0"];
-        let g1: &[&[u8]] = &[b"g1"];
-        // More than held, or in groups it was not taken from: an error, nothing changes.
-        assert_eq!(
-            ledger.release(b"uploads", b"acme", 6, None),
-            Err(LedgerError::OverRelease { held: 5, asked: 6 })
-        );
-        assert_eq!(
-            ledger.release(b"uploads", b"acme", 1, Some(g1)),
-            Err(LedgerError::OverRelease { held: 0, asked: 1 })
-        );
-        assert_eq!(
-            ledger.release(b"uploads", b"other", 1, None).unwrap_err(),
-            LedgerError::OverRelease { held: 0, asked: 1 }
-        );
-        assert_eq!((gauge.get(), c.limiter.in_use(0)), (5, 5));
-        assert_eq!(ledger.release(b"uploads", b"acme", 2, Some(g0)), Ok(3));
-        assert_eq!(
-            (gauge.get(), c.limiter.in_use(0), c.limiter.in_use_global()),
-            (3, 3, 3)
-        );
-        // The connection ends: the rest goes back, once.
-        drop(ledger);
-        assert_eq!(
-            (gauge.get(), c.limiter.in_use(0), c.limiter.in_use_global()),
-            (0, 0, 0)
-        );
-        assert_eq!(budget.used(), 0);
-    }
-
-    #[test]
-    fn copies_go_back_to_the_groups_and_state_they_were_taken_from() {
-        let budget = Arc::new(HoldBudget::new(10));
-        let gauge = IntGauge::new("g", "g").unwrap();
-        let (before, after) = (limiter(10, vec![5, 5]), limiter(10, vec![5, 5]));
-        let mut ledger = Ledger::default();
-        // Taken in group 0 of the old state; a reload moved the domain to group 1 of a
-        // new state, where it takes more.
-        let h = hold(&budget, &ledger, &before, &gauge, b"acme", 0b01, 2);
-        ledger.add(h);
-        let h = hold(&budget, &ledger, &after, &gauge, b"acme", 0b10, 1);
-        ledger.add(h);
-        assert_eq!(ledger.len(), 2);
-        assert_eq!(ledger.holding(b"uploads", b"acme", None), 3);
-        // Newest first: the new state's copy, then one of the old.
-        assert_eq!(ledger.release(b"uploads", b"acme", 2, None), Ok(1));
-        assert_eq!((after.limiter.in_use(1), before.limiter.in_use(0)), (0, 1));
-        drop(ledger);
-        assert_eq!(before.limiter.in_use(0), 0);
-        assert_eq!(gauge.get(), 0);
-    }
-
-    #[test]
-    fn forced_copies_are_released_first_and_never_reach_the_limiter() {
-        let budget = Arc::new(HoldBudget::new(10));
-        let gauge = IntGauge::new("g", "g").unwrap();
-        let c = limiter(2, vec![]);
-        let mut ledger = Ledger::default();
-        let h = hold(&budget, &ledger, &c, &gauge, b"acme", 0, 2);
-        ledger.add(h);
-        let forced = Held::new(
-            NewHold {
-                resource: &Arc::from("uploads"),
-                domain: b"acme",
-                groups: 0,
-                counted: Some(c.counted()),
-                key: 4 * 7919,
-                taken: 0,
-                forced: 3,
-                gauge: &gauge,
-            },
-            ledger.slot(&budget).unwrap(),
-        );
-        ledger.add(forced);
-        assert_eq!((gauge.get(), c.limiter.held(4 * 7919)), (5, 2));
-        assert_eq!(ledger.release(b"uploads", b"acme", 3, None), Ok(2));
-        assert_eq!(c.limiter.held(4 * 7919), 2, "the forced copies went first");
-        assert_eq!(ledger.release(b"uploads", b"acme", 2, None), Ok(0));
-        assert_eq!((gauge.get(), c.limiter.held(4 * 7919)), (0, 0));
-    }
-
-    #[test]
-    fn transfers_move_holds_and_release_them_when_they_expire() {
-        let budget = Arc::new(HoldBudget::new(10));
-        let gauge = IntGauge::new("g", "g").unwrap();
-        let c = limiter(10, vec![]);
-        let transfers = Arc::new(Transfers::new(2));
-        let (mut a, mut b) = (Ledger::default(), Ledger::default());
-        let h = hold(&budget, &a, &c, &gauge, b"acme", 0, 5);
-        a.add(h);
-        // Part of an entry: it is split, the rest stays.
-        let out = a.take_out(b"uploads", b"acme", 3, None, &budget).unwrap();
-        assert_eq!(
-            (a.holding(b"uploads", b"acme", None), budget.used()),
-            (2, 2)
-        );
-        let id = transfers.park(out, Duration::from_secs(60)).ok().unwrap();
-        assert_eq!(id.len(), 32);
-        let unknown = Err(SeizeError::Unknown);
-        assert_eq!(
-            transfers
-                .seize(b"00000000000000000000000000000000", 9)
-                .map(|_| ()),
-            unknown
-        );
-        assert_eq!(transfers.seize(b"not an id", 9).map(|_| ()), unknown);
-        assert_eq!(
-            transfers.seize(id.as_bytes(), 0).map(|_| ()),
-            Err(SeizeError::NoRoom(1)),
-            "no room: it stays pending"
-        );
-        for h in transfers.seize(id.as_bytes(), 9).unwrap() {
-            b.add(h);
-        }
-        assert_eq!(
-            transfers.seize(id.as_bytes(), 9).map(|_| ()),
-            unknown,
-            "seized once"
-        );
-        assert_eq!(b.holding(b"uploads", b"acme", None), 3);
-        assert_eq!((gauge.get(), c.limiter.held(4 * 7919)), (5, 5));
-        // A whole entry moves as it is; unseized past its ttl, it is released.
-        let out = b.take_out(b"uploads", b"acme", 3, None, &budget).unwrap();
-        assert!(b.is_empty());
-        transfers.park(out, Duration::from_millis(1)).ok().unwrap();
-        transfers.sweep(Instant::now() + Duration::from_millis(2));
-        assert!(transfers.is_empty());
-        assert_eq!((gauge.get(), c.limiter.held(4 * 7919)), (2, 2));
-        // More than held: an error, nothing moves.
-        assert_eq!(
-            a.take_out(b"uploads", b"acme", 3, None, &budget)
-                .unwrap_err(),
-            LedgerError::OverRelease { held: 2, asked: 3 }
-        );
-        drop(a);
-        assert_eq!((gauge.get(), budget.used()), (0, 0));
-    }
-
-    #[test]
-    fn the_budgets_bound_entries_and_transfers() {
-        let budget = Arc::new(HoldBudget::new(1));
-        let ledger = Ledger::default();
-        let slot = ledger.slot(&budget).unwrap();
-        assert!(ledger.slot(&budget).is_err());
-        drop(slot);
-        assert!(ledger.slot(&budget).is_ok());
-        let transfers = Arc::new(Transfers::new(1));
-        transfers
-            .park(Vec::new(), Duration::from_secs(60))
-            .ok()
-            .unwrap();
-        let (e, _) = transfers
-            .park(Vec::new(), Duration::from_secs(60))
-            .unwrap_err();
-        assert_eq!(e, TransferError::Full(1));
-    }
-}
+mod tests;
