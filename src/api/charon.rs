@@ -802,22 +802,12 @@ fn ledger_error(
 
 /// `CH.RELEASE resource domain copies [GROUPS g ...]`.
 pub fn release(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
-    let parsed = (|| {
-        let domain = domain(args.at(2))?;
-        let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
-        let groups = parse_groups(args, 4, "CH.RELEASE")?;
-        Ok::<_, AskError<'_>>((domain, copies, groups))
-    })();
-    let (domain, copies, groups) = match parsed {
+    let parsed = held_ask(args).and_then(|ask| Ok((ask, parse_groups(args, 4, "CH.RELEASE")?)));
+    let (ask, groups) = match parsed {
         Ok(p) => p,
         Err(e) => return cx.error(format_args!("{e}")),
     };
-    let ask = Ask {
-        resource: args.at(1),
-        domain,
-        copies,
-        min: copies,
-    };
+    let copies = ask.copies;
     let groups = groups.as_deref();
     match cx
         .session
@@ -832,6 +822,19 @@ pub fn release(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         }
         Err(e) => ledger_error(cx, &e, &ask, groups),
     }
+}
+
+/// `resource domain copies`, with which `CH.RELEASE` and `CH.TRANSFER` start: an ask for
+/// exactly `copies`.
+fn held_ask<'a>(args: &Args<'a>) -> Result<Ask<'a>, AskError<'a>> {
+    let domain = domain(args.at(2))?;
+    let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
+    Ok(Ask {
+        resource: args.at(1),
+        domain,
+        copies,
+        min: copies,
+    })
 }
 
 /// `ttl_seconds`: seconds with up to 9 decimals, above 0 and at most a day.
@@ -864,23 +867,15 @@ fn ttl(text: &[u8]) -> Result<Duration, AskError<'_>> {
 
 /// `CH.TRANSFER resource domain copies ttl_seconds [GROUPS g ...]`.
 pub fn transfer(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
-    let parsed = (|| {
-        let domain = domain(args.at(2))?;
-        let copies = number("copies", args.at(3), 1, MAX_COUNT)?;
+    let parsed = held_ask(args).and_then(|ask| {
         let ttl = ttl(args.at(4))?;
-        let groups = parse_groups(args, 5, "CH.TRANSFER")?;
-        Ok::<_, AskError<'_>>((domain, copies, ttl, groups))
-    })();
-    let (domain, copies, ttl, groups) = match parsed {
+        Ok((ask, ttl, parse_groups(args, 5, "CH.TRANSFER")?))
+    });
+    let (ask, ttl, groups) = match parsed {
         Ok(p) => p,
         Err(e) => return cx.error(format_args!("{e}")),
     };
-    let ask = Ask {
-        resource: args.at(1),
-        domain,
-        copies,
-        min: copies,
-    };
+    let copies = ask.copies;
     let groups = groups.as_deref();
     let budget = Arc::clone(cx.service.hold_budget());
     let holds = match cx

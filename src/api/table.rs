@@ -119,18 +119,13 @@ const fn conn(
     }
 }
 
-/// A server command (`INFO`, `CONFIG`, ...): no key, O(1), `@slow`.
-const fn server(
-    name: &'static str,
-    label: &'static str,
-    arity: i64,
-    flags: &'static [&'static str],
-    run: Handler,
-) -> Spec {
+/// A server command (`INFO`, `CONFIG`, ...): `spec`, a connection command, filed under
+/// `server` and `@slow`.
+const fn server(spec: Spec) -> Spec {
     Spec {
         acl: &["@slow"],
         group: "server",
-        ..conn(name, label, arity, flags, run)
+        ..spec
     }
 }
 
@@ -330,24 +325,24 @@ pub static COMMANDS: [Spec; 25] = [
             multiple: true,
             ..opt("section", "string")
         }],
-        ..server("INFO", "info", -1, &["stale"], builtin::info)
+        ..server(conn("INFO", "info", -1, &["stale"], builtin::info))
     },
     Spec {
         acl: &["@slow", "@connection"],
         summary: "Describes the commands: COMMAND, COMMAND COUNT, COMMAND DOCS, COMMAND INFO, COMMAND LIST.",
         complexity: "O(N) where N is the number of commands",
         args: &[opt("subcommand", "string")],
-        ..server("COMMAND", "command", -1, &["stale"], builtin::command)
+        ..server(conn("COMMAND", "command", -1, &["stale"], builtin::command))
     },
     Spec {
         summary: "CONFIG GET replies no parameters (tools such as redis-benchmark ask); the API is configured in tollgate's YAML.",
         args: &[arg("subcommand", "string"), opt("parameter", "string")],
-        ..server("CONFIG", "config", -2, &["stale"], builtin::config)
+        ..server(conn("CONFIG", "config", -2, &["stale"], builtin::config))
     },
     Spec {
         acl: &["@fast"],
         summary: "Returns the server's Unix time (seconds, microseconds): the clock RL.REDUCE uses without AT.",
-        ..server("TIME", "time", 1, &["fast", "stale"], builtin::time)
+        ..server(conn("TIME", "time", 1, &["fast", "stale"], builtin::time))
     },
 ];
 
