@@ -55,49 +55,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The status code of one GET / to 127.0.0.1:$1 with Host: bench.local.
-http_status() {
-  local line
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$host" >&3
-  IFS=' ' read -r -t 5 _ line _ <&3 || true
-  exec 3<&-
-  echo "$line"
-}
-
-# Waits until port $2 answers 2xx while PID $1 runs; $3 names it.
-wait_ready() {
-  local pid=$1 port=$2 name=$3 tries status=""
-  for ((tries = 0; tries < 200; tries++)); do
-    running "$pid" || die "$name exited at start: $(tail -n 20 "$tmp/$name.log" 2>/dev/null)"
-    status=$(http_status "$port" 2>/dev/null || true)
-    [[ $status == 2* ]] && return
-    sleep 0.1
-  done
-  die "$name did not answer 2xx on port $port within 20 s"
-}
-
-# Starts nginx with prefix $tmp/$1 and http block body $2; sets started_pid.
-start_nginx() {
-  local name=$1 body=$2 prefix=$tmp/$1
-  mkdir -p "$prefix/logs"
-  cat >"$prefix/nginx.conf" <<EOF
-worker_processes $workers;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    $(nginx_temp_paths "$prefix")
-    $body
-}
-EOF
-  nginx -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" -g 'daemon off;' \
-    >"$tmp/$name.log" 2>&1 &
-  started_pid=$!
-  pids+=("$started_pid")
-}
-
 # Starts tollgate $1 on port $2 with server keys $3 (indented); sets started_pid.
 start_tollgate() {
   local name=$1 port=$2 extra=$3 metrics

@@ -63,56 +63,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Waits until 127.0.0.1:$2 answers GET / with Host: bench.local with a 2xx, while PID $1
-# runs (20 s at most); $3 names the process and its log $tmp/$3.log.
-wait_ready() {
-  local pid=$1 port=$2 name=$3 tries status=""
-  for ((tries = 0; tries < 200; tries++)); do
-    running "$pid" || die "$name exited at start; its log: $(tail -n 20 "$tmp/$name.log" 2>/dev/null)"
-    status=$(http_status "$port" 2>/dev/null || true)
-    [[ $status == 2* ]] && return
-    sleep 0.1
-  done
-  die "$name did not answer 2xx on port $port within 20 s (last status: ${status:-none}); its log: $(tail -n 20 "$tmp/$name.log" 2>/dev/null)"
-}
-
-# The status code of one GET / to 127.0.0.1:$1 with Host: bench.local.
-http_status() {
-  local line
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$host" >&3
-  IFS=' ' read -r -t 5 _ line _ <&3 || true
-  exec 3<&-
-  echo "$line"
-}
-
 # The body of GET $2 from 127.0.0.1:$1.
 http_get() {
   exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
   printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
   timeout 5 cat <&3 || true
   exec 3<&-
-}
-
-# Starts nginx with prefix $tmp/$1 and http block body $2; sets started_pid.
-start_nginx() {
-  local name=$1 body=$2 prefix=$tmp/$1
-  mkdir -p "$prefix/logs"
-  cat >"$prefix/nginx.conf" <<EOF
-worker_processes $workers;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    $(nginx_temp_paths "$prefix")
-    $body
-}
-EOF
-  nginx -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" -g 'daemon off;' \
-    >"$tmp/$name.log" 2>&1 &
-  started_pid=$!
-  pids+=("$started_pid")
 }
 
 # Starts tollgate on $2 (metrics on $3) with config body $4 for the origin; sets started_pid.

@@ -79,27 +79,6 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -subj "/CN=$host" -addext "subjectAltName=DNS:$host" \
   -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>/dev/null || die "openssl could not make the certificate"
 
-# Starts nginx with prefix $tmp/$1 and http block body $2; sets started_pid.
-start_nginx() {
-  local name=$1 body=$2 prefix=$tmp/$1
-  mkdir -p "$prefix/logs"
-  cat >"$prefix/nginx.conf" <<EOF
-worker_processes 1;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    $(nginx_temp_paths "$prefix")
-    $body
-}
-EOF
-  nginx -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" -g 'daemon off;' \
-    >"$tmp/$name.log" 2>&1 &
-  started_pid=$!
-  pids+=("$started_pid")
-}
-
 # Waits until https://bench.local:$2/ answers 2xx while PID $1 runs (30 s at most).
 wait_tls() {
   local pid=$1 port=$2 name=$3 tries code=""

@@ -1,7 +1,8 @@
 # Shell helpers the benchmark scripts share (sourced, not run): process bookkeeping and
-# cleanup, CPU time from /proc, free ports, nginx temp paths. The sourcing script defines
-# `die`, `tmp` (its scratch directory) and `pids` (the processes it started), and installs
-# `trap cleanup EXIT`.
+# cleanup, CPU time from /proc, free ports, readiness over HTTP, nginx and its temp paths.
+# The sourcing script defines `die`, `tmp` (its scratch directory), `pids` (the processes
+# it started) and `host` (the Host header the proxies route), and installs `trap cleanup
+# EXIT`.
 
 # Stops every process this script started: nginx masters take their workers with them on
 # SIGTERM, tollgate shuts down within its 0 s grace period (+1 s timeout). Stragglers get
@@ -83,4 +84,49 @@ nginx_temp_paths() {
   for mod in fastcgi uwsgi scgi; do
     [[ $built == *"--without-http_${mod}_module"* ]] || echo "${mod}_temp_path $prefix/$mod;"
   done
+}
+
+# The status code of one GET / to 127.0.0.1:$1 with Host: $host.
+http_status() {
+  local line
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$host" >&3
+  IFS=' ' read -r -t 5 _ line _ <&3 || true
+  exec 3<&-
+  echo "$line"
+}
+
+# Waits until 127.0.0.1:$2 answers GET / with Host: $host with a 2xx, while PID $1
+# runs (20 s at most); $3 names the process and its log $tmp/$3.log.
+wait_ready() {
+  local pid=$1 port=$2 name=$3 tries status=""
+  for ((tries = 0; tries < 200; tries++)); do
+    running "$pid" || die "$name exited at start; its log: $(tail -n 20 "$tmp/$name.log" 2>/dev/null)"
+    status=$(http_status "$port" 2>/dev/null || true)
+    [[ $status == 2* ]] && return
+    sleep 0.1
+  done
+  die "$name did not answer 2xx on port $port within 20 s (last status: ${status:-none}); its log: $(tail -n 20 "$tmp/$name.log" 2>/dev/null)"
+}
+
+# Starts nginx with prefix $tmp/$1 and http block body $2, with $workers worker processes
+# (1 when the script sets none); sets started_pid.
+start_nginx() {
+  local name=$1 body=$2 prefix=$tmp/$1
+  mkdir -p "$prefix/logs"
+  cat >"$prefix/nginx.conf" <<EOF
+worker_processes ${workers:-1};
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    $(nginx_temp_paths "$prefix")
+    $body
+}
+EOF
+  nginx -p "$prefix" -e "$prefix/logs/error.log" -c "$prefix/nginx.conf" -g 'daemon off;' \
+    >"$tmp/$name.log" 2>&1 &
+  started_pid=$!
+  pids+=("$started_pid")
 }

@@ -169,39 +169,22 @@ pub enum Arrival {
 
 /// Server settings that only a restart or a graceful upgrade can change.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    if old.api.max_keys != new.api.max_keys {
-        changed.push("api.max_keys");
-    }
-    let (old, new) = (&old.server, &new.server);
-    if old.listen != new.listen {
-        changed.push("server.listen");
-    }
-    if old.metrics != new.metrics {
-        changed.push("server.metrics");
-    }
-    if old.threads != new.threads {
-        changed.push("server.threads");
-    }
-    if old.grace_period != new.grace_period {
-        changed.push("server.grace_period");
-    }
-    if old.demo_upstream != new.demo_upstream {
-        changed.push("server.demo_upstream");
-    }
-    if old.limiter_api != new.limiter_api {
-        changed.push("server.limiter_api");
-    }
-    if old.admin != new.admin {
-        changed.push("server.admin");
-    }
-    if old.instance != new.instance {
-        changed.push("server.instance");
-    }
-    if old.access_log != new.access_log {
-        changed.push("server.access_log");
-    }
-    changed
+    let (s, n) = (&old.server, &new.server);
+    [
+        ("api.max_keys", old.api.max_keys != new.api.max_keys),
+        ("server.listen", s.listen != n.listen),
+        ("server.metrics", s.metrics != n.metrics),
+        ("server.threads", s.threads != n.threads),
+        ("server.grace_period", s.grace_period != n.grace_period),
+        ("server.demo_upstream", s.demo_upstream != n.demo_upstream),
+        ("server.limiter_api", s.limiter_api != n.limiter_api),
+        ("server.admin", s.admin != n.admin),
+        ("server.instance", s.instance != n.instance),
+        ("server.access_log", s.access_log != n.access_log),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
 }
 
 /// What `new` no longer has that `old` had: origins, hosts, upstreams, limits, overrides

@@ -1,11 +1,11 @@
 //! The `api:` section: the limiter API's own settings (the listener itself is
 //! `server.limiter_api`).
 
-use crate::config::bounds;
 use crate::config::model::{Api, StoreSpec};
 use crate::config::report::{child, Report};
 use crate::config::scalar;
 use crate::config::secret;
+use crate::config::stores::store_ref;
 use crate::config::suggest;
 use crate::config::yaml::Node;
 
@@ -25,8 +25,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec], f
         let v = &e.value;
         match e.key.as_str() {
             "max_keys" => {
-                let n = scalar::int(r, v, &path, 1, bounds::MAX_KEYS as u64);
-                if let Some(n) = n.and_then(|n| usize::try_from(n).ok()) {
+                if let Some(n) = scalar::max_keys(r, v, &path) {
                     api.max_keys = n;
                 }
             }
@@ -42,24 +41,9 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec], f
                 }
             }
             "store" => {
-                let Some(name) = scalar::text(r, v, &path) else {
-                    continue;
-                };
-                if name == "local" {
-                    continue;
+                if let Some(name) = store_ref(r, v, &path, stores) {
+                    api.store = Some(name);
                 }
-                if stores.iter().any(|s| s.name == name) {
-                    api.store = Some(name.to_string());
-                    continue;
-                }
-                let message = if stores.is_empty() {
-                    format!("unknown store `{name}`: no Redis store is configured under `stores:`")
-                } else {
-                    let mut all: Vec<&str> = stores.iter().map(|s| s.name.as_str()).collect();
-                    all.push("local");
-                    suggest::unknown("store", name, &all)
-                };
-                r.error(v.pos, &path, message);
             }
             other => r.error(e.key_pos, &path, suggest::unknown("key", other, &API_KEYS)),
         }

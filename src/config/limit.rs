@@ -95,9 +95,7 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
         }
         "sketch" => (spec.hashes, spec.slots) = params::sketch(r, v, path),
         "max_keys" => {
-            spec.max_keys = scalar::int(r, v, path, 1, bounds::MAX_KEYS as u64)
-                .and_then(|n| usize::try_from(n).ok())
-                .map(located(v.pos, path));
+            spec.max_keys = scalar::max_keys(r, v, path).map(located(v.pos, path));
         }
         "top_keys" => {
             spec.top_keys = scalar::int(r, v, path, 1, bounds::MAX_TOP_KEYS as u64)

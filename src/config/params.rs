@@ -14,7 +14,7 @@ use crate::config::report::{child, item, located, At, Pos, Report};
 use crate::config::scalar;
 use crate::config::spec::ParamSpec;
 use crate::config::suggest;
-use crate::config::yaml::{Node, Value};
+use crate::config::yaml::{Entry, Node, Value};
 use crate::limits::adaptive::MAX_LIMIT;
 use crate::limits::{AdaptiveBounds, LogWindow, Tier};
 
@@ -274,72 +274,49 @@ fn refill(r: &mut Report, node: &Node, path: &str, spec: &mut ParamSpec) {
 /// `windows: [{max, per}, ...]` of a sliding log: one to [`MAX_WINDOWS`], each `max` at
 /// least `least` (0 in an override: a block) and `per` within [`LOG_PER_RANGE`].
 fn windows(r: &mut Report, node: &Node, path: &str, least: u64) -> Option<Vec<LogWindow>> {
-    let items = scalar::seq(r, node, path)?;
-    if items.is_empty() || items.len() > MAX_WINDOWS {
-        let message = format!(
-            "`windows` needs 1 to {MAX_WINDOWS} windows, found {}",
-            items.len()
-        );
-        r.error(node.pos, path, message);
-        return None;
-    }
-    let mut out = Vec::with_capacity(items.len());
-    let mut ok = true;
-    for (i, n) in items.iter().enumerate() {
-        let p = item(path, i);
-        let Some(entries) = scalar::map(r, n, &p) else {
-            ok = false;
-            continue;
-        };
-        let (mut max, mut per) = (None, None);
-        for e in entries {
-            let sub = child(&p, &e.key);
-            match e.key.as_str() {
-                "max" => max = scalar::int(r, &e.value, &sub, least, u64::from(u32::MAX)),
-                "per" => {
-                    let range = LOG_PER_RANGE;
-                    per = scalar::duration(r, &e.value, &sub, range, ("1s", "366d")).map(nanos);
-                }
-                other => r.error(
-                    e.key_pos,
-                    &sub,
-                    suggest::unknown("key", other, &WINDOW_KEYS),
-                ),
-            }
-        }
-        match (max, per) {
-            (Some(max), Some(per)) => out.push(LogWindow { max, per }),
-            _ => {
-                for (name, present) in [("max", max.is_some()), ("per", per.is_some())] {
-                    if !present && entries.iter().all(|e| e.key != name) {
-                        r.error(n.pos, &p, format!("missing required field `{name}`"));
+    maps(
+        r,
+        node,
+        path,
+        ("windows", MAX_WINDOWS),
+        |r, n, entries, p| {
+            let (mut max, mut per) = (None, None);
+            for e in entries {
+                let sub = child(p, &e.key);
+                match e.key.as_str() {
+                    "max" => max = scalar::int(r, &e.value, &sub, least, u64::from(u32::MAX)),
+                    "per" => {
+                        let range = LOG_PER_RANGE;
+                        per = scalar::duration(r, &e.value, &sub, range, ("1s", "366d")).map(nanos);
                     }
+                    other => r.error(
+                        e.key_pos,
+                        &sub,
+                        suggest::unknown("key", other, &WINDOW_KEYS),
+                    ),
                 }
-                ok = false;
             }
-        }
-    }
-    ok.then_some(out)
+            match (max, per) {
+                (Some(max), Some(per)) => Some(LogWindow { max, per }),
+                _ => {
+                    required(
+                        r,
+                        (n, p),
+                        entries,
+                        [("max", max.is_some()), ("per", per.is_some())],
+                    );
+                    None
+                }
+            }
+        },
+    )
 }
 
 /// `tiers: [{limit, window, active, cooldown, skippable}, ...]` of a tiered limit, as
 /// written; the paper's load-time normalization happens when the limit is resolved.
 fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
-    let items = scalar::seq(r, node, path)?;
     let most = crate::limits::tiered::MAX_TIERS;
-    if items.is_empty() || items.len() > most {
-        let message = format!("`tiers` needs 1 to {most} tiers, found {}", items.len());
-        r.error(node.pos, path, message);
-        return None;
-    }
-    let mut out = Vec::with_capacity(items.len());
-    let mut ok = true;
-    for (i, n) in items.iter().enumerate() {
-        let p = item(path, i);
-        let Some(entries) = scalar::map(r, n, &p) else {
-            ok = false;
-            continue;
-        };
+    maps(r, node, path, ("tiers", most), |r, n, entries, p| {
         let mut tier = Tier {
             limit: 0,
             window: 0,
@@ -349,7 +326,7 @@ fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
         };
         let mut seen = [false; 3];
         for e in entries {
-            let sub = child(&p, &e.key);
+            let sub = child(p, &e.key);
             let v = &e.value;
             let span = |r: &mut Report| {
                 scalar::duration(r, v, &sub, TIER_RANGE, ("0s", "366d")).map(nanos)
@@ -376,17 +353,53 @@ fn tiers(r: &mut Report, node: &Node, path: &str) -> Option<Vec<Tier>> {
                 other => r.error(e.key_pos, &sub, suggest::unknown("key", other, &TIER_KEYS)),
             }
         }
-        for (name, present) in ["limit", "window", "active"].iter().zip(seen) {
-            if !present {
-                ok = false;
-                if entries.iter().all(|e| e.key != *name) {
-                    r.error(n.pos, &p, format!("missing required field `{name}`"));
-                }
-            }
+        let fields = [("limit", seen[0]), ("window", seen[1]), ("active", seen[2])];
+        required(r, (n, p), entries, fields).then_some(tier)
+    })
+}
+
+/// A list of 1 to `most` maps under `field` (`windows`, `tiers`), each read by `each` from
+/// its node, its entries and its path; `None` if the list's length or any item is wrong
+/// (every error reported).
+fn maps<T>(
+    r: &mut Report,
+    node: &Node,
+    path: &str,
+    (field, most): (&str, usize),
+    mut each: impl FnMut(&mut Report, &Node, &[Entry], &str) -> Option<T>,
+) -> Option<Vec<T>> {
+    let items = scalar::seq(r, node, path)?;
+    if items.is_empty() || items.len() > most {
+        let message = format!("`{field}` needs 1 to {most} {field}, found {}", items.len());
+        r.error(node.pos, path, message);
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (i, n) in items.iter().enumerate() {
+        let p = item(path, i);
+        match scalar::map(r, n, &p).and_then(|entries| each(r, n, entries, &p)) {
+            Some(v) => out.push(v),
+            None => ok = false,
         }
-        out.push(tier);
     }
     ok.then_some(out)
+}
+
+/// Whether every required field of a map item was read; a field absent from `entries`
+/// is reported as missing (one present but wrong was reported as such already).
+fn required<const N: usize>(
+    r: &mut Report,
+    (node, path): (&Node, &str),
+    entries: &[Entry],
+    fields: [(&str, bool); N],
+) -> bool {
+    for (name, present) in fields {
+        if !present && entries.iter().all(|e| e.key != name) {
+            r.error(node.pos, path, format!("missing required field `{name}`"));
+        }
+    }
+    fields.iter().all(|(_, present)| *present)
 }
 
 /// `cost`: an integer of at least 1, or `header:NAME` to read it from a request header.

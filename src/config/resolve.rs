@@ -17,6 +17,7 @@ use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{
     field_list, required_fields, takes, LimitSpec, OverrideSpec, ParamSpec, Setting,
 };
+use crate::config::stores::unknown_store;
 use crate::config::suggest;
 use crate::limits::tiered::{self, TieredParams};
 use crate::limits::{
@@ -64,19 +65,8 @@ fn store_of(r: &mut Report, spec: &LimitSpec, known: &Known<'_>) -> Option<Strin
     if name.v == "local" {
         return None;
     }
-    let names: Vec<&str> = known.stores.iter().map(|s| s.name.as_str()).collect();
-    if !names.contains(&name.v.as_str()) {
-        let message = if names.is_empty() {
-            format!(
-                "unknown store `{}`: no Redis store is configured under `stores:`",
-                name.v
-            )
-        } else {
-            let mut all = names.clone();
-            all.push("local");
-            suggest::unknown("store", &name.v, &all)
-        };
-        r.error(name.pos, &name.path, message);
+    if !known.stores.iter().any(|s| s.name == name.v) {
+        r.error(name.pos, &name.path, unknown_store(&name.v, known.stores));
         return None;
     }
     Some(name.v.clone())

@@ -28,6 +28,7 @@ use crate::config::model::{HeadersMode, Limit, LimitParams, Mode, StoreSpec};
 use crate::config::report::{child, item, At, Pos, Report};
 use crate::config::resolve::DEFAULT_MAX_KEYS;
 use crate::config::scalar;
+use crate::config::stores::store_ref;
 use crate::config::suggest;
 use crate::config::text;
 use crate::config::yaml::{self, Node, Value};
@@ -179,25 +180,14 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec], f
                 }
             }
             "max_keys" => {
-                let n = scalar::int(r, v, &path, 1, bounds::MAX_KEYS as u64);
-                if let Some(n) = n.and_then(|n| usize::try_from(n).ok()) {
+                if let Some(n) = scalar::max_keys(r, v, &path) {
                     rls.max_keys = n;
                 }
             }
             "store" => {
-                let Some(name) = scalar::text(r, v, &path) else {
-                    continue;
-                };
-                if name == "local" {
-                    continue;
+                if let Some(name) = store_ref(r, v, &path, stores) {
+                    rls.store = Some(name);
                 }
-                if stores.iter().any(|s| s.name == name) {
-                    rls.store = Some(name.to_string());
-                    continue;
-                }
-                let mut all: Vec<&str> = stores.iter().map(|s| s.name.as_str()).collect();
-                all.push("local");
-                r.error(v.pos, &path, suggest::unknown("store", name, &all));
             }
             other => r.error(e.key_pos, &path, suggest::unknown("key", other, &RLS_KEYS)),
         }

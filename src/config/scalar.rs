@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::config::bounds;
 use crate::config::report::Report;
 use crate::config::suggest;
 use crate::config::yaml::{Entry, Node, Scalar, Value};
@@ -132,6 +133,11 @@ pub(crate) fn text<'n>(r: &mut Report, node: &'n Node, path: &str) -> Option<&'n
             None
         }
     }
+}
+
+/// A `max_keys` value: the keys a limiter keeps state for, 1 to [`bounds::MAX_KEYS`].
+pub(crate) fn max_keys(r: &mut Report, node: &Node, path: &str) -> Option<usize> {
+    int(r, node, path, 1, bounds::MAX_KEYS as u64).and_then(|n| usize::try_from(n).ok())
 }
 
 /// An integer in `lo..=hi`.

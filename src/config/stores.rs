@@ -327,3 +327,33 @@ fn breaker(r: &mut Report, node: &Node, path: &str, spec: &mut RedisStoreSpec) {
         }
     }
 }
+
+/// A section's `store:` value: `None` for `local` (the in-process store), else the name of
+/// a Redis store under `stores:`. An unknown name is reported and read as `local`.
+pub(crate) fn store_ref(
+    r: &mut Report,
+    node: &Node,
+    path: &str,
+    stores: &[StoreSpec],
+) -> Option<String> {
+    let name = scalar::text(r, node, path)?;
+    if name == "local" {
+        return None;
+    }
+    if stores.iter().any(|s| s.name == name) {
+        return Some(name.to_string());
+    }
+    r.error(node.pos, path, unknown_store(name, stores));
+    None
+}
+
+/// The error for a `store:` naming none of `stores` (nor `local`): the close name, or that
+/// no Redis store is configured at all.
+pub(crate) fn unknown_store(name: &str, stores: &[StoreSpec]) -> String {
+    if stores.is_empty() {
+        return format!("unknown store `{name}`: no Redis store is configured under `stores:`");
+    }
+    let mut all: Vec<&str> = stores.iter().map(|s| s.name.as_str()).collect();
+    all.push("local");
+    suggest::unknown("store", name, &all)
+}

@@ -64,14 +64,8 @@ impl AdhocParams {
 }
 
 impl Refill for &AdhocParams {
-    fn capacity(self) -> u64 {
-        self.capacity
-    }
-    fn amount(self) -> u64 {
-        self.amount
-    }
-    fn every(self) -> Nanos {
-        self.every
+    fn parts(self) -> (u64, u64, Nanos) {
+        (self.capacity, self.amount, self.every)
     }
 }
 
@@ -194,6 +188,7 @@ impl AdhocBuckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::testing::spread;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
@@ -212,10 +207,6 @@ mod tests {
         fn tokens(&self, key: u64, params: AdhocParams, now: Nanos) -> u64 {
             self.state(key, params, now)
         }
-    }
-
-    fn spread(i: u64) -> u64 {
-        i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 
     /// The tokens held before a take, as `RL.REDUCE` replies them.

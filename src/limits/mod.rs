@@ -57,6 +57,8 @@ pub mod restore;
 pub mod sketch;
 pub mod sliding_log;
 pub mod table;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tiered;
 pub mod token_bucket;
 pub mod verdict;

@@ -270,27 +270,17 @@ impl RateLimiter {
         window.scaled() as f64 / window.per as f64
     }
 
-    /// Keys currently holding state (a window empty by now still counts until its slot is
-    /// reused or the key is touched).
-    ///
-    /// Locks each set in turn, so it is for metrics and tests, not the hot path.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key holds state.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keys evicted while their window still counted events, since construction.
-    ///
-    /// Each is a key that restarts at 0 and may be let through more than `max` in one
-    /// window, never less: a rising count means `max_keys` is too small for the keys
-    /// seen within two periods (or a key flood is under way). Reusing the slot of a window
-    /// that is empty by now loses nothing and is not counted.
-    pub fn evictions(&self) -> u64 {
-        self.table.evictions()
+    table::table_accessors! {
+        len:
+        /// Keys currently holding state (a window empty by now still counts until its slot
+        /// is reused or the key is touched).
+        evictions:
+        /// Keys evicted while their window still counted events, since construction.
+        ///
+        /// Each is a key that restarts at 0 and may be let through more than `max` in one
+        /// window, never less: a rising count means `max_keys` is too small for the keys
+        /// seen within two periods (or a key flood is under way). Reusing the slot of a
+        /// window that is empty by now loses nothing and is not counted.
     }
 
     /// `now`'s period and the nanoseconds elapsed in it.

@@ -245,15 +245,12 @@ impl SlidingLog {
     /// exactly the log as if the admission had not happened. Fewer are found only if they
     /// have been pruned (expired), evicted or already refunded.
     pub fn refund(&self, key: u64, cost: u64, at: Nanos) -> u64 {
-        let key = table::stored(key);
-        let set = self.table.index(key);
-        let mut slots = self.table.lock(set);
-        let (hit, _) = scan(&slots, |s| s.key == key);
-        let Some(slot) = slots.get_mut(hit) else {
-            return 0;
-        };
-        let ring = self.ring(set, hit);
-        let log = Log { slot, ring };
+        self.with_log(key, |log| self.take_back(log, cost, at))
+            .unwrap_or(0)
+    }
+
+    /// [`SlidingLog::refund`] on the key's log.
+    fn take_back(&self, log: Log<'_>, cost: u64, at: Nanos) -> u64 {
         let q = at >> self.logs().shift;
         // Recorded at the base if its unit was before it (see `push`).
         let Ok(off) = u32::try_from(q.saturating_sub(log.slot.value.base)) else {
@@ -281,18 +278,23 @@ impl SlidingLog {
         let Some(w) = self.logs().windows.get(window) else {
             return 0;
         };
+        self.with_log(key, |log| {
+            u64::from(log.slot.value.len - self.first_live(&log, w.per, now))
+        })
+        .unwrap_or(0)
+    }
+
+    /// Runs `f` on `key`'s log, under its set's lock; `None` when the key holds none.
+    fn with_log<R>(&self, key: u64, f: impl FnOnce(Log<'_>) -> R) -> Option<R> {
         let key = table::stored(key);
         let set = self.table.index(key);
         let mut slots = self.table.lock(set);
         let (hit, _) = scan(&slots, |s| s.key == key);
-        let Some(slot) = slots.get_mut(hit) else {
-            return 0;
-        };
-        let log = Log {
+        let slot = slots.get_mut(hit)?;
+        Some(f(Log {
             slot,
             ring: self.ring(set, hit),
-        };
-        u64::from(log.slot.value.len - self.first_live(&log, w.per, now))
+        }))
     }
 
     /// The windows (`per` at least 1).
@@ -311,25 +313,15 @@ impl SlidingLog {
         self.logs().cap
     }
 
-    /// Keys holding entries (a log empty by now still counts until touched).
-    ///
-    /// Locks each set in turn, so it is for metrics and tests, not the hot path.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key holds entries.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Logs evicted before they were empty, since construction.
-    ///
-    /// Each is a key that forgets its log and fails open until it fills again: a rising
-    /// count means `max_keys` is too small for the keys holding entries. Reusing the slot
-    /// of a log that is empty by now loses nothing and is not counted.
-    pub fn evictions(&self) -> u64 {
-        self.table.evictions()
+    table::table_accessors! {
+        len:
+        /// Keys holding entries (a log empty by now still counts until touched).
+        evictions:
+        /// Logs evicted before they were empty, since construction.
+        ///
+        /// Each is a key that forgets its log and fails open until it fills again: a rising
+        /// count means `max_keys` is too small for the keys holding entries. Reusing the
+        /// slot of a log that is empty by now loses nothing and is not counted.
     }
 
     /// Judges `min` (at most `want`) for `key` at `now`; when it fits, grants

@@ -43,6 +43,31 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::limits::restore::Restored;
 use crate::limits::victim::{self, Rank};
 
+/// The accessors a kind keeping per-key state in a [`Table`] (its field `table`) forwards:
+/// `len`, `is_empty` and `evictions`, under the kind's own docs for `len` and `evictions`
+/// (what holding state and an eviction mean for that kind).
+macro_rules! table_accessors {
+    (len: $(#[$len:meta])* evictions: $(#[$evictions:meta])*) => {
+        $(#[$len])*
+        ///
+        /// Locks each set in turn, so it is for metrics and tests, not the hot path.
+        pub fn len(&self) -> usize {
+            self.table.len()
+        }
+
+        /// Whether no key holds state.
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+
+        $(#[$evictions])*
+        pub fn evictions(&self) -> u64 {
+            self.table.evictions()
+        }
+    };
+}
+pub(crate) use table_accessors;
+
 /// Ways per set: enough that a set rarely overflows at half load (see the module doc), few
 /// enough that a scan reads a few cache lines.
 pub const WAYS: usize = 8;

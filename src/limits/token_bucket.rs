@@ -59,23 +59,25 @@ pub struct TokenBucketParams {
 /// What a bucket holds and how it refills: the token bucket's parameters, or an ad-hoc
 /// bucket's (which come with each call), so that both run the same [`Bucket`] arithmetic.
 pub(crate) trait Refill: Copy {
+    /// Capacity, amount and every, as below.
+    fn parts(self) -> (u64, u64, Nanos);
     /// Tokens a full bucket holds.
-    fn capacity(self) -> u64;
+    fn capacity(self) -> u64 {
+        self.parts().0
+    }
     /// Tokens added per refill, at least 1.
-    fn amount(self) -> u64;
+    fn amount(self) -> u64 {
+        self.parts().1
+    }
     /// Nanoseconds between refills, at least 1.
-    fn every(self) -> Nanos;
+    fn every(self) -> Nanos {
+        self.parts().2
+    }
 }
 
 impl Refill for &TokenBucketParams {
-    fn capacity(self) -> u64 {
-        self.capacity
-    }
-    fn amount(self) -> u64 {
-        self.amount
-    }
-    fn every(self) -> Nanos {
-        self.every
+    fn parts(self) -> (u64, u64, Nanos) {
+        (self.capacity, self.amount, self.every)
     }
 }
 
@@ -229,25 +231,15 @@ impl TokenBucket {
         *self.table.head()
     }
 
-    /// Keys currently holding state (a bucket full by now still counts until touched).
-    ///
-    /// Locks each set in turn, so it is for metrics and tests, not the hot path.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key holds state.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Buckets evicted before they were full, since construction.
-    ///
-    /// Each is a key that starts full again and fails open once: a rising count means
-    /// `max_keys` is too small for the keys holding state. Reusing the slot of a bucket
-    /// that is full by now loses nothing and is not counted.
-    pub fn evictions(&self) -> u64 {
-        self.table.evictions()
+    table::table_accessors! {
+        len:
+        /// Keys currently holding state (a bucket full by now still counts until touched).
+        evictions:
+        /// Buckets evicted before they were full, since construction.
+        ///
+        /// Each is a key that starts full again and fails open once: a rising count means
+        /// `max_keys` is too small for the keys holding state. Reusing the slot of a bucket
+        /// that is full by now loses nothing and is not counted.
     }
 
     /// Runs `f` on `key`'s bucket refilled to `now`, then stores it, or frees its slot if

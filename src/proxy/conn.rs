@@ -23,17 +23,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::TlsRef;
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
-    TimingDigest, UniqueID, UniqueIDType, ALPN, IO,
-};
+use pingora::protocols::{Stream, IO};
 use pingora_proxy::Session;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use crate::proxy::watched::{Watch, Watched};
 
 /// No read since the reset.
 const READ_NONE: u8 = 0;
@@ -120,17 +116,20 @@ pub fn mark_request_started(session: &Session) {
 
 fn conn_state(stream: &Stream) -> Option<&ConnState> {
     let io: &dyn IO = stream.as_ref();
-    io.as_any().downcast_ref::<Conn>().map(|c| &*c.state)
+    io.as_any().downcast_ref::<Conn>().map(|c| &*c.watch.state)
 }
 
-/// A downstream stream carrying its [`ConnState`]; every operation goes to the inner one.
+/// A downstream HTTP/1 stream carrying its [`ConnState`]; every operation goes to the
+/// inner one.
+pub type Conn = Watched<Http1>;
+
+/// What a [`Conn`] watches: its reads and writes, recorded in the shared [`ConnState`].
 ///
 /// A TLS stream cannot peek (Pingora's `SslStream` says so at once), so for one the
 /// one-byte peek of the keep-alive wait reads the byte and keeps it here, to be returned
 /// by the next read: the wait is then bounded on TLS as on plaintext.
 #[derive(Debug)]
-pub struct Conn {
-    inner: Stream,
+pub struct Http1 {
     state: Arc<ConnState>,
     /// A byte read by a peek on a stream that cannot peek, not yet returned by a read.
     peeked: Option<u8>,
@@ -139,17 +138,21 @@ pub struct Conn {
 impl Conn {
     /// Wraps `inner`; the handler keeps `state` to read what the hooks and writes left.
     pub fn new(inner: Stream, state: Arc<ConnState>) -> Self {
-        Self {
+        Watched::wrap(
             inner,
-            state,
-            peeked: None,
-        }
+            Http1 {
+                state,
+                peeked: None,
+            },
+        )
     }
 }
 
-impl AsyncRead for Conn {
+#[async_trait]
+impl Watch for Http1 {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        &mut self,
+        inner: &mut Stream,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
@@ -162,113 +165,19 @@ impl AsyncRead for Conn {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let polled = Pin::new(inner).poll_read(cx, buf);
         self.state
             .saw_read(polled.is_pending(), buf.filled().len() > before);
         polled
     }
-}
 
-impl AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn wrote(&mut self, buf: &[u8]) {
         self.state.saw_write(buf);
-        Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
-            self.state.saw_write(first);
-        }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-#[async_trait]
-impl Shutdown for Conn {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await;
-    }
-}
-
-impl UniqueID for Conn {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for Conn {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for Conn {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-
-    fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
-    }
-
-    fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for Conn {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-
-    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
-        self.inner.set_proxy_digest(digest);
-    }
-}
-
-impl GetSocketDigest for Conn {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-
-    fn set_socket_digest(&mut self, socket_digest: SocketDigest) {
-        self.inner.set_socket_digest(socket_digest);
-    }
-}
-
-#[async_trait]
-impl Peek for Conn {
-    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        if self.inner.get_ssl().is_none() {
-            return self.inner.try_peek(buf).await;
+    async fn try_peek(&mut self, inner: &mut Stream, buf: &mut [u8]) -> io::Result<bool> {
+        if inner.get_ssl().is_none() {
+            return inner.try_peek(buf).await;
         }
         // TLS: one byte at most, read and kept for the next read.
         if buf.len() != 1 {
@@ -277,7 +186,7 @@ impl Peek for Conn {
         if self.peeked.is_none() {
             use tokio::io::AsyncReadExt;
             let mut byte = [0u8; 1];
-            if self.inner.read(&mut byte).await? == 0 {
+            if inner.read(&mut byte).await? == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
             self.peeked = Some(byte[0]);

@@ -39,20 +39,16 @@ use async_trait::async_trait;
 use pingora::apps::HttpServerApp;
 use pingora::protocols::http::v2::server::{handshake, H2Accept, HttpSession};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::TlsRef;
-use pingora::protocols::{
-    Digest, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
-    Stream, TimingDigest, UniqueID, UniqueIDType, ALPN,
-};
+use pingora::protocols::{Digest, Stream};
 use pingora::server::ShutdownWatch;
 use pingora_proxy::HttpProxy;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::Connections;
 use crate::proxy::service::Tollgate;
+use crate::proxy::watched::{Watch, Watched};
 
 /// The connection preface every HTTP/2 client sends first (RFC 9113, 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -148,29 +144,33 @@ impl ResetBudget {
 
 /// An HTTP/2 client stream that fails its reads once the client has reset more streams
 /// than its budget allows: the h2 connection then ends, and with it every stream on it.
+pub type ResetWatch = Watched<Resets>;
+
+/// What a [`ResetWatch`] watches: the frames the client sends, and its reset budget.
 #[derive(Debug)]
-pub struct ResetWatch {
-    inner: Stream,
+pub struct Resets {
     frames: Frames,
     budget: ResetBudget,
     /// Set once the budget is overdrawn.
     tripped: Arc<AtomicBool>,
 }
 
-impl ResetWatch {
-    fn new(inner: Stream, max_resets: u32, tripped: Arc<AtomicBool>) -> Self {
-        Self {
-            inner,
+fn reset_watch(inner: Stream, max_resets: u32, tripped: Arc<AtomicBool>) -> ResetWatch {
+    Watched::wrap(
+        inner,
+        Resets {
             frames: Frames::new(),
             budget: ResetBudget::new(max_resets, Instant::now()),
             tripped,
-        }
-    }
+        },
+    )
 }
 
-impl AsyncRead for ResetWatch {
+#[async_trait]
+impl Watch for Resets {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        &mut self,
+        inner: &mut Stream,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
@@ -178,12 +178,11 @@ impl AsyncRead for ResetWatch {
             return Poll::Ready(Err(io::Error::other("too many stream resets")));
         }
         let before = buf.filled().len();
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let polled = Pin::new(inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            let resets = this.frames.feed(&buf.filled()[before..]);
-            if resets > 0 && !this.budget.spend(resets, Instant::now()) {
-                this.tripped.store(true, Ordering::Relaxed);
+            let resets = self.frames.feed(&buf.filled()[before..]);
+            if resets > 0 && !self.budget.spend(resets, Instant::now()) {
+                self.tripped.store(true, Ordering::Relaxed);
                 // The bytes read are dropped with the connection.
                 return Poll::Ready(Err(io::Error::other("too many stream resets")));
             }
@@ -191,83 +190,6 @@ impl AsyncRead for ResetWatch {
         polled
     }
 }
-
-impl AsyncWrite for ResetWatch {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-#[async_trait]
-impl Shutdown for ResetWatch {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await;
-    }
-}
-
-impl UniqueID for ResetWatch {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for ResetWatch {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for ResetWatch {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-}
-
-impl GetProxyDigest for ResetWatch {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-}
-
-impl GetSocketDigest for ResetWatch {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-}
-
-impl Peek for ResetWatch {}
 
 /// The streams of one connection still being served.
 #[derive(Default)]
@@ -335,11 +257,7 @@ pub async fn serve(
     shutdown: &ShutdownWatch,
 ) -> Ended {
     let tripped = Arc::new(AtomicBool::new(false));
-    let io: Stream = Box::new(ResetWatch::new(
-        stream,
-        limits.h2_max_resets,
-        tripped.clone(),
-    ));
+    let io: Stream = Box::new(reset_watch(stream, limits.h2_max_resets, tripped.clone()));
     let digest = Arc::new(Digest {
         ssl_digest: io.get_ssl_digest(),
         timing_digest: io.get_timing_digest(),

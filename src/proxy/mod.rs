@@ -8,7 +8,8 @@
 //! proxy, each downstream connection's life: its caps ([`connections`]), its deadlines and
 //! draining ([`front`], [`conn`]), what precedes its first request ([`edge`]: the listener
 //! it came in on ([`listeners`]), a PROXY protocol header ([`proxy_protocol`]), the TLS
-//! handshake ([`tls_accept`])), and HTTP/2's own accept loop and bounds ([`h2`]); and
+//! handshake ([`tls_accept`])), HTTP/2's own accept loop and bounds ([`h2`]), the stream
+//! wrapper both protocols watch their traffic through ([`watched`]); and
 //! Pingora's own log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
 //!
 //! It reads a [`crate::runtime::Runtime`] snapshot per request and asks the runtime for
@@ -35,6 +36,7 @@ pub mod request_id;
 pub mod route;
 pub mod service;
 pub mod tls_accept;
+pub mod watched;
 
 pub use service::Tollgate;
 

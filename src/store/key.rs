@@ -377,6 +377,23 @@ mod tests {
         (part, Owned::Bytes(v.to_vec()))
     }
 
+    /// The third vector's key: a header's value with bytes that need escaping elsewhere,
+    /// then an IPv6 server address.
+    fn header_and_address() -> (KeySpec, List) {
+        let spec = KeySpec::new(vec![
+            KeyPart::Header("x-api-key".into()),
+            KeyPart::ServerAddr,
+        ]);
+        let fields = List(vec![
+            bytes(KeyPart::Header("x-api-key".into()), b"k\0{}\n"),
+            (
+                KeyPart::ServerAddr,
+                Owned::Addr("[2001:db8::1]:8080".parse().unwrap()),
+            ),
+        ]);
+        (spec, fields)
+    }
+
     /// Test vectors: the hash is interface (state in Redis is found by it), so these never
     /// change. They were cross-checked with an independent XXH3 implementation (Python's
     /// `xxhash` package) over the canonical bytes written out by hand in `canonical_bytes`.
@@ -393,17 +410,7 @@ mod tests {
         )]);
         assert_eq!(stable_key_hash(&ip, &v4), Some(0x5c26_acd1_f3e1_aa6d));
 
-        let header = KeySpec::new(vec![
-            KeyPart::Header("x-api-key".into()),
-            KeyPart::ServerAddr,
-        ]);
-        let f = List(vec![
-            bytes(KeyPart::Header("x-api-key".into()), b"k\0{}\n"),
-            (
-                KeyPart::ServerAddr,
-                Owned::Addr("[2001:db8::1]:8080".parse().unwrap()),
-            ),
-        ]);
+        let (header, f) = header_and_address();
         assert_eq!(stable_key_hash(&header, &f), Some(0x209f_2174_513f_c46a));
 
         // The empty key (no parts): XXH3-64 of no bytes with the seed.
@@ -435,17 +442,7 @@ mod tests {
             Some(h(&[1, b'4', 10, 1, 2, 3]))
         );
 
-        let spec = KeySpec::new(vec![
-            KeyPart::Header("x-api-key".into()),
-            KeyPart::ServerAddr,
-        ]);
-        let f = List(vec![
-            bytes(KeyPart::Header("x-api-key".into()), b"k\0{}\n"),
-            (
-                KeyPart::ServerAddr,
-                Owned::Addr("[2001:db8::1]:8080".parse().unwrap()),
-            ),
-        ]);
+        let (spec, f) = header_and_address();
         let mut want = vec![9u8];
         want.extend_from_slice(&9u32.to_le_bytes());
         want.extend_from_slice(b"x-api-key");

@@ -1,14 +1,10 @@
 //! The concurrency limiter's tests, beside its file (`concurrency.rs`) to keep it one job long.
 
 use super::*;
+use crate::limits::testing::spread;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Barrier;
-
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
 
 #[test]
 fn what_can_never_fit_is_never_retried() {

@@ -1,6 +1,7 @@
 //! The rate limiter's tests, beside its file (`rate.rs`) to keep it one job long.
 
 use super::*;
+use crate::limits::testing::{fill_past_the_slots, spread};
 use proptest::prelude::*;
 
 const SEC: Nanos = 1_000_000_000;
@@ -267,11 +268,6 @@ proptest! {
     }
 }
 
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
 #[test]
 fn empty_windows_hold_no_state() {
     let l = limiter(SEC);
@@ -354,14 +350,9 @@ fn eviction_takes_the_nearest_to_empty_which_restarts_at_zero() {
 fn the_table_never_holds_more_than_its_slots() {
     // max_keys 1 000: 125 sets of 8 ways.
     let l = RateLimiter::new(SEC, 1_000);
-    for i in 0..200_000 {
-        assert!(l.acquire(spread(i), 1, 1, false, 0).allowed);
-        if i % 997 == 0 {
-            assert!(l.len() <= 1_000, "len {}", l.len());
-        }
-    }
+    let len = fill_past_the_slots(|key| l.acquire(key, 1, 1, false, 0).allowed, || l.len());
     // Every set filled up, then each newcomer evicted exactly one key.
-    assert_eq!((l.len(), l.evictions()), (1_000, 199_000));
+    assert_eq!((len, l.evictions()), (1_000, 199_000));
     // 33 bytes per key and a 256-byte header, as documented.
     assert_eq!(
         [size_of::<table::Set<Counts>>(), size_of::<RateLimiter>()],

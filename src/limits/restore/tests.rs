@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use crate::limits::clock::{Clock, ManualClock, Nanos, NANOS_PER_SEC};
 use crate::limits::restore::Restored;
+use crate::limits::testing::spread;
 use crate::limits::tiered::{Tier, TieredEntry, TieredLimiter, TieredParams};
 use crate::limits::{
     BucketEntry, LogWindow, RateLimiter, RateWindowEntry, SlidingLog, TokenBucket,
@@ -17,11 +18,6 @@ const MS: Nanos = 1_000_000;
 const HOUR: Nanos = 3_600 * SEC;
 /// Where the clocks start: a process clock reads Unix time, far from 0.
 const T0: Nanos = 1_700_000_000 * SEC;
-
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
 
 fn bucket_params(capacity: u64, amount: u64, every: Nanos) -> TokenBucketParams {
     TokenBucketParams {

@@ -1,6 +1,7 @@
 //! The sliding log's tests, beside its file (`sliding_log.rs`) to keep it one job long.
 
 use super::*;
+use crate::limits::testing::{self, spread};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -11,11 +12,6 @@ const HOUR: Nanos = 3_600 * SEC;
 
 fn w(max: u64, per: Nanos) -> LogWindow {
     LogWindow { max, per }
-}
-
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 fn allowed(log: &SlidingLog, key: u64, cost: u64, now: Nanos) -> bool {
@@ -304,21 +300,14 @@ fn logs_empty_by_now_are_reused_before_any_eviction() {
 /// Requests of new keys, each sent `times` times 10 µs apart from `from`, until the
 /// capped `user` would be admitted again; `None` if it is still refused after `most`.
 fn flood_frees(log: &SlidingLog, user: u64, times: u64, most: u64, from: Nanos) -> Option<u64> {
-    let mut sent = 0;
-    for i in 0.. {
-        let key = spread(1_000_000 + i);
-        for _ in 0..times {
-            log.acquire(key, 1, from + sent * 10_000);
-            sent += 1;
-        }
-        if log.peek(user, 1, from + sent * 10_000).allowed {
-            return Some(sent);
-        }
-        if sent >= most {
-            return None;
-        }
-    }
-    None
+    testing::flood_frees(
+        |key, at| {
+            log.acquire(key, 1, at);
+        },
+        |at| log.peek(user, 1, at).allowed,
+        (times, most),
+        from,
+    )
 }
 
 #[test]

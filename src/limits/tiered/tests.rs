@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::limits::clock::NANOS_PER_SEC;
+use crate::limits::testing::{self, fill_past_the_slots, spread};
 use crate::limits::verdict::NEVER;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -41,11 +42,6 @@ fn params(tiers: &[Tier], hard_limit: Option<u64>, global_limit: Option<u64>) ->
 
 fn limiter(tiers: &[Tier]) -> TieredLimiter {
     TieredLimiter::new(&params(tiers, None, None), 1024).unwrap()
-}
-
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// (allowed, tier, decided_by) of one decision.
@@ -578,14 +574,9 @@ fn offsets_rebase_without_losing_hits() {
 fn the_table_never_holds_more_than_its_slots() {
     let tiers = [tier(10, SEC, 10 * SEC, 0)];
     let l = TieredLimiter::new(&params(&tiers, None, None), 1_000).unwrap();
-    for i in 0..200_000 {
-        assert!(l.acquire(spread(i), 0).verdict.allowed);
-        if i % 997 == 0 {
-            assert!(l.len(0) <= 1_000, "len {}", l.len(0));
-        }
-    }
+    let len = fill_past_the_slots(|key| l.acquire(key, 0).verdict.allowed, || l.len(0));
     // Every set filled up, then each newcomer evicted exactly one key.
-    assert_eq!((l.len(0), l.evictions()), (1_000, 199_000));
+    assert_eq!((len, l.evictions()), (1_000, 199_000));
     assert_eq!(size_of::<Set>(), 200);
     // 26 bytes of table and hints, a 64-byte metadata line and 4 bytes per log slot, per
     // key.
@@ -674,21 +665,14 @@ fn emptied_state_is_reused_and_eviction_fails_open() {
 /// Requests of new keys, each sent `times` times 10 µs apart from `from`, until `user`
 /// would be admitted again; `None` if it is still refused after `most`.
 fn flood_frees(l: &TieredLimiter, user: u64, times: u64, most: u64, from: Nanos) -> Option<u64> {
-    let mut sent = 0;
-    for i in 0.. {
-        let key = spread(1_000_000 + i);
-        for _ in 0..times {
-            l.acquire(key, from + sent * 10_000);
-            sent += 1;
-        }
-        if l.available(user, from + sent * 10_000) > 0 {
-            return Some(sent);
-        }
-        if sent >= most {
-            return None;
-        }
-    }
-    None
+    testing::flood_frees(
+        |key, at| {
+            l.acquire(key, at);
+        },
+        |at| l.available(user, at) > 0,
+        (times, most),
+        from,
+    )
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::limits::table::WAYS;
+use crate::limits::testing::{fill_past_the_slots, spread};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -22,11 +23,6 @@ impl TokenBucket {
     pub(crate) fn tokens(&self, key: u64, now: Nanos) -> u64 {
         self.state(key, now).0
     }
-}
-
-/// Spreads small test keys over the sets, as real (hashed) keys are.
-fn spread(i: u64) -> u64 {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 #[test]
@@ -145,14 +141,9 @@ fn refund_gives_back_up_to_capacity() {
 fn the_table_never_holds_more_than_its_slots() {
     // max_keys 1 000: 125 sets of 8 ways.
     let b = TokenBucket::new(params(10, 1, SEC, false), 1_000);
-    for i in 0..200_000 {
-        assert!(b.acquire(spread(i), 1, 0).allowed);
-        if i % 997 == 0 {
-            assert!(b.len() <= 1_000, "len {}", b.len());
-        }
-    }
+    let len = fill_past_the_slots(|key| b.acquire(key, 1, 0).allowed, || b.len());
     // Every set filled up, then each newcomer evicted exactly one bucket.
-    assert_eq!((b.len(), b.evictions()), (1_000, 199_000));
+    assert_eq!((len, b.evictions()), (1_000, 199_000));
     // 25 bytes per key and a 256-byte header, as documented.
     assert_eq!(
         [size_of::<table::Set<Bucket>>(), size_of::<TokenBucket>()],

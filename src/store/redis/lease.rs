@@ -64,14 +64,8 @@ impl RedisStore {
         want: u64,
         at: Option<Micros>,
     ) -> Result<LeaseGrant, StoreError> {
-        let p = BucketArgs::new(params);
         let key = names.key(hash, StateKind::TokenBucket);
-        let args = [
-            Arg::U(p.capacity),
-            Arg::U(p.amount),
-            Arg::U(p.every),
-            Arg::U(want.min(SCRIPT_MAX)),
-        ];
+        let args = BucketArgs::new(params).and(want);
         let s = &self.inner.scripts.lease_bucket_take;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         LeaseGrant::from_reply(&v)

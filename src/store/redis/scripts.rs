@@ -6,9 +6,10 @@
 //!
 //! **One prelude.** `scripts/prelude.lua` is prepended to every script at build time
 //! (`script!`): the decision's clock (Redis `TIME`, or a replay's `at`), the integer
-//! helpers (`fdiv`, `cdiv`, `str`), the 2^52 cap (`CAP`), key expiry and the leased
-//! counts' helpers, each under one name. A script uses them and declares none of its own
-//! (a test below holds that).
+//! helpers (`fdiv`, `cdiv`, `str`, `numbers`), the 2^52 cap (`CAP`), key expiry, the token
+//! bucket's refill and wait (`bucket_*`), the rate window's periods and room (`window_*`)
+//! and the leased counts' helpers (`counter_*`), each under one name. A script uses them
+//! and declares none of its own (a test below holds that).
 
 use redis::Value;
 
@@ -263,11 +264,21 @@ mod tests {
             "local function fdiv",
             "local function cdiv",
             "local function str",
+            "local function numbers",
             "local function expire_in",
             "local function member",
             "local function drop_ended",
             "local function held_total",
             "local function expire_with_leases",
+            "local function bucket_refill",
+            "local function bucket_load",
+            "local function bucket_wait",
+            "local function bucket_put",
+            "local function window_load",
+            "local function window_room",
+            "local function window_put",
+            "local function counter_rooms",
+            "local function counter_take",
         ];
         for name in declared {
             assert_eq!(prelude.matches(name).count(), 1, "{name}");

@@ -5,7 +5,7 @@
 
 use crate::limits::clock::Nanos;
 use crate::limits::tiered::{
-    DecidedBy, Phase, TierState, TieredDecision, TieredKeyState, TieredParams,
+    DecidedBy, Phase, Tier, TierState, TieredDecision, TieredKeyState, TieredParams,
 };
 use crate::limits::verdict::{Verdict, NEVER};
 use crate::store::key::{KeyNames, LimitState, StateKind};
@@ -79,15 +79,7 @@ impl RedisStore {
             Arg::U(glimit.min(SCRIPT_MAX)),
             Arg::U(gmode),
         ]);
-        for t in &params.tiers {
-            args.extend([
-                Arg::U(t.limit.min(SCRIPT_MAX)),
-                Arg::U(duration(t.window).max(1)),
-                Arg::U(duration(t.active)),
-                Arg::U(duration(t.cooldown)),
-                Arg::U(u64::from(t.skippable)),
-            ]);
-        }
+        args.extend(params.tiers.iter().flat_map(tier_args));
         let s = &self.inner.scripts.tiered_get;
         let v = self.eval(s, &keys, &args, None, self.budget()).await?;
         let out = scripts::int_list(&v, 4 + 2 * n)?;
@@ -177,15 +169,7 @@ impl RedisStore {
             Arg::U(groom.min(SCRIPT_MAX)),
             Arg::U(gturn.min(SCRIPT_MAX)),
         ]);
-        for t in &params.tiers {
-            args.extend([
-                Arg::U(t.limit.min(SCRIPT_MAX)),
-                Arg::U(duration(t.window).max(1)),
-                Arg::U(duration(t.active)),
-                Arg::U(duration(t.cooldown)),
-                Arg::U(u64::from(t.skippable)),
-            ]);
-        }
+        args.extend(params.tiers.iter().flat_map(tier_args));
         let s = &self.inner.scripts.tiered;
         let v = self.eval(s, &keys, &args, at, self.budget()).await?;
         let [allowed, granted, tier, by, first, remaining, reset, retry, entered, at_us] =
@@ -272,6 +256,18 @@ fn tiered_keys(
         keys.push(names.limit_key(LimitState::TieredGlobal));
     }
     keys
+}
+
+/// A tier's five arguments to the tiered scripts: limit, window, active, cooldown (µs)
+/// and whether it may be skipped.
+fn tier_args<'a>(t: &Tier) -> [Arg<'a>; 5] {
+    [
+        Arg::U(t.limit.min(SCRIPT_MAX)),
+        Arg::U(duration(t.window).max(1)),
+        Arg::U(duration(t.active)),
+        Arg::U(duration(t.cooldown)),
+        Arg::U(u64::from(t.skippable)),
+    ]
 }
 
 /// A duration in whole microseconds, clamped for the script's doubles.

@@ -88,14 +88,8 @@ impl RedisStore {
         cost: u64,
         at: Option<Micros>,
     ) -> Result<u64, StoreError> {
-        let p = BucketArgs::new(params);
         let key = names.key(hash, StateKind::TokenBucket);
-        let args = [
-            Arg::U(p.capacity),
-            Arg::U(p.amount),
-            Arg::U(p.every),
-            Arg::U(cost.min(SCRIPT_MAX)),
-        ];
+        let args = BucketArgs::new(params).and(cost);
         let s = &self.inner.scripts.token_bucket_refund;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))
@@ -116,5 +110,16 @@ impl BucketArgs {
             amount: p.amount.clamp(1, SCRIPT_MAX),
             every: round_micros(p.every).clamp(1, SCRIPT_MAX),
         }
+    }
+
+    /// The arguments of a script that takes one count after the parameters (a refund's
+    /// cost, a lease's want): capacity, amount, every, `n` (clamped to 2^52).
+    pub(super) fn and<'a>(&self, n: u64) -> [Arg<'a>; 4] {
+        [
+            Arg::U(self.capacity),
+            Arg::U(self.amount),
+            Arg::U(self.every),
+            Arg::U(n.min(SCRIPT_MAX)),
+        ]
     }
 }

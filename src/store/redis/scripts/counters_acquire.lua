@@ -18,47 +18,28 @@
 -- Returns {1, granted, remaining (the smallest room left)} or {0, i, copies in use there}.
 
 local me = ARGV[1]
-local lease = tonumber(ARGV[2])
-local min = tonumber(ARGV[3])
-local copies = tonumber(ARGV[4])
+local lease, min, copies = numbers(2, 4)
 local now = clock()
 
 if min > copies then
   min = copies
 end
-local n = #KEYS / 2
-local totals = {}
-for i = 1, n do
-  local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  drop_ended(counts, leases, now)
-  totals[i] = held_total(counts)
-end
+local totals, rooms = counter_rooms(4, now)
 
 local want = copies
-for i = 1, n do
-  local room = tonumber(ARGV[4 + i]) - totals[i]
-  if room < 0 then
-    room = 0
-  end
-  if room < min then
+for i = 1, #rooms do
+  if rooms[i] < min then
     return {0, i, totals[i]}
   end
-  if room < want then
-    want = room
-  end
+  want = math.min(want, rooms[i])
 end
 
 local remaining = nil
-for i = 1, n do
-  local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #rooms do
   if want > 0 then
-    redis.call('HINCRBY', counts, me, want)
-    redis.call('ZADD', leases, str(now + lease), me)
-    expire_with_leases(counts, leases, now)
+    counter_take(KEYS[2 * i - 1], KEYS[2 * i], me, want, lease, now)
   end
   local left = tonumber(ARGV[4 + i]) - totals[i] - want
-  if remaining == nil or left < remaining then
-    remaining = left
-  end
+  remaining = math.min(remaining or left, left)
 end
 return {1, want, remaining or 0}

@@ -12,53 +12,14 @@
 --
 -- Returns {granted, remaining tokens (the shared remainder), epoch (0), valid µs (-1)}.
 
-local capacity = tonumber(ARGV[1])
-local amount = tonumber(ARGV[2])
-local every = tonumber(ARGV[3])
-local want = tonumber(ARGV[4])
+local capacity, amount, every, want = numbers(1, 4)
 local now, replay = clock(ARGV[5])
 
 local tokens, last
-local state = redis.call('HMGET', KEYS[1], 't', 'l')
-if state[1] and state[2] then
-  tokens = tonumber(state[1])
-  last = tonumber(state[2])
-  if now < last then
-    now = last
-  end
-  if now - last >= every then
-    local due = fdiv(now - last, every)
-    if tokens >= capacity or due >= cdiv(capacity - tokens, amount) then
-      tokens = capacity
-      last = now
-    else
-      tokens = tokens + due * amount
-      last = last + due * every
-    end
-  end
-  if tokens >= capacity then
-    tokens = capacity
-    last = now
-  end
-else
-  tokens = capacity
-  last = now
-end
+tokens, last, now = bucket_load(KEYS[1], now, capacity, amount, every)
 
 local granted = math.min(tokens, want)
 tokens = tokens - granted
-
-if tokens >= capacity then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
-  -- Expire when full again (see token_bucket.lua).
-  local refills = cdiv(capacity - tokens, amount)
-  local reset = CAP
-  if refills < CAP / every then
-    reset = math.max(refills * every - (now - last), 0)
-  end
-  expire_in(KEYS[1], cdiv(reset, 1000), replay)
-end
+bucket_put(KEYS[1], tokens, last, now, replay, capacity, amount, every)
 
 return {granted, tokens, 0, -1}

@@ -21,33 +21,15 @@ local lease = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local now = clock()
 
-local n = #KEYS / 2
-local rooms = {}
-local granted = want
-for i = 1, n do
-  local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  drop_ended(counts, leases, now)
-  local total = held_total(counts)
-  local room = math.max(tonumber(ARGV[3 + i]) - total, 0)
-  rooms[i] = room
-  if room < granted then
-    granted = room
-  end
+local _, rooms = counter_rooms(3, now)
+-- The smallest room (nil without counters).
+local least = nil
+for i = 1, #rooms do
+  least = math.min(least or rooms[i], rooms[i])
 end
 
-local remaining = nil
-for i = 1, n do
-  local counts, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  if granted > 0 then
-    redis.call('HINCRBY', counts, me, granted)
-  end
-  if granted > 0 or redis.call('HEXISTS', counts, me) == 1 then
-    redis.call('ZADD', leases, str(now + lease), me)
-    expire_with_leases(counts, leases, now)
-  end
-  local left = rooms[i] - granted
-  if remaining == nil or left < remaining then
-    remaining = left
-  end
+local granted = math.min(want, least or want)
+for i = 1, #rooms do
+  counter_take(KEYS[2 * i - 1], KEYS[2 * i], me, granted, lease, now)
 end
-return {granted, remaining or 0, 0, lease}
+return {granted, least and least - granted or 0, 0, lease}

@@ -29,34 +29,13 @@
 --
 -- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
-local max = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local tick = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
+local max, per, tick, cost = numbers(1, 4)
 local strict = ARGV[5] == '1'
 local min = tonumber(ARGV[6])
 local now, replay = clock(ARGV[7])
 
-local t = fdiv(now, tick)
-local period = fdiv(t, per)
-local e = t - period * per
-local prev, curr = 0, 0
-local state = redis.call('HMGET', KEYS[1], 'p', 'c', 'q')
-if state[1] then
-  local sp = tonumber(state[1])
-  local sc = tonumber(state[2]) or 0
-  local sq = tonumber(state[3]) or 0
-  if sp == period then
-    curr, prev = sc, sq
-  elseif sp == period - 1 then
-    prev = sc
-  elseif sp > period then
-    -- The stored period is ahead of this clock (a replay going back, or another node's
-    -- clock): count at the start of the stored period, as the in-process limiter does.
-    period, e, curr, prev = sp, 0, sc, sq
-  end
-end
--- The tick the answer is relative to (later than t when the stored period was ahead).
+local period, e, prev, curr = window_load(KEYS[1], now, tick, per)
+-- The tick the answer is relative to (later than now's when the stored period was ahead).
 local at = period * per + e
 
 local function fits(c, k)
@@ -69,31 +48,18 @@ local function fits(c, k)
   return per - e <= fdiv((max - c - k) * per, prev)
 end
 
--- floor(max - estimate) for the count c, at least 0.
-local function room_for(c)
-  if c > max then
-    return 0
-  end
-  local room = (max - c) * per
-  if prev == 0 then
-    return max - c
-  elseif per - e <= fdiv(room, prev) then
-    return fdiv(room - prev * (per - e), per)
-  end
-  return 0
-end
-
 local allowed = 0
 local granted = 0
 if fits(curr, min) then
-  granted = math.min(cost, room_for(curr))
+  granted = math.min(cost, window_room(curr, max, per, e, prev))
   curr = curr + granted
   allowed = 1
 elseif strict then
   curr = math.min(curr + min, CAP)
 end
 
-local remaining = room_for(curr)
+-- floor(max - estimate), at least 0.
+local remaining = window_room(curr, max, per, e, prev)
 
 -- A duration of d ticks from `at`, in µs from now.
 local function micros(d)
@@ -127,15 +93,6 @@ if allowed == 0 then
   end
 end
 
-if curr == 0 and prev == 0 then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 'p', str(period), 'c', str(curr), 'q', str(prev))
-  local ends = period + 1
-  if curr > 0 then
-    ends = period + 2
-  end
-  expire_in(KEYS[1], cdiv(math.max(ends * per * tick - now, 1), 1000), replay)
-end
+window_put(KEYS[1], period, prev, curr, per, tick, now, replay)
 
 return {allowed, remaining, reset, retry, granted}

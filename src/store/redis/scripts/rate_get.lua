@@ -12,21 +12,5 @@ local per = tonumber(ARGV[1])
 local tick = tonumber(ARGV[2])
 local now = clock()
 
-local ticks = fdiv(now, tick)
-local period = fdiv(ticks, per)
-local e = ticks - period * per
-local prev, curr = 0, 0
-local state = redis.call('HMGET', KEYS[1], 'p', 'c', 'q')
-if state[1] then
-  local sp = tonumber(state[1])
-  local sc = tonumber(state[2]) or 0
-  local sq = tonumber(state[3]) or 0
-  if sp == period then
-    curr, prev = sc, sq
-  elseif sp == period - 1 then
-    prev = sc
-  elseif sp > period then
-    e, curr, prev = 0, sc, sq
-  end
-end
+local _, e, prev, curr = window_load(KEYS[1], now, tick, per)
 return {prev, curr, e}

@@ -7,37 +7,16 @@
 --
 -- Units as in rate.lua. Returns the current period's count after the refund.
 
-local per = tonumber(ARGV[1])
-local tick = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local now, replay = clock(ARGV[4])
+local per, tick, cost = numbers(1, 3)
+local now = clock(ARGV[4])
 
-local state = redis.call('HMGET', KEYS[1], 'p', 'c', 'q')
-if not state[1] then
-  return 0
-end
-local period = fdiv(fdiv(now, tick), per)
-local sp = tonumber(state[1])
-local sc = tonumber(state[2]) or 0
-local sq = tonumber(state[3]) or 0
-local prev, curr = 0, 0
-if sp == period then
-  curr, prev = sc, sq
-elseif sp == period - 1 then
-  prev = sc
-elseif sp > period then
-  period, curr, prev = sp, sc, sq
-end
+-- An absent window is empty: nothing comes off it.
+local period, _, prev, curr = window_load(KEYS[1], now, tick, per)
 
 local take = math.min(cost, curr)
 curr = curr - take
 prev = prev - math.min(cost - take, prev)
 
-if curr == 0 and prev == 0 then
-  redis.call('DEL', KEYS[1])
-else
-  -- HSET keeps the expiry the last acquire set, which still holds: a refund only lowers
-  -- the counts.
-  redis.call('HSET', KEYS[1], 'p', str(period), 'c', str(curr), 'q', str(prev))
-end
+-- The expiry the last acquire set still holds: a refund only lowers the counts.
+window_put(KEYS[1], period, prev, curr)
 return curr

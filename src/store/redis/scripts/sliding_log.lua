@@ -24,9 +24,7 @@
 -- retry_after µs}.
 
 local id = ARGV[1]
-local min = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local min, cost, n = numbers(2, 4)
 local now, replay = clock(ARGV[5 + 2 * n])
 
 local maxes, pers = {}, {}

@@ -43,14 +43,7 @@
 -- retry_after µs (-1: never), tiers entered (bit i-1 for tier i), now µs}.
 
 local id = ARGV[1]
-local min = tonumber(ARGV[2])
-local max = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
-local hard = tonumber(ARGV[5])
-local glimit = tonumber(ARGV[6])
-local gmode = tonumber(ARGV[7])
-local groom_arg = tonumber(ARGV[8])
-local gturn_arg = tonumber(ARGV[9])
+local min, max, n, hard, glimit, gmode, groom_arg, gturn_arg = numbers(2, 9)
 local now, replay = clock(ARGV[10 + 5 * n])
 
 local INF = math.huge

@@ -18,10 +18,7 @@
 -- Returns {current, available, hard count (-1: no hard limit), global room (-1: none),
 -- then per tier: count, phase (0 inactive, 1 active, 2 cooling)}. Writes nothing.
 
-local n = tonumber(ARGV[1])
-local hard = tonumber(ARGV[2])
-local glimit = tonumber(ARGV[3])
-local gmode = tonumber(ARGV[4])
+local n, hard, glimit, gmode = numbers(1, 4)
 local now = clock()
 local SEC = 1000000
 

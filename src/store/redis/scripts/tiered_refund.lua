@@ -13,10 +13,7 @@
 -- removed from the tier logs.
 
 local id = ARGV[1]
-local granted = tonumber(ARGV[2])
-local first_tier = tonumber(ARGV[3])
-local tier = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local granted, first_tier, tier, n = numbers(2, 5)
 local hard = ARGV[6] == '1'
 local gmode = tonumber(ARGV[7])
 local decided = tonumber(ARGV[8])

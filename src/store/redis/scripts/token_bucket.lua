@@ -19,41 +19,13 @@
 --
 -- Returns {allowed (0|1), remaining tokens, reset_after µs, retry_after µs, granted}.
 
-local capacity = tonumber(ARGV[1])
-local amount = tonumber(ARGV[2])
-local every = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
+local capacity, amount, every, cost = numbers(1, 4)
 local strict = ARGV[5] == '1'
 local min = tonumber(ARGV[6])
 local now, replay = clock(ARGV[7])
 
 local tokens, last
-local state = redis.call('HMGET', KEYS[1], 't', 'l')
-if state[1] and state[2] then
-  tokens = tonumber(state[1])
-  last = tonumber(state[2])
-  if now < last then
-    now = last
-  end
-  if now - last >= every then
-    local due = fdiv(now - last, every)
-    if tokens >= capacity or due >= cdiv(capacity - tokens, amount) then
-      tokens = capacity
-      last = now
-    else
-      tokens = tokens + due * amount
-      last = last + due * every
-    end
-  end
-  if tokens >= capacity then
-    -- Stored with a larger capacity (the limit was changed): full.
-    tokens = capacity
-    last = now
-  end
-else
-  tokens = capacity
-  last = now
-end
+tokens, last, now = bucket_load(KEYS[1], now, capacity, amount, every)
 
 local allowed = 0
 local granted = 0
@@ -65,51 +37,20 @@ elseif strict then
   last = now
 end
 
--- Microseconds from now until the refill that brings the bucket to `want` tokens.
-local function wait_for(want)
-  if want <= tokens then
-    return 0
-  end
-  local refills = cdiv(want - tokens, amount)
-  if refills >= CAP / every then
-    return CAP
-  end
-  local elapsed = now - last
-  if elapsed < 0 then
-    elapsed = 0
-  end
-  local wait = refills * every - elapsed
-  if wait < 0 then
-    wait = 0
-  end
-  return wait
-end
-
-local reset = wait_for(capacity)
 local retry = 0
 if allowed == 0 then
   if min > capacity then
     -- It can never pass; the time to fill an empty bucket is a hint.
-    local full = cdiv(capacity, amount)
-    if full >= CAP / every then
-      retry = CAP
-    else
-      retry = full * every
-    end
+    retry = bucket_wait(capacity, 0, now, now, amount, every)
   else
-    retry = wait_for(min)
+    retry = bucket_wait(min, tokens, last, now, amount, every)
   end
   if retry < 1 then
     retry = 1
   end
 end
 
-if tokens >= capacity then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('HSET', KEYS[1], 't', str(tokens), 'l', str(last))
-  -- Expire when full again, in whole milliseconds rounded up.
-  expire_in(KEYS[1], cdiv(reset, 1000), replay)
-end
+-- The bucket is full again (and its key expires) in `reset` µs.
+local reset = bucket_put(KEYS[1], tokens, last, now, replay, capacity, amount, every)
 
 return {allowed, tokens, reset, retry, granted}

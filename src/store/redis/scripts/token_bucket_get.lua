@@ -6,41 +6,9 @@
 -- Units and refill rule as in token_bucket.lua (microseconds, integers below 2^52).
 -- Returns {tokens, reset_after µs}. Writes nothing.
 
-local capacity = tonumber(ARGV[1])
-local amount = tonumber(ARGV[2])
-local every = tonumber(ARGV[3])
+local capacity, amount, every = numbers(1, 3)
 local now = clock(ARGV[4])
 
-local state = redis.call('HMGET', KEYS[1], 't', 'l')
-if not (state[1] and state[2]) then
-  return {capacity, 0}
-end
-local tokens = tonumber(state[1])
-local last = tonumber(state[2])
-if now - last >= every then
-  local due = fdiv(now - last, every)
-  if tokens >= capacity or due >= cdiv(capacity - tokens, amount) then
-    return {capacity, 0}
-  end
-  tokens = tokens + due * amount
-  last = last + due * every
-end
-if tokens >= capacity then
-  return {capacity, 0}
-end
-
-local refills = cdiv(capacity - tokens, amount)
-local reset
-if refills >= CAP / every then
-  reset = CAP
-else
-  local elapsed = now - last
-  if elapsed < 0 then
-    elapsed = 0
-  end
-  reset = refills * every - elapsed
-  if reset < 0 then
-    reset = 0
-  end
-end
-return {tokens, reset}
+local tokens, last
+tokens, last, now = bucket_load(KEYS[1], now, capacity, amount, every)
+return {tokens, bucket_wait(capacity, tokens, last, now, amount, every)}

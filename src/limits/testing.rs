@@ -1,0 +1,50 @@
+//! Helpers the limiters' unit tests share (test builds only): spreading small keys over a
+//! table's sets, filling a table past its slots and flooding it with fresh keys.
+
+use crate::limits::clock::Nanos;
+
+/// Spreads small test keys over the sets, as real (hashed) keys are.
+pub(crate) fn spread(i: u64) -> u64 {
+    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Admits 200 000 fresh keys (`admit(key)` must allow each) into a table of `max_keys`
+/// 1 000, checking every 997th that `len()` never exceeds it; returns `len()` at the end.
+pub(crate) fn fill_past_the_slots(
+    mut admit: impl FnMut(u64) -> bool,
+    len: impl Fn() -> usize,
+) -> usize {
+    for i in 0..200_000 {
+        assert!(admit(spread(i)));
+        if i % 997 == 0 {
+            assert!(len() <= 1_000, "len {}", len());
+        }
+    }
+    len()
+}
+
+/// Requests sent by fresh keys, `times` each (`send(key, at)`, 10 µs apart from `from`),
+/// until `freed(at)` says a capped key would be admitted again; `None` if it still is not
+/// after `most`.
+pub(crate) fn flood_frees(
+    mut send: impl FnMut(u64, Nanos),
+    freed: impl Fn(Nanos) -> bool,
+    (times, most): (u64, u64),
+    from: Nanos,
+) -> Option<u64> {
+    let mut sent = 0;
+    for i in 0.. {
+        let key = spread(1_000_000 + i);
+        for _ in 0..times {
+            send(key, from + sent * 10_000);
+            sent += 1;
+        }
+        if freed(from + sent * 10_000) {
+            return Some(sent);
+        }
+        if sent >= most {
+            return None;
+        }
+    }
+    None
+}
