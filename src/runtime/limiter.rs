@@ -449,6 +449,8 @@ pub struct SharedAt<'a> {
     pub names: KeyNames,
     /// Keys remembered as rejected (0: none).
     pub deny_cache: usize,
+    /// How hot keys are leased (`None`: one call per decision).
+    pub lease: Option<crate::store::LeaseCtx>,
 }
 
 /// Reuses `previous`'s state when `same` says its shape is unchanged, else builds one.
@@ -659,7 +661,8 @@ impl Limiter {
                         if p.store == store
                             && p.limiter.store().same_as(at.store)
                             && p.params == *bucket
-                            && p.max_keys == *max_keys =>
+                            && p.max_keys == *max_keys
+                            && p.limiter.lease_params() == at.lease.as_ref().map(|l| l.params) =>
                     {
                         Some(p.limiter.clone())
                     }
@@ -667,13 +670,16 @@ impl Limiter {
                 };
                 let reused = kept.is_some();
                 let limiter = kept.unwrap_or_else(|| {
-                    Arc::new(SharedTokenBucket::new(
-                        at.store,
-                        at.names,
-                        *bucket,
-                        *max_keys,
-                        at.deny_cache,
-                    ))
+                    Arc::new(
+                        SharedTokenBucket::new(
+                            at.store,
+                            at.names,
+                            *bucket,
+                            *max_keys,
+                            at.deny_cache,
+                        )
+                        .with_lease(at.lease),
+                    )
                 });
                 let rt = SharedTokenBucketRt {
                     store,
@@ -690,7 +696,8 @@ impl Limiter {
                         if p.store == store
                             && p.limiter.store().same_as(at.store)
                             && p.rate == *rate
-                            && p.max_keys == *max_keys =>
+                            && p.max_keys == *max_keys
+                            && p.limiter.lease_params() == at.lease.as_ref().map(|l| l.params) =>
                     {
                         Some(p.limiter.clone())
                     }
@@ -698,13 +705,10 @@ impl Limiter {
                 };
                 let reused = kept.is_some();
                 let limiter = kept.unwrap_or_else(|| {
-                    Arc::new(SharedRate::new(
-                        at.store,
-                        at.names,
-                        *rate,
-                        *max_keys,
-                        at.deny_cache,
-                    ))
+                    Arc::new(
+                        SharedRate::new(at.store, at.names, *rate, *max_keys, at.deny_cache)
+                            .with_lease(at.lease),
+                    )
                 });
                 let rt = SharedRateRt {
                     store,

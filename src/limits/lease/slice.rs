@@ -242,6 +242,46 @@ impl Slice {
         self.renewing.load(Ordering::Acquire)
     }
 
+    /// Puts back `n` units an admission from this slice took (a later limit rejected the
+    /// request: the no-burn rule): they are held again, to be spent or given back. The
+    /// identity of the module doc holds with `admitted` lowered by `n`.
+    pub fn refund(&self, n: u64) {
+        self.avail.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Takes the renewal flag if it is clear (true for the one caller that did): while it
+    /// is held no grant lands, so the holder may empty and hand the slice over; it clears
+    /// it with [`Slice::renew_failed`].
+    pub fn claim(&self) -> bool {
+        self.claim_renewal()
+    }
+
+    /// Empties the slice, returning what it held (to give back to the store).
+    pub fn drain(&self) -> u64 {
+        self.avail.swap(0, Ordering::AcqRel)
+    }
+
+    /// Forgets the previous holder's validity, epoch, quiet time and low-water mark, so the
+    /// slice starts over for another key (called with the renewal flag held, after
+    /// [`Slice::drain`]).
+    pub fn reset(&self) {
+        self.until.store(0, Ordering::Release);
+        self.epoch.store(0, Ordering::Release);
+        self.quiet_until.store(0, Ordering::Relaxed);
+        self.low_water.store(0, Ordering::Relaxed);
+        self.used.store(0, Ordering::Relaxed);
+    }
+
+    /// The epoch (rate period) of the quota held.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// How long the slice has gone unused at `now`.
+    pub fn idle_for(&self, now: Nanos) -> Nanos {
+        now.saturating_sub(self.last_use.load(Ordering::Relaxed))
+    }
+
     /// Sets the renewal flag if it was clear: true for the one caller that did.
     fn claim_renewal(&self) -> bool {
         !self.renewing.load(Ordering::Relaxed)
