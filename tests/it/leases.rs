@@ -4,6 +4,8 @@
 //!
 //! - Three instances drive one hot key of a token bucket far past its limit: they admit
 //!   at most capacity + refill × elapsed, and nearly that.
+//! - The same for a rate: at most its max in a period, and every count Redis gave out
+//!   admitted or held (`tollgate_store_leased`).
 //! - A steady hot key costs at most 0.01 store calls per request with leases (counted in
 //!   Redis's `INFO commandstats`); `lease: off` costs one per request.
 //! - Redis killed mid-run: no 5xx, then recovery once it is back.
@@ -120,6 +122,66 @@ async fn three_instances_on_one_hot_bucket_admit_at_most_its_limit_and_nearly_al
     for t in &all {
         assert_eq!(t.metric(fleet::FALLBACK).await, 0.0, "{}", t.log_text());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_on_one_hot_rate_admit_at_most_its_max_and_account_for_every_count() {
+    // One period a day: the max is what the period admits. 9000 offered for 2000.
+    const MAX: u64 = 2_000;
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let body = "        kind: rate\n        max: 2000\n        per: 1d\n";
+    let limits = limit("per_day", body, "{ max_share: 5% }");
+    let all = fleet(3, &config(up.addr, &redis.url(), ROOMY, &limits)).await;
+    let runs: Vec<_> = all
+        .iter()
+        .map(|t| {
+            let url = t.url("/");
+            std::thread::spawn(move || {
+                h2load::run(&[
+                    "--h1",
+                    "-n",
+                    "3000",
+                    "-c",
+                    "4",
+                    "-H",
+                    ":authority: app.test",
+                    "-H",
+                    "x-customer-id: acme",
+                    &url,
+                ])
+            })
+        })
+        .collect();
+    let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    let ok: u64 = runs.iter().map(|s| s.ok).sum();
+    for s in &runs {
+        assert_eq!(
+            (s.unavailable, s.errored, s.done),
+            (0, 0, 3000),
+            "{}",
+            s.text
+        );
+    }
+    eprintln!(
+        "rate: admitted {ok} of {MAX} ({:.1}%)",
+        100.0 * ok as f64 / MAX as f64
+    );
+    assert!(ok <= MAX, "admitted {ok} > {MAX}");
+    // Every count Redis gave out is admitted or still held in a slice (the gauges).
+    let gauge = "tollgate_store_leased{limit=\"per_day\",origin=\"app\",store=\"shared\"}";
+    eventually("Redis's count = admitted + held", 500, || async {
+        let mut held = 0;
+        for t in &all {
+            held += t.metric(gauge).await as u64;
+        }
+        period_count(&redis) == ok + held
+    })
+    .await;
+    assert!(
+        ok as f64 >= 0.97 * MAX as f64,
+        "admitted {ok}, far below {MAX}"
+    );
 }
 
 /// Store calls per request of `requests` for one hot key at `lease`, and the requests'
