@@ -16,10 +16,10 @@
 //!
 //! **Handing an entry over.** An entry changes key only while its renewal flag is held
 //! (the idle sweep holds it; so does a grant landing), so a grant always lands in its
-//! key's slice. An admission that read the old key just before the hand-over re-reads the
-//! key after taking from the slice and puts back what it took if the key changed, so it
-//! never spends another key's quota. A bucket refund goes into the slice under the flag
-//! too, for the same reason.
+//! key's slice. An admission marks the entry busy and re-reads its key before taking from
+//! the slice; the sweep marks the entry retiring and hands it over only if no admission
+//! is busy on it (both in one total order), so an admission never spends another key's
+//! quota. A bucket refund goes into the slice under the flag, for the same reason.
 //!
 //! **Give-backs.** The sweep ([`LeaseTable::sweep`], every `idle / 4` on the store's
 //! runtime) gives back the slices unused for `idle`, frees their entries, and sets the
@@ -49,6 +49,14 @@ pub const ENTRIES: usize = 256;
 
 /// Cells of one leased limit's hot-key detector (a few times [`ENTRIES`]).
 pub const HOT_CELLS: usize = 1024;
+
+/// An entry's key while the sweep hands it over (no key is stored as it: [`slot_key`]).
+const RETIRING: u64 = u64::MAX;
+
+/// The key an entry stores for `key`: never 0 (free) nor [`RETIRING`].
+fn slot_key(key: u64) -> u64 {
+    stored(key).min(RETIRING - 1)
+}
 
 /// The shared remainder is not known yet.
 const UNKNOWN: u64 = u64::MAX;
@@ -114,6 +122,7 @@ pub(crate) enum FromSlice {
 
 struct Entry {
     key: AtomicU64,
+    busy: AtomicU64,
     remaining: AtomicU64,
     slice: Slice,
 }
@@ -148,6 +157,7 @@ impl<K: LeaseKind> LeaseTable<K> {
             entries: (0..ENTRIES)
                 .map(|_| Entry {
                     key: AtomicU64::new(0),
+                    busy: AtomicU64::new(0),
                     remaining: AtomicU64::new(UNKNOWN),
                     slice: Slice::new(),
                 })
@@ -178,16 +188,20 @@ impl<K: LeaseKind> LeaseTable<K> {
     /// doc).
     pub(crate) fn admit(&self, key: u64, cost: u64, now: Nanos) -> FromSlice {
         let inner = &self.inner;
-        let key = stored(key);
+        let key = slot_key(key);
         if let Some(i) = inner.find(key) {
             let e = &inner.entries[i];
-            match e.slice.admit(cost, now) {
+            // Busy while it admits: the sweep hands no busy entry over, and an entry
+            // handed over since `find` is left alone (module doc).
+            e.busy.fetch_add(1, Ordering::SeqCst);
+            if e.key.load(Ordering::SeqCst) != key {
+                e.busy.fetch_sub(1, Ordering::Release);
+                return FromSlice::Exact;
+            }
+            let admitted = e.slice.admit(cost, now);
+            e.busy.fetch_sub(1, Ordering::Release);
+            match admitted {
                 Admit::Admitted { renew } => {
-                    if e.key.load(Ordering::Acquire) != key {
-                        // Handed over meanwhile: what was taken is the new key's.
-                        e.slice.refund(cost);
-                        return FromSlice::Exact;
-                    }
                     if renew {
                         inner.renew(i, key, now);
                     }
@@ -220,7 +234,7 @@ impl<K: LeaseKind> LeaseTable<K> {
     /// no slice to take it now (the caller refunds the store).
     pub(crate) fn refund(&self, key: u64, n: u64) -> bool {
         let inner = &self.inner;
-        let key = stored(key);
+        let key = slot_key(key);
         let Some(i) = inner.find(key) else {
             return false;
         };
@@ -399,7 +413,24 @@ impl<K: LeaseKind> Inner<K> {
         let mut given = 0;
         for e in self.entries.iter() {
             let key = e.key.load(Ordering::Acquire);
-            if key == 0 || e.slice.idle_for(now) < self.params.idle || !e.slice.claim() {
+            if key == 0
+                || key == RETIRING
+                || e.slice.idle_for(now) < self.params.idle
+                || !e.slice.claim()
+            {
+                continue;
+            }
+            // Hand over only an entry no admission is using.
+            if e.key
+                .compare_exchange(key, RETIRING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                e.slice.renew_failed();
+                continue;
+            }
+            if e.busy.load(Ordering::SeqCst) != 0 {
+                e.key.store(key, Ordering::SeqCst);
+                e.slice.renew_failed();
                 continue;
             }
             let n = e.slice.drain();

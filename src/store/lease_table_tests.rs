@@ -244,3 +244,66 @@ fn with_the_store_down_held_slices_still_admit_then_the_exact_path_decides() {
     assert_eq!(sliced, held, "the slice is spent");
     assert_eq!(exact, 100, "then the exact path (and its fallback)");
 }
+
+#[test]
+fn concurrent_admissions_refunds_sweeps_and_hand_overs_conserve_quota() {
+    let fake = Fake::new(1_000_000);
+    let clock = Arc::new(ManualClock::default());
+    let ctx = LeaseCtx {
+        params: LeaseParams {
+            hot_above: 1,
+            max_share: 100_000,
+            idle: 5 * MS,
+            ..LeaseParams::default()
+        },
+        gauge: IntGauge::new("leased", "test").unwrap(),
+        clock: clock.clone(),
+    };
+    let t = Arc::new(LeaseTable::new(fake.clone(), ctx, 1_000_000, 1));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (t, clock, admitted) = (t.clone(), clock.clone(), admitted.clone());
+            std::thread::spawn(move || {
+                // Until 20 000 are admitted from slices (bounded: the runner may be slow).
+                for i in 0..2_000_000u64 {
+                    if admitted.load(Ordering::Relaxed) >= 20_000 {
+                        break;
+                    }
+                    // Keys come and go, so idle entries are handed over to others.
+                    let key = 1 + (i / 2_000 + w) % 5;
+                    clock.advance(std::time::Duration::from_micros(10));
+                    if let FromSlice::Admitted { .. } = t.admit(key, 1, clock.now()) {
+                        if i % 7 != 0 || !t.refund(key, 1) {
+                            admitted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let runner = {
+        let (t, fake, clock, stop) = (t.clone(), fake.clone(), clock.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                fake.run();
+                t.sweep(clock.now());
+            }
+        })
+    };
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    runner.join().unwrap();
+    fake.run();
+    let admitted = admitted.load(Ordering::SeqCst);
+    assert!(admitted > 100, "admitted from slices: {admitted}");
+    assert_eq!(1_000_000 - fake.quota(), admitted + t.held());
+    // Every slice given back: nothing left out of the store but what was admitted.
+    clock.advance(std::time::Duration::from_secs(1));
+    t.sweep(clock.now());
+    fake.run();
+    assert_eq!(1_000_000 - fake.quota(), admitted);
+}

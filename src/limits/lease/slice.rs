@@ -83,7 +83,13 @@ impl Slice {
         if now >= self.until.load(Ordering::Acquire) {
             let void = self.avail.swap(0, Ordering::AcqRel);
             if void > 0 {
-                self.voided.fetch_add(void, Ordering::Relaxed);
+                if now < self.until.load(Ordering::Acquire) {
+                    // A grant landed meanwhile ([`Slice::grant`] moves `until` before it
+                    // adds): what was taken is its own and valid, so it goes back.
+                    self.avail.fetch_add(void, Ordering::AcqRel);
+                } else {
+                    self.voided.fetch_add(void, Ordering::Relaxed);
+                }
             }
             return Admit::Short {
                 renew: self.claim_renewal(),
@@ -149,14 +155,15 @@ impl Slice {
     /// kinds without one), spendable until `until`, with the next low-water mark. A new
     /// epoch voids what is left of the old one. Clears the renewal flag.
     pub fn grant(&self, granted: u64, epoch: u64, until: Nanos, low_water: u64, now: Nanos) {
+        // Old epoch's units out, then the new end, then the grant: an admission that
+        // read the old (lapsed) end never voids the new units (see `admit`).
         if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
-            let void = self.avail.swap(granted, Ordering::AcqRel);
+            let void = self.avail.swap(0, Ordering::AcqRel);
             self.voided.fetch_add(void, Ordering::Relaxed);
-        } else {
-            self.avail.fetch_add(granted, Ordering::AcqRel);
         }
         self.low_water.store(low_water, Ordering::Relaxed);
         self.until.store(until, Ordering::Release);
+        self.avail.fetch_add(granted, Ordering::AcqRel);
         self.last_use.fetch_max(now, Ordering::Relaxed);
         self.renewing.store(false, Ordering::Release);
     }
