@@ -18,6 +18,8 @@
 //! - [`lease_table`]: the slices a leased limit (token bucket, rate) holds for its hot
 //!   keys, their renewals and give-backs; `leased`: each kind's lease calls.
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
+//! - `global_share`: a tiered limit's global limit counted per instance on a Cluster.
+//! - `releases`: a concurrency limiter's releases on their way to the store.
 //!
 //! The semantics are exactly the in-process limiters' (`crate::limits`): the scripts are
 //! the same algorithms over state in Redis, and a shared test table checks both against
@@ -26,11 +28,13 @@
 pub mod breaker;
 pub mod budget;
 pub mod deny_cache;
+mod global_share;
 mod held;
 pub mod key;
 pub mod lease_table;
 mod leased;
 pub mod redis;
+mod releases;
 pub mod remote;
 pub mod shared;
 pub mod shared_concurrency;
