@@ -395,6 +395,10 @@ impl Metrics {
             fallback: self
                 .store_fallback_decisions_total
                 .with_label_values(&[store]),
+            leased: LeasedGauges {
+                family: self.store_leased.clone(),
+                store: store.to_string(),
+            },
             lease_calls: LeaseCalls {
                 granted: self
                     .store_lease_calls_total
@@ -490,6 +494,24 @@ pub struct StoreMetrics {
     pub fallback: IntCounter,
     /// `tollgate_store_lease_calls_total{store,result}`.
     pub lease_calls: LeaseCalls,
+    /// `tollgate_store_leased{store,origin,limit}`, this store's.
+    pub leased: LeasedGauges,
+}
+
+/// One store's `tollgate_store_leased` family: a leased limit takes its gauge once, at
+/// build.
+#[derive(Clone)]
+pub struct LeasedGauges {
+    family: IntGaugeVec,
+    store: String,
+}
+
+impl LeasedGauges {
+    /// The gauge of `origin`'s `limit` in this store.
+    pub fn of(&self, origin: &str, limit: &str) -> IntGauge {
+        self.family
+            .with_label_values(&[self.store.as_str(), origin, limit])
+    }
 }
 
 /// One store's `tollgate_store_lease_calls_total` children, one per result.

@@ -342,6 +342,8 @@ pub struct SharedAt<'a> {
     pub names: KeyNames,
     /// Keys remembered as rejected (0: none).
     pub deny_cache: usize,
+    /// How hot keys are leased (`None`: one call per decision).
+    pub lease: Option<crate::store::LeaseCtx>,
 }
 
 /// The state of a variant: `previous`'s when it is in the same place (in process, or in
@@ -432,15 +434,19 @@ impl Limiter {
             }
             LimitParams::Rate { rate, max_keys } => {
                 let prev = previous_of!(previous, Rate);
+                let lease = at.as_ref().and_then(|a| a.lease.clone());
+                let leased = lease.as_ref().map(|l| l.params);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     // In process only the window shapes the state; the store's limiter
-                    // holds every parameter.
+                    // holds every parameter, its lease settings too.
                     |shared| {
                         prev.is_some_and(|p| {
                             p.max_keys == *max_keys
                                 && if shared {
                                     p.rate == *rate
+                                        && matches!(&p.state, Place::Store(s)
+                                            if s.limiter.lease_params() == leased)
                                 } else {
                                     p.rate.per == rate.per
                                 }
@@ -448,7 +454,9 @@ impl Limiter {
                     },
                     at,
                     || Ok(RateLimiter::new(rate.per, *max_keys)),
-                    |store, names, deny| Ok(SharedRate::new(store, names, *rate, *max_keys, deny)),
+                    |store, names, deny| {
+                        Ok(SharedRate::new(store, names, *rate, *max_keys, deny).with_lease(lease))
+                    },
                 )?;
                 let rt = RateRt {
                     rate: *rate,
@@ -463,15 +471,27 @@ impl Limiter {
                 max_keys,
             } => {
                 let prev = previous_of!(previous, TokenBucket);
+                let lease = at.as_ref().and_then(|a| a.lease.clone());
+                let leased = lease.as_ref().map(|l| l.params);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
-                    |_| prev.is_some_and(|p| p.max_keys == *max_keys && p.params == *bucket),
+                    // A shared bucket keeps its lease settings too.
+                    |shared| {
+                        prev.is_some_and(|p| {
+                            p.max_keys == *max_keys
+                                && p.params == *bucket
+                                && (!shared
+                                    || matches!(&p.state, Place::Store(s)
+                                        if s.limiter.lease_params() == leased))
+                        })
+                    },
                     at,
                     || Ok(TokenBucket::new(*bucket, *max_keys)),
                     |store, names, deny| {
-                        Ok(SharedTokenBucket::new(
-                            store, names, *bucket, *max_keys, deny,
-                        ))
+                        Ok(
+                            SharedTokenBucket::new(store, names, *bucket, *max_keys, deny)
+                                .with_lease(lease),
+                        )
                     },
                 )?;
                 let rt = TokenBucketRt {

@@ -15,6 +15,8 @@
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
 //! - [`breaker`]: the circuit breaker.
 //! - [`budget`]: one budget for every store call of one request phase.
+//! - [`lease_table`]: the slices a leased limit (token bucket, rate) holds for its hot
+//!   keys, their renewals and give-backs; `leased`: each kind's lease calls.
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
 //! - `global_share`: a tiered limit's global limit counted per instance on a Cluster.
 //! - `releases`: a concurrency limiter's releases on their way to the store.
@@ -29,6 +31,8 @@ pub mod deny_cache;
 mod global_share;
 mod held;
 pub mod key;
+pub mod lease_table;
+mod leased;
 pub mod redis;
 mod releases;
 pub mod remote;
@@ -43,6 +47,7 @@ pub use self::redis::{
 };
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};
+pub use lease_table::LeaseCtx;
 pub use remote::{Source, Sourced};
 pub use shared::{SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket};
 pub use shared_concurrency::{SharedConcurrency, SharedConcurrencyGuard};

@@ -18,6 +18,13 @@
 //! **Strict limits** skip the deny cache: in strict mode every rejection moves the state
 //! (a bucket's refill clock, a window's count), so every one must reach the store.
 //!
+//! **Leases** (`lease:`, token buckets and rates; `crate::store::lease_table`): a hot key's
+//! decision is first offered to its slice; an admission from it is answered with no call,
+//! as [`Source::Store`] (the store granted that quota beforehand), and only a request the
+//! slice cannot pay takes the path above. A bucket's refund goes back into the key's
+//! slice when it has one (no call); a rate's refund goes to the store as before. Replays
+//! (`at`) and `acquire_many` always decide exactly.
+//!
 //! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
 //! admitted them: the store or the fallback). A background task on the store's runtime
 //! renews this instance's lease every `lease / 3` for every key it holds, repairing Redis
@@ -36,12 +43,15 @@ use std::sync::Arc;
 
 use crate::limits::clock::Nanos;
 use crate::limits::inflight::{InflightGuard, InflightLimiter};
+use crate::limits::lease::LeaseParams;
 use crate::limits::rate::{RateLimiter, RateParams};
 use crate::limits::sketch::SketchSize;
 use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
+use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
+use crate::store::leased::{bucket_quota, BucketLease, RateLease};
 use crate::store::redis::{Fallback, Micros, RateCounts, RedisStore};
 use crate::store::remote::{renew_every_third, share, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
@@ -102,6 +112,7 @@ pub struct SharedTokenBucket {
     names: Arc<KeyNames>,
     params: TokenBucketParams,
     local: TokenBucket,
+    lease: Option<LeaseTable<BucketLease>>,
 }
 
 impl SharedTokenBucket {
@@ -130,7 +141,35 @@ impl SharedTokenBucket {
             remote,
             names: Arc::new(names),
             params,
+            lease: None,
         }
+    }
+
+    /// This bucket with its hot keys leased as `lease` says (`None`: one call per
+    /// decision, today's exact path). Starts the idle sweep on the store's runtime.
+    pub fn with_lease(mut self, lease: Option<LeaseCtx>) -> Self {
+        self.lease = lease.map(|ctx| {
+            let kind = BucketLease {
+                store: self.store().clone(),
+                names: Arc::clone(&self.names),
+                params: self.params,
+            };
+            let instances = u64::from(self.store().config().instances);
+            let table = LeaseTable::new(kind, ctx, bucket_quota(&self.params), instances);
+            table.start_sweep();
+            table
+        });
+        self
+    }
+
+    /// The lease settings (`None`: not leased).
+    pub fn lease_params(&self) -> Option<LeaseParams> {
+        self.lease.as_ref().map(LeaseTable::params)
+    }
+
+    /// Tokens this instance holds in slices, unspent.
+    pub fn leased(&self) -> u64 {
+        self.lease.as_ref().map_or(0, LeaseTable::held)
     }
 
     /// The bucket of the key hashed to `key` as the store holds it now: its tokens and the
@@ -157,6 +196,12 @@ impl SharedTokenBucket {
         now: Nanos,
         at: Option<Micros>,
     ) -> Sourced<Verdict> {
+        if let (Some(lease), None) = (&self.lease, at) {
+            if let FromSlice::Admitted { held, remaining } = lease.admit(key, cost, now) {
+                let left = held.saturating_add(remaining).min(self.params.capacity);
+                return Sourced::new(Verdict::allow(left, 0), Source::Store);
+            }
+        }
         let call = self
             .store()
             .token_bucket(&self.names, key, &self.params, cost, at);
@@ -203,6 +248,9 @@ impl SharedTokenBucket {
     pub fn refund(&self, key: u64, cost: u64, from: Source, now: Nanos) {
         match from {
             Source::Store => {
+                if self.lease.as_ref().is_some_and(|l| l.refund(key, cost)) {
+                    return;
+                }
                 let (store, names, params) =
                     (self.store().clone(), Arc::clone(&self.names), self.params);
                 self.remote.spawn(async move {
@@ -246,6 +294,7 @@ pub struct SharedRate {
     params: RateParams,
     local_max: u64,
     local: RateLimiter,
+    lease: Option<LeaseTable<RateLease>>,
 }
 
 impl SharedRate {
@@ -277,7 +326,35 @@ impl SharedRate {
             remote,
             names: Arc::new(names),
             params,
+            lease: None,
         }
+    }
+
+    /// This rate with its hot keys leased as `lease` says (`None`: one call per decision,
+    /// today's exact path). Starts the idle sweep on the store's runtime.
+    pub fn with_lease(mut self, lease: Option<LeaseCtx>) -> Self {
+        self.lease = lease.map(|ctx| {
+            let kind = RateLease {
+                store: self.store().clone(),
+                names: Arc::clone(&self.names),
+                params: self.params,
+            };
+            let instances = u64::from(self.store().config().instances);
+            let table = LeaseTable::new(kind, ctx, self.params.max, instances);
+            table.start_sweep();
+            table
+        });
+        self
+    }
+
+    /// The lease settings (`None`: not leased).
+    pub fn lease_params(&self) -> Option<LeaseParams> {
+        self.lease.as_ref().map(LeaseTable::params)
+    }
+
+    /// Counts this instance holds in slices, unspent.
+    pub fn leased(&self) -> u64 {
+        self.lease.as_ref().map_or(0, LeaseTable::held)
     }
 
     /// Decides one event of weight `cost` for the key hashed to `key`, at Redis's time.
@@ -293,6 +370,12 @@ impl SharedRate {
         now: Nanos,
         at: Option<Micros>,
     ) -> Sourced<Verdict> {
+        if let (Some(lease), None) = (&self.lease, at) {
+            if let FromSlice::Admitted { held, remaining } = lease.admit(key, cost, now) {
+                let left = held.saturating_add(remaining).min(self.params.max);
+                return Sourced::new(Verdict::allow(left, 0), Source::Store);
+            }
+        }
         let call = self.store().rate(&self.names, key, &self.params, cost, at);
         let fallback = |f| {
             fallback_verdict(&self.remote, f, self.params.max, || {

@@ -83,7 +83,13 @@ impl Slice {
         if now >= self.until.load(Ordering::Acquire) {
             let void = self.avail.swap(0, Ordering::AcqRel);
             if void > 0 {
-                self.voided.fetch_add(void, Ordering::Relaxed);
+                if now < self.until.load(Ordering::Acquire) {
+                    // A grant landed meanwhile ([`Slice::grant`] moves `until` before it
+                    // adds): what was taken is its own and valid, so it goes back.
+                    self.avail.fetch_add(void, Ordering::AcqRel);
+                } else {
+                    self.voided.fetch_add(void, Ordering::Relaxed);
+                }
             }
             return Admit::Short {
                 renew: self.claim_renewal(),
@@ -149,14 +155,15 @@ impl Slice {
     /// kinds without one), spendable until `until`, with the next low-water mark. A new
     /// epoch voids what is left of the old one. Clears the renewal flag.
     pub fn grant(&self, granted: u64, epoch: u64, until: Nanos, low_water: u64, now: Nanos) {
+        // Old epoch's units out, then the new end, then the grant: an admission that
+        // read the old (lapsed) end never voids the new units (see `admit`).
         if self.epoch.swap(epoch, Ordering::AcqRel) != epoch {
-            let void = self.avail.swap(granted, Ordering::AcqRel);
+            let void = self.avail.swap(0, Ordering::AcqRel);
             self.voided.fetch_add(void, Ordering::Relaxed);
-        } else {
-            self.avail.fetch_add(granted, Ordering::AcqRel);
         }
         self.low_water.store(low_water, Ordering::Relaxed);
         self.until.store(until, Ordering::Release);
+        self.avail.fetch_add(granted, Ordering::AcqRel);
         self.last_use.fetch_max(now, Ordering::Relaxed);
         self.renewing.store(false, Ordering::Release);
     }
@@ -240,6 +247,46 @@ impl Slice {
     /// Whether a renewal is on its way.
     pub fn renewing(&self) -> bool {
         self.renewing.load(Ordering::Acquire)
+    }
+
+    /// Puts back `n` units an admission from this slice took (a later limit rejected the
+    /// request: the no-burn rule): they are held again, to be spent or given back. The
+    /// identity of the module doc holds with `admitted` lowered by `n`.
+    pub fn refund(&self, n: u64) {
+        self.avail.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Takes the renewal flag if it is clear (true for the one caller that did): while it
+    /// is held no grant lands, so the holder may empty and hand the slice over; it clears
+    /// it with [`Slice::renew_failed`].
+    pub fn claim(&self) -> bool {
+        self.claim_renewal()
+    }
+
+    /// Empties the slice, returning what it held (to give back to the store).
+    pub fn drain(&self) -> u64 {
+        self.avail.swap(0, Ordering::AcqRel)
+    }
+
+    /// Forgets the previous holder's validity, epoch, quiet time and low-water mark, so the
+    /// slice starts over for another key (called with the renewal flag held, after
+    /// [`Slice::drain`]).
+    pub fn reset(&self) {
+        self.until.store(0, Ordering::Release);
+        self.epoch.store(0, Ordering::Release);
+        self.quiet_until.store(0, Ordering::Relaxed);
+        self.low_water.store(0, Ordering::Relaxed);
+        self.used.store(0, Ordering::Relaxed);
+    }
+
+    /// The epoch (rate period) of the quota held.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// How long the slice has gone unused at `now`.
+    pub fn idle_for(&self, now: Nanos) -> Nanos {
+        now.saturating_sub(self.last_use.load(Ordering::Relaxed))
     }
 
     /// Sets the renewal flag if it was clear: true for the one caller that did.
