@@ -512,9 +512,12 @@ impl Limiter {
                 let (state, kept) = carry(
                     prev,
                     |p| {
-                        (p.max_keys == *max_keys && p.rate.per == rate.per).then(|| p.state.clone())
+                        (p.max_keys == *max_keys
+                            && p.state.per() == rate.per
+                            && p.state.window() == rate.window)
+                            .then(|| p.state.clone())
                     },
-                    || Ok(RateLimiter::new(rate.per, *max_keys)),
+                    || Ok(RateLimiter::with_window(rate.per, rate.window, *max_keys)),
                 )?;
                 let rt = RateRt {
                     rate: *rate,

@@ -239,7 +239,8 @@ impl SharedTokenBucket {
     }
 }
 
-/// A sliding-window rate whose counts are shared through a store (exact per key there).
+/// A sliding-window (or fixed-window) rate whose counts are shared through a store (exact
+/// per key there).
 pub struct SharedRate {
     remote: Remote,
     names: Arc<KeyNames>,
@@ -273,7 +274,11 @@ impl SharedRate {
         let remote = Remote::new(store, if params.strict { 0 } else { deny_cache_keys });
         Self {
             local_max: remote.share(params.max),
-            local: RateLimiter::new(params.per, remote.local_keys(max_keys, 1)),
+            local: RateLimiter::with_window(
+                params.per,
+                params.window,
+                remote.local_keys(max_keys, 1),
+            ),
             remote,
             names: Arc::new(names),
             params,

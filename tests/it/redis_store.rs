@@ -401,7 +401,12 @@ async fn rate_table_matches_the_local_limiter() {
     let (store, _) = start_up(semantics(&redis.url())).await;
     let n = names(&store, "rate");
     for (case, (per, max, strict, steps)) in rate_cases().into_iter().enumerate() {
-        let p = RateParams { max, per, strict };
+        let p = RateParams {
+            max,
+            per,
+            strict,
+            window: Default::default(),
+        };
         let local = RateLimiter::new(per, 1_000);
         let key = 2_000 + case as u64;
         // The script's tick: 1 µs up to 134 s windows, 1 ms for a day.
@@ -526,6 +531,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
         max: 5,
         per: SEC,
         strict: false,
+        window: Default::default(),
     };
     let started = Instant::now();
     let v = store.rate(&n, 3, &r, 1, None).await.unwrap();
@@ -561,6 +567,7 @@ async fn min_grants_match_the_local_limiters() {
             max: 1 + rng.below(12),
             per: [100 * MS, SEC, 7 * SEC][rng.below(3) as usize],
             strict,
+            window: Default::default(),
         };
         let (bucket, rate) = (TokenBucket::new(p, 16), RateLimiter::new(r.per, 16));
         let mut now = 0;
@@ -1092,6 +1099,7 @@ async fn fallback_modes_and_local_shares() {
             max: 10,
             per: SEC,
             strict: false,
+            window: Default::default(),
         },
         1_000,
         0,
@@ -1345,6 +1353,7 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
             max: 3,
             per: SEC,
             strict: false,
+            window: Default::default(),
         },
         100_000,
         0,

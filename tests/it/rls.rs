@@ -620,3 +620,136 @@ async fn local_counts_survive_a_restart_in_the_snapshot() {
         96
     );
 }
+
+/// A rule of 2 a second, so that a window's boundary comes every second; `k` is counted,
+/// `probe` only reads the time to the boundary.
+const BURST: &str = "domain: burst
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 2
+";
+
+/// Just before a second's boundary: 3 calls of `k`; then, just after it, 3 more. Returns
+/// the answers: the boundary wait, the 3 before, the crossing, the 3 after.
+fn across_a_boundary(port: u16) -> Vec<Value> {
+    let probe = json!({"domain": "burst", "descriptors": [[["k", "probe"]]]});
+    let k = json!({"domain": "burst", "descriptors": [[["k", "x"]]]});
+    let once = json!({"call": k});
+    run(
+        port,
+        json!([
+            {"before_boundary": probe, "within": 0.45},
+            once, once, once,
+            {"after_boundary": probe},
+            once, once, once,
+        ]),
+    )
+}
+
+fn code_and_reset(answer: &Value) -> (String, f64) {
+    let s = &answer["statuses"][0];
+    (
+        s["code"].as_str().unwrap_or("none").to_string(),
+        s["reset"].as_f64().unwrap_or(-1.0),
+    )
+}
+
+/// `window: fixed` (local, then in Redis): a full quota on each side of the boundary (the
+/// documented double burst), `duration_until_reset` counting down to the boundary. The
+/// default sliding window: the calls before the boundary still weigh after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_resets_at_the_unit_boundary_and_a_sliding_one_does_not() {
+    let redis = RedisServer::start();
+    let fixed_redis = format!("  window: fixed\n{}", fleet(&redis.url()));
+    for extra in ["  window: fixed\n", fixed_redis.as_str()] {
+        let (_t, port) = start(&[("burst.yaml", BURST)], extra).await;
+        let out = across_a_boundary(port);
+        let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
+        assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{extra}: {out:?}");
+        assert_eq!(
+            codes[5..8],
+            ["OK", "OK", "OVER_LIMIT"],
+            "{extra}: the new window's full quota: {out:?}"
+        );
+        // Before the boundary the reset is what is left of the second (under 0.45 s);
+        // after it, nearly a whole second, and it only counts down.
+        let resets: Vec<f64> = out.iter().map(|a| code_and_reset(a).1).collect();
+        let before = out[0]["to_boundary"].as_f64().unwrap();
+        assert!(resets[1] <= before && resets[1] > 0.0, "{out:?}");
+        assert!(resets[1..4].windows(2).all(|w| w[1] <= w[0]), "{out:?}");
+        assert!(resets[5] > 0.5 && resets[5] <= 1.0, "{out:?}");
+        assert!(resets[5..8].windows(2).all(|w| w[1] <= w[0]), "{out:?}");
+    }
+    let (_t, port) = start(&[("burst.yaml", BURST)], "").await;
+    let out = across_a_boundary(port);
+    let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
+    assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{out:?}");
+    // Just after the boundary the two calls still weigh nearly 2: no room (room for one
+    // comes only half a second in).
+    assert_eq!(codes[5], "OVER_LIMIT", "sliding: {out:?}");
+    // A sliding window empties a whole unit after the boundary: the reset exceeds 1 s.
+    assert!(code_and_reset(&out[1]).1 > 1.0, "{out:?}");
+}
+
+/// `server.rls: {addr, tls: true}`: grpcio with `ssl_channel_credentials` (the test
+/// certificate as its root) calls `ShouldRateLimit` over TLS; a plaintext client against
+/// the same port gets no answer.
+#[tokio::test]
+async fn tls_on_the_service_port_answers_grpcio_and_refuses_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    write_rls(dir.path(), &[("messaging.yaml", MESSAGING)]);
+    let cert = common::certs::write(dir.path(), "rls", "localhost", &["localhost"], 30);
+    let port = free_port();
+    let tls = format!(
+        "tls:\n  certificates:\n    - {{ cert: {}, key: {} }}\n  default: {}\n",
+        cert.cert.display(),
+        cert.key.display(),
+        cert.cert.display()
+    );
+    let text = config(port, &tls).replace(
+        &format!("  rls: \"127.0.0.1:{port}\""),
+        &format!("  rls: {{ addr: \"127.0.0.1:{port}\", tls: true }}"),
+    );
+    assert!(text.contains("tls: true }"), "{text}");
+    let _t = Tollgate::start_in(dir, &text, |_| {}).await;
+    eventually("the rate limit service accepts", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    let steps = json!([
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}, "repeat": 3},
+        {"health": ""},
+    ]);
+    let run_tls = |steps: &Value| {
+        Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(CLIENT)
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(steps.to_string())
+            .arg(&cert.cert)
+            .output()
+            .unwrap()
+    };
+    let out = run_tls(&steps);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["statuses"][0]["remaining"], 97, "{lines:?}");
+    assert_eq!(lines[1]["status"], "SERVING", "{lines:?}");
+    // Plaintext HTTP/2 against the TLS port: the handshake fails, no answer.
+    let plain = run(
+        port,
+        json!([{"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}}]),
+    );
+    assert_eq!(plain[0]["error"], "UNAVAILABLE", "{plain:?}");
+    // The count did not move for it.
+    let again =
+        run_tls(&json!([{"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}}]));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["statuses"][0]["remaining"], 96, "{again}");
+}

@@ -12,6 +12,12 @@
 #     input)
 #   {"silent": SECONDS}: a call whose request never comes (a client-streaming call whose
 #     iterator blocks), waited on for at most SECONDS
+#   {"before_boundary": {...call...}, "within": W}: calls until the answer's
+#     duration_until_reset says the next whole second is less than W seconds away
+#   {"after_boundary": {...call...}}: calls until that time jumps up (a second boundary
+#     passed)
+# argv[3] (optional): a CA certificate file: the channel is TLS, verified against it
+#   (grpc.ssl_channel_credentials), for the name in argv[4] (default localhost).
 # Prints one JSON line per step: the last answer of a call, the health status, or the
 # bench's calls per second.
 import json
@@ -69,7 +75,13 @@ M = message_factory.GetMessages([fdp])
 CODES = {0: "UNKNOWN", 1: "OK", 2: "OVER_LIMIT"}
 HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
-channel = grpc.insecure_channel(sys.argv[1])
+if len(sys.argv) > 3:
+    with open(sys.argv[3], "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    name = sys.argv[4] if len(sys.argv) > 4 else "localhost"
+    channel = grpc.secure_channel(sys.argv[1], creds, options=[("grpc.ssl_target_name_override", name)])
+else:
+    channel = grpc.insecure_channel(sys.argv[1])
 should = channel.unary_unary(
     "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
     request_serializer=lambda m: m.SerializeToString(),
@@ -116,6 +128,34 @@ def call(spec, repeat=1):
         except grpc.RpcError as e:
             out = {"error": e.code().name, "details": e.details()}
     return out
+
+
+def to_boundary(spec):
+    """One call; the time to the next whole second its first status's reset names."""
+    out = call(spec)
+    reset = out["statuses"][0]["reset"]
+    left = reset - int(reset)
+    return out, (left if left > 0 else 1.0)
+
+
+def before_boundary(spec, within):
+    while True:
+        out, left = to_boundary(spec)
+        if left < within:
+            out["to_boundary"] = left
+            return out
+        time.sleep(min(0.01, left))
+
+
+def after_boundary(spec):
+    _, last = to_boundary(spec)
+    while True:
+        out, left = to_boundary(spec)
+        if left > last:
+            out["to_boundary"] = left
+            return out
+        last = left
+        time.sleep(min(0.01, left))
 
 
 def bench(spec, seconds, threads):
@@ -179,5 +219,9 @@ for step in json.loads(sys.argv[2]):
         except grpc.RpcError as e:
             took = time.monotonic() - started
             print(json.dumps({"error": e.code().name, "seconds": took}), flush=True)
+    elif "before_boundary" in step:
+        print(json.dumps(before_boundary(step["before_boundary"], step["within"])), flush=True)
+    elif "after_boundary" in step:
+        print(json.dumps(after_boundary(step["after_boundary"])), flush=True)
     elif "bench" in step:
         print(json.dumps(bench(step["bench"], step.get("seconds", 5), step.get("threads", 4))), flush=True)
