@@ -577,11 +577,17 @@ async fn hostile_input_is_refused_and_the_service_keeps_answering() {
     // domain = 0xff 0xfe: not UTF-8.
     let bad_utf8 = "0a02fffe";
     // A domain announced as 128 KiB: past the 64 KiB message bound.
+    // 4 000 descriptors (40 KB, within the message bound), and one of 2 000 entries.
+    let many = vec![json!([["k", "1"]]); 4_000];
+    let wide = vec![json!(["k", "1"]); 2_000];
     let steps = json!([
         {"raw": bad_utf8},
         {"raw": "ffffff"},
         {"raw": "0a808008", "pad": 128 * 1024},
         {"silent": 60},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+        {"call": {"domain": "messaging", "descriptors": many}},
+        {"call": {"domain": "messaging", "descriptors": [wide]}},
         {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
     ]);
     let out = run(port, steps);
@@ -595,6 +601,17 @@ async fn hostile_input_is_refused_and_the_service_keeps_answering() {
     assert_ne!(out[3]["error"], "DEADLINE_EXCEEDED", "{out:?}");
     assert!(out[3]["seconds"].as_f64().unwrap() < 50.0, "{out:?}");
     assert_eq!(out[4]["statuses"][0]["limit"], 100, "{out:?}");
+    // Past the descriptor and entry bounds: INVALID_ARGUMENT, nothing counted.
+    assert_eq!(out[5]["error"], "INVALID_ARGUMENT", "{out:?}");
+    assert!(
+        out[5]["details"]
+            .as_str()
+            .unwrap()
+            .contains("4000 descriptors"),
+        "{out:?}"
+    );
+    assert_eq!(out[6]["error"], "INVALID_ARGUMENT", "{out:?}");
+    assert_eq!(out[7]["statuses"][0]["remaining"], 98, "{out:?}");
 }
 
 #[tokio::test]
@@ -656,32 +673,60 @@ fn code_and_reset(answer: &Value) -> (String, f64) {
     )
 }
 
-/// `window: fixed` (local, then in Redis): a full quota on each side of the boundary (the
-/// documented double burst), `duration_until_reset` counting down to the boundary. The
-/// default sliding window: the calls before the boundary still weigh after it.
+/// The answers of [`across_a_boundary`] under a fixed window: a full quota on each side,
+/// `duration_until_reset` counting down to the boundary.
+fn assert_fixed(out: &[Value], what: &str) {
+    let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
+    assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{what}: {out:?}");
+    assert_eq!(
+        codes[5..8],
+        ["OK", "OK", "OVER_LIMIT"],
+        "{what}: the new window's full quota: {out:?}"
+    );
+    // Before the boundary the reset is what is left of the second (under 0.45 s); after
+    // it, nearly a whole second, and it only counts down.
+    let resets: Vec<f64> = out.iter().map(|a| code_and_reset(a).1).collect();
+    let before = out[0]["to_boundary"].as_f64().unwrap();
+    assert!(resets[1] <= before && resets[1] > 0.0, "{what}: {out:?}");
+    assert!(
+        resets[1..4].windows(2).all(|w| w[1] <= w[0]),
+        "{what}: {out:?}"
+    );
+    assert!(resets[5] > 0.5 && resets[5] <= 1.0, "{what}: {out:?}");
+    assert!(
+        resets[5..8].windows(2).all(|w| w[1] <= w[0]),
+        "{what}: {out:?}"
+    );
+}
+
+/// `window: fixed` (local, in Redis, and in the fallback of a frozen Redis): a full quota
+/// on each side of the boundary (the documented double burst), `duration_until_reset`
+/// counting down to the boundary. The default sliding window: the calls before the
+/// boundary still weigh after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_resets_at_the_unit_boundary_and_a_sliding_one_does_not() {
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let fixed_redis = format!("  window: fixed\n{}", fleet(&redis.url()));
     for extra in ["  window: fixed\n", fixed_redis.as_str()] {
         let (_t, port) = start(&[("burst.yaml", BURST)], extra).await;
-        let out = across_a_boundary(port);
-        let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
-        assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{extra}: {out:?}");
-        assert_eq!(
-            codes[5..8],
-            ["OK", "OK", "OVER_LIMIT"],
-            "{extra}: the new window's full quota: {out:?}"
-        );
-        // Before the boundary the reset is what is left of the second (under 0.45 s);
-        // after it, nearly a whole second, and it only counts down.
-        let resets: Vec<f64> = out.iter().map(|a| code_and_reset(a).1).collect();
-        let before = out[0]["to_boundary"].as_f64().unwrap();
-        assert!(resets[1] <= before && resets[1] > 0.0, "{out:?}");
-        assert!(resets[1..4].windows(2).all(|w| w[1] <= w[0]), "{out:?}");
-        assert!(resets[5] > 0.5 && resets[5] <= 1.0, "{out:?}");
-        assert!(resets[5..8].windows(2).all(|w| w[1] <= w[0]), "{out:?}");
+        assert_fixed(&across_a_boundary(port), extra);
     }
+    // Redis frozen, `fallback: local`: the fallback counts the same fixed windows.
+    let fallback = fixed_redis.replace("fallback: allow", "fallback: local");
+    let (t, port) = start(&[("burst.yaml", BURST)], &fallback).await;
+    redis.freeze();
+    // Calls time out until the breaker opens; from then on the fallback answers at once.
+    let probe = json!([[["k", "warm-up"]]]);
+    eventually("the breaker opens", 100, || async {
+        call(port, "burst", probe.clone(), 1);
+        t.metric("tollgate_store_up{store=\"fleet\"}").await == 0.0
+    })
+    .await;
+    let fell_back = "tollgate_store_fallback_decisions_total{store=\"fleet\"}";
+    assert_fixed(&across_a_boundary(port), "fallback");
+    assert!(t.metric(fell_back).await >= 6.0);
+    redis.thaw();
+
     let (_t, port) = start(&[("burst.yaml", BURST)], "").await;
     let out = across_a_boundary(port);
     let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
