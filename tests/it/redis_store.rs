@@ -395,6 +395,43 @@ fn rate_cases() -> Vec<RateCase> {
     cases
 }
 
+/// `fixed_window.lua` (envoyproxy/ratelimit's windows for `rls.window: fixed`) decides
+/// every row of the rate table as the in-process fixed window does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_script_matches_the_local_limiter() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(semantics(&redis.url())).await;
+    let n = names(&store, "fixed");
+    for (case, (per, max, strict, steps)) in rate_cases().into_iter().enumerate() {
+        let window = tollgate::limits::RateWindow::Fixed;
+        let p = RateParams {
+            max,
+            per,
+            strict,
+            window,
+        };
+        let local = RateLimiter::with_window(per, window, 1_000);
+        let key = 5_000 + case as u64;
+        let tick = if per > 134 * SEC { MS } else { 1_000 };
+        for (i, &(now, cost)) in steps.iter().enumerate() {
+            let want = local.acquire(key, max, cost, strict, now);
+            let got = store.rate(&n, key, &p, cost, at(now)).await.unwrap();
+            let what = format!("case {case} step {i} t={now} cost={cost} {p:?}");
+            assert_eq!(
+                (got.allowed, got.remaining, got.reset_after),
+                (want.allowed, want.remaining, want.reset_after),
+                "{what}"
+            );
+            if want.retry_after == NEVER {
+                assert_eq!(got.retry_after, NEVER, "{what}");
+            } else {
+                let rounded = want.retry_after.div_ceil(tick) * tick;
+                assert_eq!(got.retry_after, rounded, "{what}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_table_matches_the_local_limiter() {
     let redis = RedisServer::start();
