@@ -15,11 +15,13 @@
 //! descriptor, an empty entry key, past a bound) is `INVALID_ARGUMENT`; a domain or
 //! descriptor no file defines is `OK`, as envoyproxy/ratelimit answers.
 //!
+//! gRPC server reflection (`grpc.reflection.v1`) describes the service ([`reflection`]).
 //! TLS (`server.rls: {addr, tls: true}`) is [`tls`]'s: handshakes with the proxy's
 //! certificates before tonic sees the connection.
 //!
 //! [`RlsRt`]: crate::runtime::rls::RlsRt
 
+pub mod reflection;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -270,6 +272,17 @@ impl BackgroundService for RlsService {
                 return;
             }
         };
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(reflection::descriptors())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1();
+        let reflection = match reflection {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log::error!("rls: gRPC reflection is off: {e}");
+                None
+            }
+        };
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
         let service = RateLimitServiceServer::new(self.rls.clone())
@@ -280,7 +293,8 @@ impl BackgroundService for RlsService {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_service(health)
-            .add_service(service);
+            .add_service(service)
+            .add_optional_service(reflection);
         let stopping = async move {
             let _ = shutdown.wait_for(|stopping| *stopping).await;
         };

@@ -798,3 +798,26 @@ async fn tls_on_the_service_port_answers_grpcio_and_refuses_plaintext() {
     let again: Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(again["statuses"][0]["remaining"], 96, "{again}");
 }
+
+/// gRPC server reflection: a client with no protos lists the services, fetches the rate
+/// limit service's files by reflection, builds a request from them and is answered.
+#[tokio::test]
+async fn reflection_lets_a_client_without_protos_call_the_service() {
+    let (_t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    let steps = json!([
+        {"reflect": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+    ]);
+    let out = run(port, steps);
+    let services = out[0]["services"].as_array().unwrap();
+    for want in [
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(services.iter().any(|s| s == want), "{want}: {out:?}");
+    }
+    assert_eq!(out[0]["overall"], "OK", "{out:?}");
+    assert_eq!(out[0]["remaining"], json!([99]), "{out:?}");
+    // The call built from reflected descriptors counted like any other.
+    assert_eq!(out[1]["statuses"][0]["remaining"], 98, "{out:?}");
+}
