@@ -105,13 +105,16 @@ fn fill(rt: &Runtime, n: u64, now: u64) {
         panic!("kinds")
     };
     for i in 0..n / 2 {
-        tb.state.acquire(key(i), 10, now);
-        rate.state.acquire(key(i), 100, 3, false, now);
+        tb.state.local().unwrap().acquire(key(i), 10, now);
+        rate.state
+            .local()
+            .unwrap()
+            .acquire(key(i), 100, 3, false, now);
     }
     for i in 0..n / 20 {
-        log.state.acquire(key(i), 5, now);
+        log.state.local().unwrap().acquire(key(i), 5, now);
         for _ in 0..3 {
-            tiers.state.acquire(key(i), now);
+            tiers.state.local().unwrap().acquire(key(i), now);
         }
     }
 }
@@ -129,7 +132,12 @@ fn held(rt: &Runtime, now: u64) -> u64 {
             Limiter::Rate(rate),
             Limiter::SlidingLog(log),
             Limiter::Tiered(tiers),
-        ) => tb.state.len() + rate.state.len() + log.state.len() + tiers.state.len(now),
+        ) => {
+            tb.state.local().unwrap().len()
+                + rate.state.local().unwrap().len()
+                + log.state.local().unwrap().len()
+                + tiers.state.local().unwrap().len(now)
+        }
         _ => panic!("kinds"),
     };
     n as u64
@@ -140,13 +148,14 @@ fn decide_while(rt: &Runtime, clock: MonotonicClock, busy: &AtomicBool, n: u64) 
     let Limiter::TokenBucket(tb) = limiter(rt, "tb") else {
         panic!("tb")
     };
+    let tb = tb.state.local().unwrap();
     let mut times = Vec::with_capacity(1 << 20);
     let mut i = 0u64;
     while busy.load(Ordering::Relaxed) || times.len() < 1000 {
         let k = key(i % n);
         i += 1;
         let t = Instant::now();
-        std::hint::black_box(tb.state.acquire(k, 1, clock.now()));
+        std::hint::black_box(tb.acquire(k, 1, clock.now()));
         times.push(t.elapsed().as_nanos() as u64);
     }
     times.sort_unstable();

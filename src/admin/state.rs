@@ -19,7 +19,7 @@ use crate::limits::tiered::{TieredKeyState, TieredParams};
 use crate::limits::{AdaptiveState, Fact, Facts, KeyPart, Nanos};
 use crate::runtime::learned::{self, Learned};
 use crate::runtime::limit::LimitRt;
-use crate::runtime::limiter::Limiter;
+use crate::runtime::limiter::{Limiter, Place};
 use crate::runtime::OriginRt;
 use crate::store::stable_key_hash;
 
@@ -219,102 +219,114 @@ fn tiered_json(p: &TieredParams, st: &TieredKeyState) -> Value {
     })
 }
 
-/// The kind's state of `key` at `now`, as JSON.
+/// The kind's state of `key` at `now`, as JSON: in process, or read from the store (which
+/// adds its name).
 async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, Answer> {
     Ok(match limiter {
-        Limiter::TokenBucket(rt) => {
-            let (tokens, last) = rt.state.state(key, now);
-            let p = rt.state.params();
-            json!({
-                "tokens": tokens,
-                "capacity": p.capacity,
-                // null: the key holds no state (a full bucket).
-                "last_refill_ms_ago": last.map(|l| ms(now.saturating_sub(l))),
-            })
-        }
-        Limiter::Rate(rt) => json!({
-            "estimate": rt.state.state(key, now),
-            "max": rt.rate.max,
-            "per_ms": ms(rt.rate.per),
-        }),
-        Limiter::Tiered(rt) => tiered_json(rt.state.params(), &rt.state.key_state(key, now)),
-        Limiter::Concurrency(rt) => json!({
-            "held": rt.state.held(key),
-            "max": rt.max,
-        }),
-        Limiter::SlidingLog(rt) => {
-            let windows: Vec<Value> = rt
-                .windows
-                .iter()
-                .enumerate()
-                .map(|(i, w)| {
-                    json!({
-                        "per_ms": ms(w.per),
-                        "max": w.max,
-                        "count": rt.state.count(key, i, now),
-                    })
+        Limiter::TokenBucket(rt) => match &rt.state {
+            Place::Local(s) => {
+                let (tokens, last) = s.state(key, now);
+                json!({
+                    "tokens": tokens,
+                    "capacity": rt.params.capacity,
+                    // null: the key holds no state (a full bucket).
+                    "last_refill_ms_ago": last.map(|l| ms(now.saturating_sub(l))),
                 })
-                .collect();
-            json!({ "windows": windows })
-        }
-        Limiter::Inflight(rt) => json!({
-            // A count-min estimate: never below the key's true count.
-            "estimate": rt.state.get(key),
-            "max": rt.max,
-        }),
-        Limiter::SharedTokenBucket(rt) => {
-            let (tokens, full_in) = rt.limiter.peek(key).await.map_err(store_failed)?;
-            json!({
-                "tokens": tokens,
-                "capacity": rt.params.capacity,
-                "full_in_ms": ms(full_in),
-                "store": rt.store,
-            })
-        }
-        Limiter::SharedInflight(rt) => {
-            let total = rt.limiter.peek(key).await.map_err(store_failed)?;
-            json!({ "in_flight": total, "max": rt.max, "store": rt.store })
-        }
-        Limiter::SharedRate(rt) => {
-            let w = rt.limiter.peek(key).await.map_err(store_failed)?;
-            json!({
-                // previous · (per − elapsed) / per + current, against max.
-                "estimate": w.estimate(),
-                "previous": w.previous,
-                "current": w.current,
+            }
+            Place::Store(s) => {
+                let (tokens, full_in) = s.limiter.peek(key).await.map_err(store_failed)?;
+                json!({
+                    "tokens": tokens,
+                    "capacity": rt.params.capacity,
+                    "full_in_ms": ms(full_in),
+                    "store": s.store,
+                })
+            }
+        },
+        Limiter::Rate(rt) => match &rt.state {
+            Place::Local(s) => json!({
+                "estimate": s.state(key, now),
                 "max": rt.rate.max,
                 "per_ms": ms(rt.rate.per),
-                "store": rt.store,
-            })
-        }
-        Limiter::SharedTiered(rt) => {
-            let st = rt.limiter.peek(key).await.map_err(store_failed)?;
-            let mut v = tiered_json(&rt.params, &st);
-            // global_room is also null when the global limit is counted per instance (a
-            // Cluster).
-            v["store"] = json!(rt.store);
-            v
-        }
-        Limiter::SharedConcurrency(rt) => {
-            let held = rt.limiter.peek(key).await.map_err(store_failed)?;
-            json!({
-                // The fleet's copies in the key's counter (live leases only).
-                "held": held,
-                // This instance's copies, whoever admitted them (store or fallback).
-                "held_here": rt.limiter.held(key),
+            }),
+            Place::Store(s) => {
+                let w = s.limiter.peek(key).await.map_err(store_failed)?;
+                json!({
+                    // previous · (per − elapsed) / per + current, against max.
+                    "estimate": w.estimate(),
+                    "previous": w.previous,
+                    "current": w.current,
+                    "max": rt.rate.max,
+                    "per_ms": ms(rt.rate.per),
+                    "store": s.store,
+                })
+            }
+        },
+        Limiter::Tiered(rt) => match &rt.state {
+            Place::Local(s) => tiered_json(s.params(), &s.key_state(key, now)),
+            Place::Store(s) => {
+                let st = s.limiter.peek(key).await.map_err(store_failed)?;
+                let mut v = tiered_json(&rt.params, &st);
+                // global_room is also null when the global limit is counted per instance (a
+                // Cluster).
+                v["store"] = json!(s.store);
+                v
+            }
+        },
+        Limiter::Concurrency(rt) => match &rt.state {
+            Place::Local(s) => json!({
+                "held": s.held(key),
                 "max": rt.max,
-                "store": rt.store,
-            })
-        }
-        Limiter::SharedSlidingLog(rt) => {
-            let counts = rt.limiter.peek(key).await.map_err(store_failed)?;
-            let windows: Vec<Value> = rt
-                .windows
-                .iter()
-                .zip(counts)
-                .map(|(w, count)| json!({ "per_ms": ms(w.per), "max": w.max, "count": count }))
-                .collect();
-            json!({ "windows": windows, "store": rt.store })
-        }
+            }),
+            Place::Store(s) => {
+                let held = s.limiter.peek(key).await.map_err(store_failed)?;
+                json!({
+                    // The fleet's copies in the key's counter (live leases only).
+                    "held": held,
+                    // This instance's copies, whoever admitted them (store or fallback).
+                    "held_here": s.limiter.held(key),
+                    "max": rt.max,
+                    "store": s.store,
+                })
+            }
+        },
+        Limiter::SlidingLog(rt) => match &rt.state {
+            Place::Local(s) => {
+                let windows: Vec<Value> = rt
+                    .windows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| {
+                        json!({
+                            "per_ms": ms(w.per),
+                            "max": w.max,
+                            "count": s.count(key, i, now),
+                        })
+                    })
+                    .collect();
+                json!({ "windows": windows })
+            }
+            Place::Store(s) => {
+                let counts = s.limiter.peek(key).await.map_err(store_failed)?;
+                let windows: Vec<Value> = rt
+                    .windows
+                    .iter()
+                    .zip(counts)
+                    .map(|(w, count)| json!({ "per_ms": ms(w.per), "max": w.max, "count": count }))
+                    .collect();
+                json!({ "windows": windows, "store": s.store })
+            }
+        },
+        Limiter::Inflight(rt) => match &rt.state {
+            Place::Local(s) => json!({
+                // A count-min estimate: never below the key's true count.
+                "estimate": s.get(key),
+                "max": rt.max,
+            }),
+            Place::Store(s) => {
+                let total = s.limiter.peek(key).await.map_err(store_failed)?;
+                json!({ "in_flight": total, "max": rt.max, "store": s.store })
+            }
+        },
     })
 }

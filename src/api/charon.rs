@@ -57,7 +57,7 @@ use crate::config::{Kind, Mode, UNCONFIGURED};
 use crate::limits::concurrency::{Limit, Rejection as ConcurrencyRejection};
 use crate::limits::{DecidedBy, Nanos, NANOS_PER_SEC, NEVER};
 use crate::ratelog::suppressed_note;
-use crate::runtime::limiter::Limiter;
+use crate::runtime::limiter::{ConcurrencyRt, Limiter, Place};
 use crate::runtime::resources::{Domain, ResourceRt};
 use crate::runtime::Runtime;
 use crate::store::Source;
@@ -498,16 +498,16 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     };
     let dom = Domain(ask.domain);
     let (variant, limiter) = r.select(&dom);
-    let c = match limiter {
-        Limiter::Concurrency(c) => c,
-        Limiter::SharedConcurrency(_) => return reserve_shared(cx, ask, slot),
-        _ => {
-            let kind = limiter.kind();
-            return cx.error(format_args!(
-                "ERR resource '{}' is a `{kind}` resource: use CH.REQUEST",
-                r.name()
-            ));
-        }
+    let Limiter::Concurrency(c) = limiter else {
+        let kind = limiter.kind();
+        return cx.error(format_args!(
+            "ERR resource '{}' is a `{kind}` resource: use CH.REQUEST",
+            r.name()
+        ));
+    };
+    let state = match &c.state {
+        Place::Local(state) => state,
+        Place::Store(_) => return reserve_shared(cx, ask, slot),
     };
     let Some(key) = r.key(&dom) else {
         return cx.error(format_args!("ERR internal error: no key for the domain"));
@@ -516,7 +516,7 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let mask = c.groups_of(&dom);
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
     let counters = &r.limit.counters;
-    let (taken, forced, rejection) = match c.state.reserve(key, mask, ask.copies, ask.min) {
+    let (taken, forced, rejection) = match state.reserve(key, mask, ask.copies, ask.min) {
         Ok(n) => {
             counters.allowed.inc();
             (n, 0, None)
@@ -540,7 +540,7 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
                 domain: ask.domain,
                 groups: mask,
                 counted: Some(Counted {
-                    counter: Counter::Local(Arc::clone(&c.state)),
+                    counter: Counter::Local(Arc::clone(state)),
                     names: Arc::clone(&names),
                 }),
                 key,
@@ -565,7 +565,7 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
             "held",
             cx.session.ledger.holding(ask.resource, ask.domain, None),
         )
-        .int("in_use", c.state.held(key))
+        .int("in_use", state.held(key))
         .int("limit", c.max)
         .opt("global", c.params.global)
         .signed(
@@ -639,7 +639,13 @@ async fn reserve_in_store(
     };
     let dom = Domain(domain);
     let (variant, limiter) = r.select(&dom);
-    let Limiter::SharedConcurrency(c) = limiter else {
+    let Limiter::Concurrency(
+        c @ ConcurrencyRt {
+            state: Place::Store(shared),
+            ..
+        },
+    ) = limiter
+    else {
         return Err(format!(
             "ERR resource '{}' changed kind or store in a reload while deciding; ask again",
             r.name()
@@ -648,10 +654,10 @@ async fn reserve_in_store(
     let Some(key) = r.key(&dom) else {
         return Err("ERR internal error: no key for the domain".to_string());
     };
-    let mask = crate::runtime::limiter::group_mask(&c.groups, &dom);
+    let mask = c.groups_of(&dom);
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
     let counters = &r.limit.counters;
-    let outcome = c.limiter.acquire_range(key, mask, min, copies).await;
+    let outcome = shared.limiter.acquire_range(key, mask, min, copies).await;
     let (guard, forced, rejection) = match outcome.value {
         Ok(guard) => {
             counters.allowed.inc();
@@ -699,7 +705,7 @@ async fn reserve_in_store(
     f.int("granted", granted)
         .list("groups", if granted > 0 { groups } else { Vec::new() })
         .int("held", 0)
-        .int("in_use", c.limiter.held(key))
+        .int("in_use", shared.limiter.held(key))
         .int("limit", c.max)
         .opt("global", c.params.global)
         .signed(

@@ -85,6 +85,13 @@ pub struct LogWindow {
     pub per: Nanos,
 }
 
+/// Whether a request for `n` entries can never fit `windows`: a window's `max` is below
+/// it (a `max: 0` block among them), so it never makes room, in process or in a store
+/// (see [`Verdict::never_if`](crate::limits::verdict::Verdict::never_if)).
+pub fn never_fits(windows: &[LogWindow], n: u64) -> bool {
+    windows.iter().any(|w| n > w.max)
+}
+
 /// Parameters [`SlidingLog::new`] cannot honour.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SlidingLogError {

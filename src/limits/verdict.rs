@@ -51,6 +51,21 @@ impl Verdict {
             retry_after,
         }
     }
+
+    /// This verdict, whose rejection says [`NEVER`] when the request can never fit
+    /// (`never`: it asks for more than a limit can ever hold, a `max: 0` block among
+    /// them), so that no retry is invited: the one place of that rule, for every kind and
+    /// both stores.
+    pub fn never_if(self, never: bool) -> Self {
+        if never && !self.allowed {
+            Self {
+                retry_after: NEVER,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// A decision on a request for *between* `min` and `want` units (the limiter API's

@@ -381,7 +381,11 @@ fn source_of(holds: &decide::Holds) -> &'static str {
     use crate::store::Source;
     let mut seen = "";
     for t in holds {
-        if let Hold::SharedRefund { source, .. } = &t.hold {
+        if let Hold::Refund {
+            source: Some(source),
+            ..
+        } = &t.hold
+        {
             match source {
                 Source::Fallback => return "fallback",
                 Source::DenyCache => return "deny_cache",

@@ -39,7 +39,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use crate::config::API_ORIGIN;
-use crate::runtime::limiter::Limiter;
+use crate::runtime::limiter::{Limiter, Place};
 use crate::runtime::Runtime;
 
 /// Reads limiter-held counters from the live runtime at scrape time.
@@ -170,30 +170,54 @@ impl Collector for RuntimeCollector {
             let at = [origin, limit.name.as_str()];
             for variant in &limit.variants {
                 match &variant.limiter {
-                    Limiter::TokenBucket(tb) => {
-                        let key = vec![at[0], at[1], "token_bucket"];
-                        *others.entry(key).or_default() += tb.state.evictions();
-                    }
-                    Limiter::Rate(rate) => {
-                        let key = vec![at[0], at[1], "rate"];
-                        *others.entry(key).or_default() += rate.state.evictions();
-                    }
+                    Limiter::TokenBucket(tb) => match &tb.state {
+                        Place::Local(s) => {
+                            let key = vec![at[0], at[1], "token_bucket"];
+                            *others.entry(key).or_default() += s.evictions();
+                        }
+                        // In a store: no table here but the fallback's, not reported.
+                        Place::Store(_) => {}
+                    },
+                    Limiter::Rate(rate) => match &rate.state {
+                        Place::Local(s) => {
+                            let key = vec![at[0], at[1], "rate"];
+                            *others.entry(key).or_default() += s.evictions();
+                        }
+                        Place::Store(_) => {}
+                    },
                     Limiter::Tiered(t) => {
                         let key = vec![at[0], at[1], "tiered"];
-                        *others.entry(key).or_default() += t.state.evictions();
+                        *others.entry(key).or_default() += match &t.state {
+                            Place::Local(s) => s.evictions(),
+                            Place::Store(s) => s.limiter.evictions(),
+                        };
                         for tier in 1..=t.params.tiers.len() {
-                            *tiers.entry((at[0], at[1], tier)).or_default() +=
-                                t.state.entries(tier);
+                            *tiers.entry((at[0], at[1], tier)).or_default() += match &t.state {
+                                Place::Local(s) => s.entries(tier),
+                                Place::Store(s) => s.limiter.entries(tier),
+                            };
                         }
                     }
                     Limiter::SlidingLog(l) => {
                         let key = vec![at[0], at[1], "sliding_log"];
-                        *others.entry(key).or_default() += l.state.evictions();
+                        *others.entry(key).or_default() += match &l.state {
+                            Place::Local(s) => s.evictions(),
+                            Place::Store(s) => s.limiter.evictions(),
+                        };
                     }
                     Limiter::Concurrency(c) => {
-                        *untracked.entry(at.to_vec()).or_default() += c.state.untracked_total();
-                        let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
-                        all.add(c.state.in_use_global() as i64);
+                        // In a store, this instance's copies (exact): the fleet's is their
+                        // sum.
+                        let (untracked_total, all) = match &c.state {
+                            Place::Local(s) => (s.untracked_total(), s.in_use_global() as i64),
+                            Place::Store(s) => {
+                                (s.limiter.untracked_total(), gauge(s.limiter.in_use_here()))
+                            }
+                        };
+                        *untracked.entry(at.to_vec()).or_default() += untracked_total;
+                        self.in_use
+                            .with_label_values(&[at[0], at[1], "_all"])
+                            .add(all);
                         if let Some(global) = c.params.global {
                             self.max
                                 .with_label_values(&[at[0], at[1], "_all"])
@@ -201,50 +225,17 @@ impl Collector for RuntimeCollector {
                         }
                         for (i, g) in c.groups.iter().enumerate() {
                             let labels = [at[0], at[1], g.name.as_str()];
-                            self.in_use
-                                .with_label_values(&labels)
-                                .add(c.state.in_use(i) as i64);
+                            let in_group = match &c.state {
+                                Place::Local(s) => s.in_use(i) as i64,
+                                Place::Store(s) => gauge(s.limiter.group_in_use_here(i)),
+                            };
+                            self.in_use.with_label_values(&labels).add(in_group);
                             if let Some(&max) = c.params.groups.get(i) {
                                 self.max.with_label_values(&labels).set(gauge(max));
                             }
                         }
                     }
-                    Limiter::SharedTiered(t) => {
-                        let key = vec![at[0], at[1], "tiered"];
-                        *others.entry(key).or_default() += t.limiter.evictions();
-                        for tier in 1..=t.params.tiers.len() {
-                            *tiers.entry((at[0], at[1], tier)).or_default() +=
-                                t.limiter.entries(tier);
-                        }
-                    }
-                    Limiter::SharedSlidingLog(l) => {
-                        let key = vec![at[0], at[1], "sliding_log"];
-                        *others.entry(key).or_default() += l.limiter.evictions();
-                    }
-                    Limiter::SharedConcurrency(c) => {
-                        *untracked.entry(at.to_vec()).or_default() += c.limiter.untracked_total();
-                        // This instance's copies (exact): the fleet's is their sum.
-                        let all = self.in_use.with_label_values(&[at[0], at[1], "_all"]);
-                        all.add(gauge(c.limiter.in_use_here()));
-                        if let Some(global) = c.params.global {
-                            self.max
-                                .with_label_values(&[at[0], at[1], "_all"])
-                                .set(gauge(global));
-                        }
-                        for (i, g) in c.groups.iter().enumerate() {
-                            let labels = [at[0], at[1], g.name.as_str()];
-                            self.in_use
-                                .with_label_values(&labels)
-                                .add(gauge(c.limiter.group_in_use_here(i)));
-                            if let Some(&max) = c.params.groups.get(i) {
-                                self.max.with_label_values(&labels).set(gauge(max));
-                            }
-                        }
-                    }
-                    Limiter::Inflight(_)
-                    | Limiter::SharedTokenBucket(_)
-                    | Limiter::SharedRate(_)
-                    | Limiter::SharedInflight(_) => {}
+                    Limiter::Inflight(_) => {}
                 }
             }
         }

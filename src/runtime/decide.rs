@@ -5,9 +5,12 @@
 //! [`Phase::Request`] limits (the quota kinds: rate, token bucket, sliding log, tiered) when
 //! the request arrives, and the [`Phase::Upstream`] limits (the holding kinds: inflight,
 //! concurrency) once an upstream server is picked, because their key may name that server.
-//! Both phases run [`run`], one loop for all six kinds, whose state lives in this process
-//! or in a shared store alike (a shared limit's decision is one store call, within the
-//! phase's budget, or its fallback's).
+//! Both phases run [`run`], one loop for all six kinds, whose state lives in this process or
+//! in a shared store alike: each limit is one [`Limiter::decide`](crate::runtime::limiter::Limiter::decide).
+//!
+//! **Holds.** An admission records what it took (a [`Hold`], one per kind, saying whether
+//! this process or a store took it); an undo gives it back to the same place, and a hold
+//! its limiter did not take is logged as the bug it is, never silently dropped.
 //!
 //! **No-burn rule.** Every admission records what it took as a [`Taken`]; when a later
 //! limit (of either phase) rejects, every `Taken` is undone, so a request that is turned
@@ -232,7 +235,10 @@ pub fn undo(origin: &OriginRt, holds: &mut Holds, now: Nanos) {
         };
         limit.counters.refunded.inc();
         if let Some(variant) = limit.variants.get(usize::from(t.variant)) {
-            variant.limiter.undo(t.hold, now);
+            if let Err(e) = variant.limiter.undo(t.hold, now) {
+                // A bug, not a client's doing: say so rather than lose the refund silently.
+                log::error!("limit {}: {e}", limit.name);
+            }
         }
     }
 }

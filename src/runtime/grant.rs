@@ -2,22 +2,25 @@
 //! a rate-like limit (the limiter API's `CH.REQUEST resource domain copies MIN n`),
 //! answered by every kind that can answer it, with the largest count that fits.
 //!
-//! | variant | how | reply context |
-//! |---|---|---|
-//! | `TokenBucket` | [`TokenBucket::acquire_many`](crate::limits::TokenBucket::acquire_many): `min(tokens, want)` if `tokens ≥ min` | capacity |
-//! | `Rate` | [`RateLimiter::acquire_many`](crate::limits::RateLimiter::acquire_many): the exact room of the sliding window | max |
-//! | `SlidingLog` | [`SlidingLog::acquire_many`](crate::limits::SlidingLog::acquire_many): the smallest room over the windows | each window's max |
-//! | `Tiered` | [`TieredLimiter::acquire_many`](crate::limits::TieredLimiter::acquire_many): copies fill the current tier, then burst | the decision: tier, which limit decided |
-//! | `SharedTokenBucket`, `SharedRate` | one script call with a `min` (`token_bucket.lua`, `rate.lua`), the fallback's `acquire_many` past the budget | as local, plus where the answer came from |
-//! | `SharedSlidingLog`, `SharedTiered` | one script call with `(min, want)` and the caller's time (`sliding_log.lua`, `tiered.lua`) | as local, plus where the answer came from |
+//! | kind | in process | in a store | reply context |
+//! |---|---|---|---|
+//! | `TokenBucket` | [`TokenBucket::acquire_many`](crate::limits::TokenBucket::acquire_many): `min(tokens, want)` if `tokens ≥ min` | one script call with a `min` (`token_bucket.lua`) | capacity |
+//! | `Rate` | [`RateLimiter::acquire_many`](crate::limits::RateLimiter::acquire_many): the exact room of the sliding window | one script call with a `min` (`rate.lua`) | max |
+//! | `SlidingLog` | [`SlidingLog::acquire_many`](crate::limits::SlidingLog::acquire_many): the smallest room over the windows | one script call with `(min, want)` and the caller's time (`sliding_log.lua`) | each window's max |
+//! | `Tiered` | [`TieredLimiter::acquire_many`](crate::limits::TieredLimiter::acquire_many): copies fill the current tier, then burst | one script call with `(min, want)` and the caller's time (`tiered.lua`) | the decision: tier, which limit decided |
+//!
+//! In a store the fallback's `acquire_many` decides past the budget, and the reply also
+//! says where the answer came from.
 //!
 //! `Inflight` and `Concurrency` hold units for as long as their holder lives: they are
-//! reserved and released (`CH.RESERVE`/`CH.RELEASE`, see [`ConcurrencyRt::groups_of`]),
-//! never requested. A new variant gets its arm in [`Limiter::grant`]: the match is
+//! reserved and released (`CH.RESERVE`/`CH.RELEASE`, see
+//! [`ConcurrencyRt::groups_of`](crate::runtime::limiter::ConcurrencyRt::groups_of)),
+//! never requested. A new kind gets its arm in [`Limiter::grant`]: the match is
 //! exhaustive, so the compiler points here.
 
-use crate::limits::{Facts, Grant, Nanos, TieredDecision, TieredParams, NEVER};
-use crate::runtime::limiter::{ConcurrencyRt, Limiter};
+use crate::limits::sliding_log::never_fits;
+use crate::limits::{Grant, Nanos, TieredDecision, TieredParams};
+use crate::runtime::limiter::{Limiter, Place};
 use crate::store::{Micros, Source, Sourced};
 
 /// A request's answer with its context: the grant, where it came from and, for a tiered
@@ -59,13 +62,13 @@ pub struct NotRequestable(pub crate::config::Kind);
 impl Limiter {
     /// Whether [`grant`](Self::grant) answers this variant (the rate-like kinds).
     pub fn requestable(&self) -> bool {
-        !matches!(
-            self,
-            Limiter::Inflight(_)
-                | Limiter::Concurrency(_)
-                | Limiter::SharedInflight(_)
-                | Limiter::SharedConcurrency(_)
-        )
+        match self {
+            Limiter::TokenBucket(_)
+            | Limiter::Rate(_)
+            | Limiter::SlidingLog(_)
+            | Limiter::Tiered(_) => true,
+            Limiter::Inflight(_) | Limiter::Concurrency(_) => false,
+        }
     }
 
     /// Decides a request for between `min` and `want` units for `key` at `now` (a `min`
@@ -83,65 +86,60 @@ impl Limiter {
     ) -> Result<Granted, NotRequestable> {
         let min = min.min(want);
         Ok(match self {
-            Limiter::TokenBucket(l) => Granted::local(l.state.acquire_many(key, min, want, now)),
-            Limiter::Rate(l) => {
-                Granted::local(
-                    l.state
-                        .acquire_many(key, l.rate.max, min, want, l.rate.strict, now),
-                )
-            }
-            Limiter::SlidingLog(l) => {
-                let mut g = l.state.acquire_many(key, min, want, now);
-                if !g.verdict.allowed && l.windows.iter().any(|w| min > w.max) {
+            Limiter::TokenBucket(l) => match &l.state {
+                Place::Local(s) => Granted::local(s.acquire_many(key, min, want, now)),
+                Place::Store(s) => {
+                    Granted::shared(s.limiter.acquire_many(key, min, want, now, at).await)
+                }
+            },
+            Limiter::Rate(l) => match &l.state {
+                Place::Local(s) => {
+                    Granted::local(s.acquire_many(key, l.rate.max, min, want, l.rate.strict, now))
+                }
+                Place::Store(s) => {
+                    Granted::shared(s.limiter.acquire_many(key, min, want, now, at).await)
+                }
+            },
+            Limiter::SlidingLog(l) => match &l.state {
+                Place::Local(s) => {
+                    let mut g = s.acquire_many(key, min, want, now);
                     // A window below `min` never makes room: no retry is invited (the
                     // limiter's own retry is a hint, its window).
-                    g.verdict.retry_after = NEVER;
+                    g.verdict = g.verdict.never_if(never_fits(&l.windows, min));
+                    Granted::local(g)
                 }
-                Granted::local(g)
-            }
+                Place::Store(s) => {
+                    let d = s.limiter.acquire_at(key, min, want, now, at).await;
+                    Granted {
+                        grant: Grant {
+                            verdict: d.verdict,
+                            granted: d.granted,
+                        },
+                        source: Some(d.source),
+                        tiered: None,
+                    }
+                }
+            },
             Limiter::Tiered(l) => {
-                let d = l.state.acquire_many(key, min, want, now);
+                let (d, source) = match &l.state {
+                    Place::Local(s) => (s.acquire_many(key, min, want, now), None),
+                    Place::Store(s) => {
+                        let d = s.limiter.acquire_at(key, min, want, now, at).await;
+                        (d.decision, Some(d.source))
+                    }
+                };
                 Granted {
                     grant: Grant {
                         verdict: d.verdict,
                         granted: d.granted,
                     },
-                    source: None,
+                    source,
                     tiered: Some(d),
                 }
             }
-            Limiter::SharedTokenBucket(l) => {
-                Granted::shared(l.limiter.acquire_many(key, min, want, now, at).await)
+            Limiter::Inflight(_) | Limiter::Concurrency(_) => {
+                return Err(NotRequestable(self.kind()))
             }
-            Limiter::SharedRate(l) => {
-                Granted::shared(l.limiter.acquire_many(key, min, want, now, at).await)
-            }
-            Limiter::SharedSlidingLog(l) => {
-                let d = l.limiter.acquire_at(key, min, want, now, at).await;
-                Granted {
-                    grant: Grant {
-                        verdict: d.verdict,
-                        granted: d.granted,
-                    },
-                    source: Some(d.source),
-                    tiered: None,
-                }
-            }
-            Limiter::SharedTiered(l) => {
-                let d = l.limiter.acquire_at(key, min, want, now, at).await;
-                Granted {
-                    grant: Grant {
-                        verdict: d.decision.verdict,
-                        granted: d.decision.granted,
-                    },
-                    source: Some(d.source),
-                    tiered: Some(d.decision),
-                }
-            }
-            Limiter::Inflight(_)
-            | Limiter::Concurrency(_)
-            | Limiter::SharedInflight(_)
-            | Limiter::SharedConcurrency(_) => return Err(NotRequestable(self.kind())),
         })
     }
 }
@@ -153,41 +151,24 @@ impl Limiter {
     /// that are not requested.
     pub fn request_limit(&self) -> Option<u64> {
         match self {
-            Limiter::TokenBucket(l) => Some(l.state.params().capacity),
+            Limiter::TokenBucket(l) => Some(l.params.capacity),
             Limiter::Rate(l) => Some(l.rate.max),
             Limiter::SlidingLog(l) => l.windows.iter().map(|w| w.max).min(),
             Limiter::Tiered(l) => l.params.tiers.first().map(|t| t.limit),
-            Limiter::SharedTokenBucket(l) => Some(l.params.capacity),
-            Limiter::SharedRate(l) => Some(l.rate.max),
-            Limiter::SharedSlidingLog(l) => l.windows.iter().map(|w| w.max).min(),
-            Limiter::SharedTiered(l) => l.params.tiers.first().map(|t| t.limit),
-            Limiter::Inflight(_)
-            | Limiter::Concurrency(_)
-            | Limiter::SharedInflight(_)
-            | Limiter::SharedConcurrency(_) => None,
+            Limiter::Inflight(_) | Limiter::Concurrency(_) => None,
         }
     }
-}
 
-impl Limiter {
     /// A tiered limit's parameters (tiers, hard and global limits), in-process or in a
     /// store alike, for a reply's context; `None` for the other kinds.
     pub fn tiered_params(&self) -> Option<&TieredParams> {
         match self {
             Limiter::Tiered(l) => Some(&l.params),
-            Limiter::SharedTiered(l) => Some(&l.params),
-            _ => None,
+            Limiter::Inflight(_)
+            | Limiter::Rate(_)
+            | Limiter::TokenBucket(_)
+            | Limiter::Concurrency(_)
+            | Limiter::SlidingLog(_) => None,
         }
-    }
-}
-
-impl ConcurrencyRt {
-    /// The groups `facts` belongs to, as the limiter's bitset (bit `i`: group `i`).
-    pub fn groups_of<F: Facts + ?Sized>(&self, facts: &F) -> u64 {
-        self.groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.members.contains(facts))
-            .fold(0u64, |m, (i, _)| m | 1 << i)
     }
 }

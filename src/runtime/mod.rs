@@ -10,9 +10,9 @@
 //! `docs/architecture.md`.
 //!
 //! Each limit variant is one [`Limiter`] of one of the six kinds (inflight, rate, token
-//! bucket, tiered, concurrency, sliding log), whose state lives in this process or, for a
-//! limit with `store:`, in a shared store; the decision loop ([`decide`]), the API
-//! ([`grant`], [`resources`]) and the collector treat both alike.
+//! bucket, tiered, concurrency, sliding log), whose state lives in this process or in a
+//! shared store ([`limiter::Place`]); the decision loop ([`decide`]), the API ([`grant`],
+//! [`resources`]) and the collector treat both places alike, through the kind.
 //!
 //! Limiter state is identified by origin, limit name, override match and key parts (a
 //! [`limit::StateId`]). A reload looks each identity up in the previous runtime and reuses
@@ -24,6 +24,7 @@
 //! *Invariants*). New identities start fresh; identities absent from the new config are
 //! dropped with the old runtime once the last request holding it finishes.
 
+pub mod admission;
 pub mod collector;
 pub mod decide;
 pub mod grant;

@@ -111,7 +111,7 @@ fn allowed_counts_only_requests_that_passed_every_limit() {
         .key
         .hash(&req("acme"))
         .unwrap();
-    assert_eq!(tb.state.tokens(key, clock.now()), 4);
+    assert_eq!(tb.state.local().unwrap().tokens(key, clock.now()), 4);
     // Releasing the held unit (the upstream is done) lets the next request through.
     drop(held);
     assert!(pass(&rt, &req("acme"), clock.now(), &mut Holds::new()));

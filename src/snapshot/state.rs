@@ -25,8 +25,10 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 
 use crate::config::rls::RLS_ORIGIN;
+use crate::limits::tiered::TieredLimiter;
 use crate::limits::tiered::{MAX_LIMIT, MAX_TIERS};
 use crate::limits::{BucketEntry, MatchValue, Nanos, RateWindowEntry, Restored, TieredEntry};
+use crate::limits::{RateLimiter, SlidingLog, TokenBucket};
 use crate::runtime::limit::StateId;
 use crate::runtime::limiter::{Limiter, RateRt, SlidingLogRt, TieredRt, TokenBucketRt};
 use crate::runtime::Runtime;
@@ -149,23 +151,59 @@ pub struct LoadReport {
     pub skipped_keys: u64,
 }
 
-/// A live limiter whose state is saved.
+/// A live limiter whose state is in this process (`state`), with its parameters (the
+/// variant's, read through it).
+struct Local<'a, R, S> {
+    rt: &'a R,
+    state: &'a S,
+}
+
+impl<R, S> Clone for Local<'_, R, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R, S> Copy for Local<'_, R, S> {}
+
+impl<R, S> std::ops::Deref for Local<'_, R, S> {
+    type Target = R;
+
+    fn deref(&self) -> &R {
+        self.rt
+    }
+}
+
+/// A live limiter whose state is saved: the in-process state of a kind that keeps per-key
+/// state in a table (a shared limiter's state is in its store).
 #[derive(Clone, Copy)]
 enum Saved<'a> {
-    TokenBucket(&'a TokenBucketRt),
-    Rate(&'a RateRt),
-    SlidingLog(&'a SlidingLogRt),
-    Tiered(&'a TieredRt),
+    TokenBucket(Local<'a, TokenBucketRt, TokenBucket>),
+    Rate(Local<'a, RateRt, RateLimiter>),
+    SlidingLog(Local<'a, SlidingLogRt, SlidingLog>),
+    Tiered(Local<'a, TieredRt, TieredLimiter>),
 }
 
 impl<'a> Saved<'a> {
     fn of(limiter: &'a Limiter) -> Option<Self> {
         Some(match limiter {
-            Limiter::TokenBucket(l) => Saved::TokenBucket(l),
-            Limiter::Rate(l) => Saved::Rate(l),
-            Limiter::SlidingLog(l) => Saved::SlidingLog(l),
-            Limiter::Tiered(l) => Saved::Tiered(l),
-            _ => return None,
+            Limiter::TokenBucket(rt) => Saved::TokenBucket(Local {
+                rt,
+                state: rt.state.local()?,
+            }),
+            Limiter::Rate(rt) => Saved::Rate(Local {
+                rt,
+                state: rt.state.local()?,
+            }),
+            Limiter::SlidingLog(rt) => Saved::SlidingLog(Local {
+                rt,
+                state: rt.state.local()?,
+            }),
+            Limiter::Tiered(rt) => Saved::Tiered(Local {
+                rt,
+                state: rt.state.local()?,
+            }),
+            Limiter::Inflight(_) | Limiter::Concurrency(_) => return None,
         })
     }
 

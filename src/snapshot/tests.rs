@@ -71,28 +71,34 @@ fn drain(rt: &Runtime) {
     let Limiter::TokenBucket(tb) = limiter(rt, "tb", 0) else {
         panic!("tb")
     };
-    assert!(tb.state.acquire(1, 4, T1).allowed);
+    assert!(tb.state.local().unwrap().acquire(1, 4, T1).allowed);
     let Limiter::TokenBucket(big) = limiter(rt, "tb", 1) else {
         panic!("override")
     };
-    assert!(big.state.acquire(1, 40, T1).allowed);
+    assert!(big.state.local().unwrap().acquire(1, 40, T1).allowed);
     let Limiter::Rate(rate) = limiter(rt, "per_min", 0) else {
         panic!("rate")
     };
     for _ in 0..7 {
-        assert!(rate.state.acquire(1, 10, 1, false, T1).allowed);
+        assert!(
+            rate.state
+                .local()
+                .unwrap()
+                .acquire(1, 10, 1, false, T1)
+                .allowed
+        );
     }
     let Limiter::SlidingLog(log) = limiter(rt, "caps", 0) else {
         panic!("log")
     };
-    assert!(log.state.acquire(1, 2, T1).allowed);
+    assert!(log.state.local().unwrap().acquire(1, 2, T1).allowed);
     let Limiter::Tiered(tiers) = limiter(rt, "tiers", 0) else {
         panic!("tiers")
     };
     for _ in 0..3 {
-        assert!(tiers.state.acquire(1, T1).verdict.allowed);
+        assert!(tiers.state.local().unwrap().acquire(1, T1).verdict.allowed);
     }
-    assert_eq!(tiers.state.current_tier(1, T1), 2);
+    assert_eq!(tiers.state.local().unwrap().current_tier(1, T1), 2);
 }
 
 /// `rt` written at T1 (Unix time W1) into bytes.
@@ -131,26 +137,41 @@ fn every_saved_kind_comes_back_and_time_passes_over_the_downtime() {
     let Limiter::TokenBucket(tb) = limiter(&new, "tb", 0) else {
         panic!("tb")
     };
-    assert_eq!(tb.state.tokens(1, t2), 4, "1 left, plus 3 s of 1 a second");
+    assert_eq!(
+        tb.state.local().unwrap().tokens(1, t2),
+        4,
+        "1 left, plus 3 s of 1 a second"
+    );
     let Limiter::TokenBucket(big) = limiter(&new, "tb", 1) else {
         panic!("override")
     };
-    assert_eq!(big.state.tokens(1, t2), 13, "the override's own bucket");
+    assert_eq!(
+        big.state.local().unwrap().tokens(1, t2),
+        13,
+        "the override's own bucket"
+    );
     let Limiter::Rate(rate) = limiter(&new, "per_min", 0) else {
         panic!("rate")
     };
-    assert!(rate.state.estimate(1, t2) >= 7.0);
+    assert!(rate.state.local().unwrap().estimate(1, t2) >= 7.0);
     let Limiter::SlidingLog(log) = limiter(&new, "caps", 0) else {
         panic!("log")
     };
-    let v = log.state.acquire(1, 1, t2);
+    let v = log.state.local().unwrap().acquire(1, 1, t2);
     assert!(!v.allowed, "two an hour, both taken");
     let hour_left = 60 * MINUTE - 3 * SEC;
-    assert!(v.retry_after >= hour_left && v.retry_after < hour_left + log.state.resolution());
+    assert!(
+        v.retry_after >= hour_left
+            && v.retry_after < hour_left + log.state.local().unwrap().resolution()
+    );
     let Limiter::Tiered(tiers) = limiter(&new, "tiers", 0) else {
         panic!("tiers")
     };
-    assert_eq!(tiers.state.current_tier(1, t2), 2, "still in tier 2");
+    assert_eq!(
+        tiers.state.local().unwrap().current_tier(1, t2),
+        2,
+        "still in tier 2"
+    );
 }
 
 #[test]
@@ -180,7 +201,7 @@ fn state_whose_identity_or_shape_changed_is_skipped() {
     let Limiter::TokenBucket(tb) = limiter(&new, "tb", 0) else {
         panic!("tb")
     };
-    assert_eq!(tb.state.tokens(1, T1), 6, "fresh");
+    assert_eq!(tb.state.local().unwrap().tokens(1, T1), 6, "fresh");
     // Long after, everything is empty by now: nothing restored, nothing lost.
     let later = runtime(LIMITS);
     let report = load(&bytes, &later, T1, W1 + 3 * 3_600 * SEC);
@@ -225,7 +246,7 @@ fn a_file_written_by_one_process_is_loaded_by_the_next_unless_damaged() {
         panic!("tb")
     };
     use crate::limits::Clock;
-    assert!(tb.state.acquire(9, 5, clock.now()).allowed);
+    assert!(tb.state.local().unwrap().acquire(9, 5, clock.now()).allowed);
     assert!(snaps.write(Reason::Periodic));
     let text = String::from_utf8(metrics.encode()).unwrap();
     assert!(
@@ -254,7 +275,7 @@ fn a_file_written_by_one_process_is_loaded_by_the_next_unless_damaged() {
         panic!("tb")
     };
     assert!(
-        !tb.state.acquire(9, 5, clock.now()).allowed,
+        !tb.state.local().unwrap().acquire(9, 5, clock.now()).allowed,
         "still drained"
     );
 
@@ -270,7 +291,10 @@ fn a_file_written_by_one_process_is_loaded_by_the_next_unless_damaged() {
     let Limiter::TokenBucket(tb) = limiter(&live, "tb", 0) else {
         panic!("tb")
     };
-    assert!(tb.state.acquire(9, 5, clock.now()).allowed, "fresh");
+    assert!(
+        tb.state.local().unwrap().acquire(9, 5, clock.now()).allowed,
+        "fresh"
+    );
 
     // An unwritable path is counted, not fatal.
     let (metrics4, _rt4, _) = next();

@@ -16,6 +16,8 @@
 //! - [`breaker`]: the circuit breaker.
 //! - [`budget`]: one budget for every store call of one request phase.
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
+//! - `global_share`: a tiered limit's global limit counted per instance on a Cluster.
+//! - `releases`: a concurrency limiter's releases on their way to the store.
 //!
 //! The semantics are exactly the in-process limiters' (`crate::limits`): the scripts are
 //! the same algorithms over state in Redis, and a shared test table checks both against
@@ -24,9 +26,11 @@
 pub mod breaker;
 pub mod budget;
 pub mod deny_cache;
+mod global_share;
 mod held;
 pub mod key;
 pub mod redis;
+mod releases;
 pub mod remote;
 pub mod shared;
 pub mod shared_concurrency;

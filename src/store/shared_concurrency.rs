@@ -46,12 +46,8 @@
 //! **Metrics.** `tollgate_concurrency_in_use` reports the copies this instance holds
 //! (exact, local): summed over the fleet, the copies in use.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 use crate::limits::concurrency::{
     ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Limit, Rejection, MAX_GROUPS,
@@ -59,6 +55,7 @@ use crate::limits::concurrency::{
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
+use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
 
@@ -89,18 +86,6 @@ struct ConcShared {
     releases: Releases,
 }
 
-/// The releases a limiter sent to the store that have not landed yet, by number, so a
-/// reserve can wait for those sent before it began (module doc).
-#[derive(Default)]
-struct Releases {
-    /// The number of the next release.
-    next: AtomicU64,
-    /// Numbers of the releases on their way.
-    pending: Mutex<BTreeSet<u64>>,
-    /// Woken each time one lands.
-    landed: Notify,
-}
-
 /// A release on its way: counted as landed when dropped, however its task ends.
 struct InFlight {
     shared: Arc<ConcShared>,
@@ -119,45 +104,6 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.shared.releases.landed(self.n);
-    }
-}
-
-impl Releases {
-    /// A release is sent: its number, for [`Releases::landed`].
-    fn sent(&self) -> u64 {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().insert(n);
-        n
-    }
-
-    /// Release `n` was answered, or given up.
-    fn landed(&self, n: u64) {
-        self.pending.lock().remove(&n);
-        self.landed.notify_waiters();
-    }
-
-    /// The number the next release gets: those below it were sent before now.
-    fn mark(&self) -> u64 {
-        self.next.load(Ordering::Relaxed)
-    }
-
-    /// Whether a release sent before `mark` is still on its way.
-    fn pending_before(&self, mark: u64) -> bool {
-        self.pending.lock().first().is_some_and(|&n| n < mark)
-    }
-
-    /// Waits until every release sent before `mark` has landed.
-    async fn all_landed_before(&self, mark: u64) {
-        loop {
-            let notified = self.landed.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a landing in between is not missed.
-            notified.as_mut().enable();
-            if !self.pending_before(mark) {
-                return;
-            }
-            notified.await;
-        }
     }
 }
 

@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use crate::limits::clock::Nanos;
-use crate::limits::sliding_log::{LogWindow, SlidingLog, SlidingLogError};
+use crate::limits::sliding_log::{never_fits, LogWindow, SlidingLog, SlidingLogError};
 use crate::limits::verdict::{Verdict, NEVER};
 use crate::store::key::KeyNames;
 use crate::store::redis::{EntryId, Fallback, LogGrant, Micros, RedisStore, SLIDING_LOG_MAX};
@@ -142,11 +142,13 @@ impl SharedSlidingLog {
         at: Option<Micros>,
     ) -> Sourced<LogAdmission> {
         let min = min.min(cost);
-        let mut decision = self.decide(key, min, cost, now, at).await;
-        if !decision.verdict.allowed && self.windows.iter().any(|w| min > w.max) {
-            decision.value.verdict.retry_after = NEVER;
-        }
-        decision
+        let never = never_fits(&self.windows, min);
+        self.decide(key, min, cost, now, at)
+            .await
+            .map(|d| LogAdmission {
+                verdict: d.verdict.never_if(never),
+                ..d
+            })
     }
 
     async fn decide(

@@ -28,11 +28,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::limits::clock::{Nanos, NANOS_PER_SEC};
+use crate::limits::clock::Nanos;
 use crate::limits::tiered::{
     normalize, DecidedBy, TieredDecision, TieredError, TieredKeyState, TieredLimiter, TieredParams,
 };
 use crate::limits::verdict::Verdict;
+use crate::store::global_share::GlobalShare;
 use crate::store::key::KeyNames;
 use crate::store::redis::{EntryId, Fallback, GlobalArg, Micros, RedisStore, TieredGrant};
 use crate::store::remote::{Remote, Sourced};
@@ -284,103 +285,5 @@ impl SharedTiered {
                 e.fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-}
-
-/// This instance's share of a global limit, per aligned second of its own clock: the
-/// second and its count in one atomic word, `second << 32 | count`, as in the in-process
-/// limiter.
-struct GlobalShare {
-    limit: u64,
-    state: AtomicU64,
-}
-
-impl GlobalShare {
-    fn new(limit: u64) -> Self {
-        Self {
-            limit: limit.min(u64::from(u32::MAX)),
-            state: AtomicU64::new(0),
-        }
-    }
-
-    fn second(t: Nanos) -> u64 {
-        (t / NANOS_PER_SEC) & u64::from(u32::MAX)
-    }
-
-    /// Reserves up to `want` admissions at `now` (possibly fewer, possibly none); returns
-    /// them and the time until the counted second ends (0 if nothing is counted).
-    fn reserve(&self, want: u64, now: Nanos) -> (u64, Nanos) {
-        let second = Self::second(now);
-        let mut cur = self.state.load(Ordering::Relaxed);
-        loop {
-            let (mut s, mut c) = (cur >> 32, cur & u64::from(u32::MAX));
-            if second > s {
-                (s, c) = (second, 0);
-            }
-            let take = want.min(self.limit.saturating_sub(c));
-            let next = s << 32 | (c + take);
-            match self
-                .state
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    let end = (s + 1).saturating_mul(NANOS_PER_SEC);
-                    let turns_in = if c + take > 0 {
-                        end.saturating_sub(now)
-                    } else {
-                        0
-                    };
-                    return (take, turns_in);
-                }
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-
-    /// Gives back `n` admissions reserved at `at`, if their second is still counted at
-    /// `now`.
-    fn give_back(&self, n: u64, at: Nanos, now: Nanos) {
-        let second = Self::second(at);
-        if n == 0 || Self::second(now) != second {
-            return;
-        }
-        let mut cur = self.state.load(Ordering::Relaxed);
-        loop {
-            let (s, c) = (cur >> 32, cur & u64::from(u32::MAX));
-            if s != second || c == 0 {
-                return;
-            }
-            let next = s << 32 | (c - c.min(n));
-            match self
-                .state
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(seen) => cur = seen,
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SEC: Nanos = NANOS_PER_SEC;
-
-    #[test]
-    fn the_global_share_counts_per_second_and_gives_back_within_it() {
-        let g = GlobalShare::new(3);
-        assert_eq!(g.reserve(2, SEC / 2), (2, SEC / 2));
-        assert_eq!(g.reserve(2, SEC / 2), (1, SEC / 2));
-        assert_eq!(g.reserve(1, SEC / 2), (0, SEC / 2));
-        g.give_back(1, SEC / 2, SEC - 1);
-        assert_eq!(g.reserve(5, SEC - 1), (1, 1));
-        // A new second counts from 0; a give-back of the old one changes nothing.
-        g.give_back(3, SEC / 2, SEC);
-        assert_eq!(g.reserve(5, SEC), (3, SEC));
-        // Nothing counted: no turn to wait for.
-        let fresh = GlobalShare::new(2);
-        assert_eq!(fresh.reserve(0, 7), (0, 0));
     }
 }

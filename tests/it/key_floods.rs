@@ -319,7 +319,7 @@ fn a_rate_table_survives_a_reload_only_with_the_same_per_and_max_keys() {
         max_keys,
     };
     let table = |l: &Limiter| match l {
-        Limiter::Rate(rate) => rate.state.clone(),
+        Limiter::Rate(rate) => rate.state.local().unwrap().clone(),
         _ => panic!("not a rate limiter"),
     };
     let (first, kept) =

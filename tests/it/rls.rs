@@ -649,20 +649,35 @@ descriptors:
 ";
 
 /// Just before a second's boundary: 3 calls of `k`; then, just after it, 3 more. Returns
-/// the answers: the boundary wait, the 3 before, the crossing, the 3 after.
+/// the answers: the boundary wait, the 3 before, the crossing, the 3 after. A machine too
+/// loaded to make the 3 calls before the boundary, or the first after it within half a
+/// second, gets another try (up to 5, each with its own key).
 fn across_a_boundary(port: u16) -> Vec<Value> {
-    let probe = json!({"domain": "burst", "descriptors": [[["k", "probe"]]]});
-    let k = json!({"domain": "burst", "descriptors": [[["k", "x"]]]});
-    let once = json!({"call": k});
-    run(
-        port,
-        json!([
-            {"before_boundary": probe, "within": 0.45},
-            once, once, once,
-            {"after_boundary": probe},
-            once, once, once,
-        ]),
-    )
+    let to_boundary = |a: &Value| {
+        let reset = code_and_reset(a).1;
+        reset - reset.floor()
+    };
+    let mut out = Vec::new();
+    for attempt in 0..5 {
+        let probe = json!({"domain": "burst", "descriptors": [[["k", "probe"]]]});
+        let k = json!({"domain": "burst", "descriptors": [[["k", format!("x{attempt}")]]]});
+        let once = json!({"call": k});
+        out = run(
+            port,
+            json!([
+                {"before_boundary": probe, "within": 0.45},
+                once, once, once,
+                {"after_boundary": probe},
+                once, once, once,
+            ]),
+        );
+        let before: Vec<f64> = out[1..4].iter().map(to_boundary).collect();
+        let in_time = before.windows(2).all(|w| w[1] <= w[0]) && to_boundary(&out[5]) > 0.5;
+        if in_time {
+            return out;
+        }
+    }
+    out
 }
 
 fn code_and_reset(answer: &Value) -> (String, f64) {

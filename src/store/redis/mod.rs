@@ -71,7 +71,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use crate::limits::clock::Nanos;
-use crate::limits::verdict::{Verdict, NEVER};
+use crate::limits::verdict::Verdict;
 use crate::metrics::StoreMetrics;
 use crate::ratelog::LogBudget;
 use crate::store::breaker::Breaker;
@@ -449,20 +449,6 @@ fn verdict(allowed: i64, remaining: i64, reset: i64, retry: i64) -> Verdict {
         Verdict::allow(remaining, reset)
     } else {
         Verdict::reject(remaining, reset, nanos(retry).max(1))
-    }
-}
-
-/// A cost above what the limit can ever hold (`capacity: 0` or `max: 0`: a block) never
-/// passes: its rejection says [`NEVER`], as the in-process limiters do, so no retry is
-/// invited.
-fn never_above(v: Verdict, cost: u64, limit: u64) -> Verdict {
-    if !v.allowed && cost > limit {
-        Verdict {
-            retry_after: NEVER,
-            ..v
-        }
-    } else {
-        v
     }
 }
 

@@ -8,7 +8,7 @@ use crate::limits::rate::{RateParams, RateWindow};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
-    never_above, round_micros, scripts, verdict, Arg, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
+    round_micros, scripts, verdict, Arg, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
 };
 use crate::store::StoreError;
 
@@ -62,7 +62,8 @@ impl RedisStore {
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
         Ok(Grant {
-            verdict: never_above(verdict(allowed, remaining, reset, retry), min, params.max),
+            // A `min` above `max` (`max: 0`: a block) never passes: no retry is invited.
+            verdict: verdict(allowed, remaining, reset, retry).never_if(min > params.max),
             granted: scripts::count(granted),
         })
     }

@@ -7,7 +7,7 @@ use crate::limits::verdict::Grant;
 use crate::limits::verdict::Verdict;
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
-    nanos, never_above, round_micros, scripts, verdict, Arg, Micros, RedisStore, SCRIPT_MAX,
+    nanos, round_micros, scripts, verdict, Arg, Micros, RedisStore, SCRIPT_MAX,
 };
 use crate::store::StoreError;
 
@@ -55,11 +55,9 @@ impl RedisStore {
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
         Ok(Grant {
-            verdict: never_above(
-                verdict(allowed, remaining, reset, retry),
-                min,
-                params.capacity,
-            ),
+            // A `min` above what the bucket can ever hold (`capacity: 0`: a block) never
+            // passes: no retry is invited, as in process.
+            verdict: verdict(allowed, remaining, reset, retry).never_if(min > params.capacity),
             granted: scripts::count(granted),
         })
     }
