@@ -210,6 +210,7 @@ const RATE: RateParams = RateParams {
     max: 50,
     per: SEC,
     strict: false,
+    window: tollgate::limits::RateWindow::Sliding,
 };
 const BUCKET: TokenBucketParams = TokenBucketParams {
     capacity: 20,

@@ -338,6 +338,7 @@ fn main() {
             max: 1_000_000_000,
             per: SEC,
             strict: false,
+            window: Default::default(),
         },
         100_000,
         0,

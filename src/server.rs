@@ -255,11 +255,12 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         svc.threads = Some(1);
         server.add_service(svc);
     }
-    if let Some(addr) = server_cfg.rls {
+    if let Some(l) = &server_cfg.rls {
+        let addr = l.addr;
         // Envoy's rate limit service follows the live runtime too (domains, rules, stores,
         // the kill switch); its address is fixed until a restart.
         let listener = crate::rls::bind(addr).map_err(|source| StartError::Rls { addr, source })?;
-        let rls = RlsService::new(listener, Rls::new(runtime.clone(), clock));
+        let rls = RlsService::new(listener, l.tls, Rls::new(runtime.clone(), clock));
         server.add_service(background_service("envoy rate limit service", rls));
     }
     if let Some(addr) = server_cfg.admin {

@@ -79,6 +79,7 @@ struct EffRls {
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<String>,
     max_keys: usize,
+    window: &'static str,
 }
 
 impl EffConfig {
@@ -124,6 +125,7 @@ impl EffConfig {
                 config_dir: dir.display().to_string(),
                 store: c.rls.store.clone(),
                 max_keys: c.rls.max_keys,
+                window: c.rls.window.name(),
             }),
         }
     }
@@ -386,7 +388,7 @@ struct EffServer {
     #[serde(skip_serializing_if = "Option::is_none")]
     limiter_api: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    rls: Option<String>,
+    rls: Option<EffListener>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin: Option<String>,
     /// The file only: the token itself is never printed.
@@ -452,7 +454,7 @@ impl EffServer {
             customer_header: s.customer_header.clone(),
             demo_upstream: s.demo_upstream.map(|a| a.to_string()),
             limiter_api: s.limiter_api.map(|a| a.to_string()),
-            rls: s.rls.map(|a| a.to_string()),
+            rls: s.rls.as_ref().map(EffListener::of),
             admin: s.admin.map(|a| a.to_string()),
             admin_token_file: s.admin_token.as_ref().map(secret_file),
             instance: s.instance.clone(),

@@ -206,8 +206,10 @@ pub struct Server {
     pub demo_upstream: Option<SocketAddr>,
     /// Where the limiter API (Redis protocol) listens (`server.limiter_api`), if at all.
     pub limiter_api: Option<SocketAddr>,
-    /// Where Envoy's rate limit service (gRPC) listens (`server.rls`), if at all.
-    pub rls: Option<SocketAddr>,
+    /// Where Envoy's rate limit service (gRPC) listens (`server.rls`), if at all: an
+    /// address (plaintext HTTP/2), or `{addr, tls: true}` (TLS with ALPN `h2`, serving the
+    /// certificates of `tls:`).
+    pub rls: Option<Listener>,
     /// Where the admin API (HTTP) listens (`server.admin`), if at all: never on a proxy
     /// port, loopback in the example config.
     pub admin: Option<SocketAddr>,

@@ -191,6 +191,7 @@ fn build(r: &mut Report, root: Option<&Node>, file: &str) -> Option<Config> {
     let server = server::parse(r, section("server"), file);
     let (mut tls, acme) = tls::parse(r, section("tls"), file);
     tls::check_listeners(r, &server.listeners, &tls, acme.is_some());
+    tls::check_listeners(r, server.rls.as_slice(), &tls, acme.is_some());
     let segments = segments::parse(r, section("segments"), file);
     let (stores, local_store) = stores::parse(r, section("stores"), file);
     let api = api::parse(r, section("api"), &stores, file);

@@ -337,6 +337,7 @@ fn params_of(
                 max: p.max.as_ref()?.v,
                 per: p.per.as_ref()?.v,
                 strict,
+                window: crate::limits::RateWindow::Sliding,
             },
             max_keys,
         },

@@ -9,7 +9,8 @@
 //! `unit` and `requests_per_unit`, or `unlimited: true` and no unit; `replaces` entries
 //! have a name that is not the rule's own; a domain is defined once. Each limited rule
 //! becomes a `rate` limit ([`Limit`]) named `DOMAIN.KEY_VALUE.KEY...` (its path, as their
-//! stats name it) with `max = requests_per_unit` and `per` = the unit, keyed by the
+//! stats name it) with `max = requests_per_unit` and `per` = the unit (a sliding window,
+//! or with `rls.window: fixed` one aligned to the unit as theirs are), keyed by the
 //! request's descriptor (see `docs/envoy-rls.md`); the runtime builds it like any other
 //! limit, in `rls.store`.
 //!
@@ -33,10 +34,14 @@ use crate::config::suggest;
 use crate::config::text;
 use crate::config::yaml::{self, Node, Value};
 use crate::files::Stamp;
-use crate::limits::{KeyPart, KeySpec, RateParams};
+use crate::limits::{KeyPart, KeySpec, RateParams, RateWindow};
 
 /// The keys `rls:` takes.
-pub(crate) const RLS_KEYS: [&str; 3] = ["config_dir", "store", "max_keys"];
+pub(crate) const RLS_KEYS: [&str; 4] = ["config_dir", "store", "max_keys", "window"];
+
+/// The windows `rls.window` may name: sliding (the default) or fixed, as
+/// envoyproxy/ratelimit counts.
+pub(crate) const WINDOWS: [&str; 2] = ["sliding", "fixed"];
 
 /// The keys of a ratelimit file's root.
 pub(crate) const FILE_KEYS: [&str; 2] = ["domain", "descriptors"];
@@ -85,6 +90,10 @@ pub struct Rls {
     pub store: Option<String>,
     /// Keys each rule holds state for (in-process store).
     pub max_keys: usize,
+    /// `window`: every rule's window, sliding (the default: no double burst at a unit's
+    /// edge) or fixed (aligned to the unit, reset at each boundary: envoyproxy/ratelimit's
+    /// answers byte for byte).
+    pub window: RateWindow,
     /// The domains, by file name order.
     pub domains: Vec<RlsDomain>,
     /// Every file read, with its stamp before reading: the reloader compares them, and
@@ -182,6 +191,15 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, stores: &[StoreSpec], f
             "max_keys" => {
                 if let Some(n) = scalar::max_keys(r, v, &path) {
                     rls.max_keys = n;
+                }
+            }
+            "window" => {
+                if let Some(i) = scalar::choice(r, v, &path, "window", &WINDOWS) {
+                    rls.window = if i == 1 {
+                        RateWindow::Fixed
+                    } else {
+                        RateWindow::Sliding
+                    };
                 }
             }
             "store" => {
@@ -363,6 +381,7 @@ fn read_file(
     let at = Place {
         store,
         max_keys: rls.max_keys,
+        window: rls.window,
     };
     if let Some(node) = descriptors_node {
         descriptors = read_list(r, node, "descriptors", &name, 1, &at, count);
@@ -374,6 +393,7 @@ fn read_file(
 struct Place<'a> {
     store: Option<&'a str>,
     max_keys: usize,
+    window: RateWindow,
 }
 
 fn read_list(
@@ -612,6 +632,7 @@ fn read_rule(
                 max: u64::from(requests_per_unit),
                 per: unit_nanos(unit),
                 strict: false,
+                window: at.window,
             },
             max_keys: at.max_keys,
         },

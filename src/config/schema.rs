@@ -32,10 +32,11 @@ use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
 use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
-use crate::config::rls::{RLS_KEYS, RLS_ORIGIN};
+use crate::config::rls::{RLS_KEYS, RLS_ORIGIN, WINDOWS};
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
 use crate::config::server::{
-    MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, SERVER_KEYS,
+    MAX_CONNECTIONS, MAX_H2_HEADER_LIST, MAX_H2_RESETS, MAX_H2_STREAMS, RLS_LISTENER_KEYS,
+    SERVER_KEYS,
 };
 use crate::config::spec::{
     ignored_fields, limit_keys, own_fields, required_fields, COMMON, OVERRIDE_KEYS,
@@ -290,6 +291,16 @@ fn server(keys: &mut Keys<'_>) -> Value {
         "properties": {"tls": {"const": true}, "h2c": {"const": true}},
     });
     let listen_item = json!({"oneOf": [socket_addr(), listener]});
+    let mut rls = keys.object("server.rls", &RLS_LISTENER_KEYS, |key| {
+        Some(match key {
+            "addr" => socket_addr(),
+            "tls" => boolean(),
+            _ => return None,
+        })
+    });
+    rls["type"] = json!("object");
+    rls["required"] = json!(["addr"]);
+    let rls = json!({"oneOf": [socket_addr(), rls]});
     let mut access_log = keys.object("server.access_log", &ACCESS_LOG_KEYS, |key| {
         Some(match key {
             "path" => json!({"type": "string", "minLength": 1, "maxLength": 4096}),
@@ -314,7 +325,8 @@ fn server(keys: &mut Keys<'_>) -> Value {
         Some(match key {
             "access_log" => access_log.clone(),
             "listen" => list(listen_item.clone(), 1, None),
-            "metrics" | "limiter_api" | "demo_upstream" | "admin" | "rls" => socket_addr(),
+            "rls" => rls.clone(),
+            "metrics" | "limiter_api" | "demo_upstream" | "admin" => socket_addr(),
             "admin_token_file" => json!({"type": "string", "minLength": 1}),
             "instance" => json!({
                 "type": ["string", "number", "boolean"],
@@ -398,6 +410,7 @@ fn rls(keys: &mut Keys<'_>) -> Value {
             "config_dir" => json!({"type": "string", "minLength": 1}),
             "store" => text(),
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
+            "window" => json!({"enum": WINDOWS}),
             _ => return None,
         })
     })

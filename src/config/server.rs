@@ -44,6 +44,9 @@ pub(crate) const SERVER_KEYS: [&str; 21] = [
     "h2_max_resets",
 ];
 
+/// The keys the object form of `server.rls` takes.
+pub(crate) const RLS_LISTENER_KEYS: [&str; 2] = ["addr", "tls"];
+
 /// The most HTTP/2 streams a connection may be allowed at once (`h2_max_streams`).
 pub(crate) const MAX_H2_STREAMS: u64 = 10_000;
 
@@ -70,6 +73,8 @@ pub(crate) struct ServerDraft {
     pub binds: Vec<At<SocketAddr>>,
     /// The `listen` items as written, located (none when `listen` is absent).
     pub listeners: Vec<At<Listener>>,
+    /// `server.rls` as written, located: a `tls: true` one needs certificates too.
+    pub rls: Option<At<Listener>>,
 }
 
 /// Reads the `server:` section, or the defaults when it is absent. `file` is the config
@@ -94,6 +99,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
     };
     let mut binds = Vec::new();
     let mut listeners = Vec::new();
+    let mut rls = None;
     let entries = node
         .and_then(|n| scalar::map(r, n, "server"))
         .unwrap_or_default();
@@ -121,7 +127,25 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     }
                 }
             }
-            "metrics" | "demo_upstream" | "limiter_api" | "admin" | "rls" => {
+            "rls" => {
+                // An address, or the listener object: `tls` only (gRPC is HTTP/2 already).
+                if let Some(l) = tls::listener(r, v, &path) {
+                    if l.v.h2c || l.v.proxy_protocol {
+                        r.error(
+                            v.pos,
+                            &path,
+                            format!(
+                                "`server.rls` takes {} only (gRPC is HTTP/2 already)",
+                                RLS_LISTENER_KEYS.map(|k| format!("`{k}`")).join(" and ")
+                            ),
+                        );
+                    }
+                    binds.push(At::new(l.v.addr, l.pos, &path));
+                    server.rls = Some(l.v);
+                    rls = Some(l);
+                }
+            }
+            "metrics" | "demo_upstream" | "limiter_api" | "admin" => {
                 let addr = scalar::socket_addr(r, v, &path);
                 if let Some(addr) = addr {
                     binds.push(At::new(addr, v.pos, &path));
@@ -130,7 +154,6 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
                     "metrics" => server.metrics = addr,
                     "demo_upstream" => server.demo_upstream = addr,
                     "admin" => server.admin = addr,
-                    "rls" => server.rls = addr,
                     _ => server.limiter_api = addr,
                 }
             }
@@ -242,6 +265,7 @@ pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDr
         server,
         binds,
         listeners,
+        rls,
     }
 }
 

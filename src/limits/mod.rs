@@ -71,7 +71,7 @@ pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
 pub use heavy::{HeavyHitters, Ranking, TopKey};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
-pub use rate::{RateLimiter, RateParams, RateWindowEntry};
+pub use rate::{RateLimiter, RateParams, RateWindow, RateWindowEntry};
 pub use restore::Restored;
 pub use sketch::SketchSize;
 pub use sliding_log::{LogWindow, SlidingLog};

@@ -64,6 +64,14 @@
 //! lost at a period boundary. A caller whose `now` lags a period the key has already
 //! entered (another thread read the clock later and got the lock first) counts at the
 //! start of that period.
+//!
+//! **Fixed windows** ([`RateWindow::Fixed`], for envoyproxy/ratelimit's answers byte for
+//! byte): the same table and periods, but a period's events stop weighing at its end
+//! (`estimate = curr`, the previous period's weight is 0): a key may spend `max` just
+//! before a boundary and `max` again just after it, and a window's counts reset at the
+//! boundary. Moving a key's counts one period on then gives `prev = 0`, so `reset_after`
+//! is the time to the boundary (`per - e`, while `curr > 0`) and a rejection's
+//! `retry_after` is that same boundary (the new period admits up to `max`).
 
 use crate::limits::clock::Nanos;
 use crate::limits::restore::Restored;
@@ -71,7 +79,7 @@ use crate::limits::table::{self, Table};
 use crate::limits::verdict::{Grant, Verdict, NEVER};
 use crate::limits::victim::Rank;
 
-/// Parameters of a rate limit: at most `max` events per sliding `per`.
+/// Parameters of a rate limit: at most `max` events per sliding (or fixed) `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateParams {
     /// Events allowed per window.
@@ -80,6 +88,30 @@ pub struct RateParams {
     pub per: Nanos,
     /// Whether rejected events count too.
     pub strict: bool,
+    /// Sliding (the default) or fixed, aligned to multiples of `per`.
+    pub window: RateWindow,
+}
+
+/// How a rate's window moves (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RateWindow {
+    /// The last `per` at every instant, estimated from two periods: no double burst at a
+    /// period's edge.
+    #[default]
+    Sliding,
+    /// The current period `[p·per, (p+1)·per)` only: counts reset at each boundary, so up
+    /// to `2·max` may pass within `per` around one (envoyproxy/ratelimit's windows).
+    Fixed,
+}
+
+impl RateWindow {
+    /// The name the config spells it with.
+    pub fn name(self) -> &'static str {
+        match self {
+            RateWindow::Sliding => "sliding",
+            RateWindow::Fixed => "fixed",
+        }
+    }
 }
 
 /// Sliding-window rate limiter, exact per key.
@@ -88,8 +120,16 @@ pub struct RateParams {
 /// construction: `max` and `strict` come with every call, so that a reload or an override
 /// changing them keeps the counts (and can never go stale in here).
 pub struct RateLimiter {
-    /// The windows, headed by the window's length in nanoseconds (at least 1).
-    table: Table<Counts, Nanos>,
+    /// The windows, headed by their geometry.
+    table: Table<Counts, Shape>,
+}
+
+/// What every decision reads besides the key's counts: the window's length in
+/// nanoseconds (at least 1) and whether it is fixed.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    per: Nanos,
+    fixed: bool,
 }
 
 /// A key's counts as of the period they were last moved to: 24 bytes.
@@ -121,10 +161,12 @@ struct Moment {
     elapsed: Nanos,
 }
 
-/// One key's counts at one instant, with the window's geometry.
+/// One key's counts at one instant, with the window's geometry (`prev` is always 0 in a
+/// fixed window).
 #[derive(Debug, Clone, Copy)]
 struct Window {
     per: Nanos,
+    fixed: bool,
     elapsed: Nanos,
     prev: u64,
     curr: u64,
@@ -138,8 +180,18 @@ impl RateLimiter {
     /// `per` and `max_keys` of 0 are raised to 1, so bad parameters degrade the limit
     /// instead of panicking on the hot path (the config rejects them anyway).
     pub fn new(per: Nanos, max_keys: usize) -> Self {
+        Self::with_window(per, RateWindow::Sliding, max_keys)
+    }
+
+    /// [`RateLimiter::new`] with the window's kind: [`RateWindow::Fixed`] resets each
+    /// key's count at every multiple of `per`.
+    pub fn with_window(per: Nanos, window: RateWindow, max_keys: usize) -> Self {
+        let shape = Shape {
+            per: per.max(1),
+            fixed: window == RateWindow::Fixed,
+        };
         Self {
-            table: Table::new(max_keys.min(Self::MAX_KEYS), per.max(1)),
+            table: Table::new(max_keys.min(Self::MAX_KEYS), shape),
         }
     }
 
@@ -155,7 +207,20 @@ impl RateLimiter {
 
     /// The window, in nanoseconds (at least 1).
     pub fn per(&self) -> Nanos {
-        *self.table.head()
+        self.table.head().per
+    }
+
+    /// Whether the window is sliding or fixed.
+    pub fn window(&self) -> RateWindow {
+        if self.fixed() {
+            RateWindow::Fixed
+        } else {
+            RateWindow::Sliding
+        }
+    }
+
+    fn fixed(&self) -> bool {
+        self.table.head().fixed
     }
 
     /// Decides one event of weight `cost` for `key` at `now`, counting it when admitted
@@ -166,11 +231,11 @@ impl RateLimiter {
     /// `max: 0` that is a deliberate block): its `retry_after` is [`NEVER`], so that no
     /// client is invited to retry.
     pub fn acquire(&self, key: u64, max: u64, cost: u64, strict: bool, now: Nanos) -> Verdict {
-        let (per, at) = (self.per(), self.moment(now));
+        let (shape, at) = (*self.table.head(), self.moment(now));
         let (admitted, counts) = self.with_counts(key, at, |counts| {
             let counted = Window {
                 curr: counts.curr.saturating_add(cost),
-                ..Window::of(per, counts, at)
+                ..Window::of(shape, counts, at)
             };
             let admitted = counted.fits(max);
             if admitted || strict {
@@ -179,7 +244,7 @@ impl RateLimiter {
             admitted
         });
         // The verdict's divisions are done after the set is unlocked.
-        let after = Window::of(per, &counts, at);
+        let after = Window::of(shape, &counts, at);
         if admitted {
             return Verdict::allow(after.remaining(max), after.reset_after());
         }
@@ -211,9 +276,9 @@ impl RateLimiter {
         now: Nanos,
     ) -> Grant {
         let min = min.min(want);
-        let (per, at) = (self.per(), self.moment(now));
+        let (shape, at) = (*self.table.head(), self.moment(now));
         let (granted, counts) = self.with_counts(key, at, |counts| {
-            let window = Window::of(per, counts, at);
+            let window = Window::of(shape, counts, at);
             let least = Window {
                 curr: counts.curr.saturating_add(min),
                 ..window
@@ -230,7 +295,7 @@ impl RateLimiter {
             }
             None
         });
-        let after = Window::of(per, &counts, at);
+        let after = Window::of(shape, &counts, at);
         match granted {
             Some(granted) => Grant {
                 verdict: Verdict::allow(after.remaining(max), after.reset_after()),
@@ -265,8 +330,9 @@ impl RateLimiter {
     pub fn state(&self, key: u64, now: Nanos) -> f64 {
         let at = self.moment(now);
         let held = self.table.get(key, |_| true);
-        let counts = held.map_or(Counts::new(at.period), |c| c.at(at.period));
-        let window = Window::of(self.per(), &counts, at);
+        let shape = *self.table.head();
+        let counts = held.map_or(Counts::new(at.period), |c| c.at(at.period, shape.fixed));
+        let window = Window::of(shape, &counts, at);
         window.scaled() as f64 / window.per as f64
     }
 
@@ -311,14 +377,15 @@ impl RateLimiter {
         at: Moment,
         f: impl FnOnce(&mut Counts) -> R,
     ) -> (R, Counts) {
-        let per = self.per();
+        let shape = *self.table.head();
+        let fixed = shape.fixed;
         self.table.update(
             key,
             |_| true,
-            |held| held.map_or(Counts::new(at.period), |c| c.at(at.period)),
+            |held| held.map_or(Counts::new(at.period), |c| c.at(at.period, fixed)),
             f,
             |c| !c.is_empty(),
-            |_, c| Estimate(Window::of(per, &c.at(at.period), at).scaled()),
+            |_, c| Estimate(Window::of(shape, &c.at(at.period, fixed), at).scaled()),
             table::stored(key) as usize,
         )
     }
@@ -334,13 +401,13 @@ impl Counts {
         }
     }
 
-    /// The counts moved forward to `period`: one period on, `curr` becomes `prev`; two or
-    /// more, nothing is left. Never moved back: counts already in a later period (a caller
-    /// whose clock lags) stay there.
-    fn at(self, period: u64) -> Self {
+    /// The counts moved forward to `period`: one period on, `curr` becomes `prev` (in a
+    /// fixed window nothing is left); two or more, nothing is left. Never moved back:
+    /// counts already in a later period (a caller whose clock lags) stay there.
+    fn at(self, period: u64, fixed: bool) -> Self {
         match period.saturating_sub(self.period) {
             0 => self,
-            1 => Self {
+            1 if !fixed => Self {
                 period,
                 prev: self.curr,
                 curr: 0,
@@ -358,15 +425,16 @@ impl Counts {
 impl Window {
     /// `counts` (already moved to `at`) as a window at `at`. Counts in a later period than
     /// `at`'s are seen from that period's start.
-    fn of(per: Nanos, counts: &Counts, at: Moment) -> Self {
+    fn of(shape: Shape, counts: &Counts, at: Moment) -> Self {
         Self {
-            per,
+            per: shape.per,
+            fixed: shape.fixed,
             elapsed: if counts.period == at.period {
                 at.elapsed
             } else {
                 0
             },
-            prev: counts.prev,
+            prev: if shape.fixed { 0 } else { counts.prev },
             curr: counts.curr,
         }
     }
@@ -392,9 +460,12 @@ impl Window {
 
     /// Nanoseconds until the estimate reaches 0 with no further events. This is exact: the
     /// current period's events weigh until the end of the next period, the previous
-    /// period's until the end of this one.
+    /// period's until the end of this one. A fixed window empties at the end of this one.
     fn reset_after(&self) -> Nanos {
         let to_end = self.per - self.elapsed;
+        if self.fixed {
+            return if self.curr > 0 { to_end } else { 0 };
+        }
         if self.curr > 0 {
             to_end.saturating_add(self.per)
         } else if self.prev > 0 {
@@ -414,6 +485,15 @@ impl Window {
     fn retry_after(&self, max: u64, cost: u64) -> Nanos {
         if cost > max {
             return NEVER;
+        }
+        if self.fixed {
+            // `curr + cost > max` (else there is no wait): the next period starts at 0.
+            let wait = if self.curr.saturating_add(cost) <= max {
+                0
+            } else {
+                self.per - self.elapsed
+            };
+            return wait.max(1);
         }
         let per = u128::from(self.per);
         let elapsed = u128::from(self.elapsed);
@@ -473,17 +553,21 @@ impl RateLimiter {
     /// empty by now; it never evicts (see [`crate::limits::restore`]).
     pub fn import(&self, entry: RateWindowEntry, now: Nanos) -> Restored {
         let at = self.moment(now);
+        let fixed = self.fixed();
         let saved = Counts {
             period: entry.period.min(at.period),
-            prev: entry.prev,
+            prev: if fixed { 0 } else { entry.prev },
             curr: entry.curr,
         };
-        let counts = saved.at(at.period);
+        let counts = saved.at(at.period, fixed);
         let kept = (!counts.is_empty()).then_some(counts);
         self.table
-            .put(entry.key, kept, |c| c.at(at.period).is_empty())
+            .put(entry.key, kept, |c| c.at(at.period, fixed).is_empty())
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fixed_tests;

@@ -15,7 +15,14 @@
 //! descriptor, an empty entry key, past a bound) is `INVALID_ARGUMENT`; a domain or
 //! descriptor no file defines is `OK`, as envoyproxy/ratelimit answers.
 //!
+//! gRPC server reflection (`grpc.reflection.v1`) describes the service ([`reflection`]).
+//! TLS (`server.rls: {addr, tls: true}`) is [`tls`]'s: handshakes with the proxy's
+//! certificates before tonic sees the connection.
+//!
 //! [`RlsRt`]: crate::runtime::rls::RlsRt
+
+pub mod reflection;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -236,14 +243,17 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// The background service running the gRPC server on a bound listener until shutdown.
 pub struct RlsService {
     listener: Mutex<Option<std::net::TcpListener>>,
+    tls: bool,
     rls: Rls,
 }
 
 impl RlsService {
-    /// The service for `rls` on `listener` (from [`bind`]).
-    pub fn new(listener: std::net::TcpListener, rls: Rls) -> Self {
+    /// The service for `rls` on `listener` (from [`bind`]); `tls`: every connection
+    /// starts with a TLS handshake ([`tls`]).
+    pub fn new(listener: std::net::TcpListener, tls: bool, rls: Rls) -> Self {
         Self {
             listener: Mutex::new(Some(listener)),
+            tls,
             rls,
         }
     }
@@ -262,23 +272,44 @@ impl BackgroundService for RlsService {
                 return;
             }
         };
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(reflection::descriptors())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1();
+        let reflection = match reflection {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log::error!("rls: gRPC reflection is off: {e}");
+                None
+            }
+        };
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
         let service = RateLimitServiceServer::new(self.rls.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let served = tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             .timeout(CALL_TIMEOUT)
             .max_concurrent_streams(MAX_STREAMS)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_service(health)
             .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = shutdown.wait_for(|stopping| *stopping).await;
-            })
-            .await;
+            .add_optional_service(reflection);
+        let stopping = async move {
+            let _ = shutdown.wait_for(|stopping| *stopping).await;
+        };
+        let served = if self.tls {
+            let incoming = tls::incoming(listener, self.rls.runtime.clone());
+            router
+                .serve_with_incoming_shutdown(incoming, stopping)
+                .await
+        } else {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router
+                .serve_with_incoming_shutdown(incoming, stopping)
+                .await
+        };
         if let Err(e) = served {
             log::error!("rls: the gRPC server stopped: {e}");
         }

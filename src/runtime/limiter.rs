@@ -448,12 +448,12 @@ impl Limiter {
                                         && matches!(&p.state, Place::Store(s)
                                             if s.limiter.lease_params() == leased)
                                 } else {
-                                    p.rate.per == rate.per
+                                    p.rate.per == rate.per && p.rate.window == rate.window
                                 }
                         })
                     },
                     at,
-                    || Ok(RateLimiter::new(rate.per, *max_keys)),
+                    || Ok(RateLimiter::with_window(rate.per, rate.window, *max_keys)),
                     |store, names, deny| {
                         Ok(SharedRate::new(store, names, *rate, *max_keys, deny).with_lease(lease))
                     },

@@ -287,7 +287,8 @@ impl SharedTokenBucket {
     }
 }
 
-/// A sliding-window rate whose counts are shared through a store (exact per key there).
+/// A sliding-window (or fixed-window) rate whose counts are shared through a store (exact
+/// per key there).
 pub struct SharedRate {
     remote: Remote,
     names: Arc<KeyNames>,
@@ -322,7 +323,11 @@ impl SharedRate {
         let remote = Remote::new(store, if params.strict { 0 } else { deny_cache_keys });
         Self {
             local_max: remote.share(params.max),
-            local: RateLimiter::new(params.per, remote.local_keys(max_keys, 1)),
+            local: RateLimiter::with_window(
+                params.per,
+                params.window,
+                remote.local_keys(max_keys, 1),
+            ),
             remote,
             names: Arc::new(names),
             params,
@@ -331,9 +336,12 @@ impl SharedRate {
     }
 
     /// This rate with its hot keys leased as `lease` says (`None`: one call per decision,
-    /// today's exact path). Starts the idle sweep on the store's runtime.
+    /// today's exact path). Starts the idle sweep on the store's runtime. A fixed window
+    /// (the rate limit service's `window: fixed`) is never leased: the lease scripts count
+    /// a sliding window, which would admit less than the fixed one promises at a boundary.
     pub fn with_lease(mut self, lease: Option<LeaseCtx>) -> Self {
-        self.lease = lease.map(|ctx| {
+        let sliding = self.params.window == crate::limits::rate::RateWindow::Sliding;
+        self.lease = lease.filter(|_| sliding).map(|ctx| {
             let kind = RateLease {
                 store: self.store().clone(),
                 names: Arc::clone(&self.names),

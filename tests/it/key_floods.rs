@@ -314,6 +314,7 @@ fn a_rate_table_survives_a_reload_only_with_the_same_per_and_max_keys() {
             max,
             per,
             strict: false,
+            window: Default::default(),
         },
         max_keys,
     };

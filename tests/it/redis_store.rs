@@ -395,13 +395,55 @@ fn rate_cases() -> Vec<RateCase> {
     cases
 }
 
+/// `fixed_window.lua` (envoyproxy/ratelimit's windows for `rls.window: fixed`) decides
+/// every row of the rate table as the in-process fixed window does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_script_matches_the_local_limiter() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(semantics(&redis.url())).await;
+    let n = names(&store, "fixed");
+    for (case, (per, max, strict, steps)) in rate_cases().into_iter().enumerate() {
+        let window = tollgate::limits::RateWindow::Fixed;
+        let p = RateParams {
+            max,
+            per,
+            strict,
+            window,
+        };
+        let local = RateLimiter::with_window(per, window, 1_000);
+        let key = 5_000 + case as u64;
+        let tick = if per > 134 * SEC { MS } else { 1_000 };
+        for (i, &(now, cost)) in steps.iter().enumerate() {
+            let want = local.acquire(key, max, cost, strict, now);
+            let got = store.rate(&n, key, &p, cost, at(now)).await.unwrap();
+            let what = format!("case {case} step {i} t={now} cost={cost} {p:?}");
+            assert_eq!(
+                (got.allowed, got.remaining, got.reset_after),
+                (want.allowed, want.remaining, want.reset_after),
+                "{what}"
+            );
+            if want.retry_after == NEVER {
+                assert_eq!(got.retry_after, NEVER, "{what}");
+            } else {
+                let rounded = want.retry_after.div_ceil(tick) * tick;
+                assert_eq!(got.retry_after, rounded, "{what}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_table_matches_the_local_limiter() {
     let redis = RedisServer::start();
     let (store, _) = start_up(semantics(&redis.url())).await;
     let n = names(&store, "rate");
     for (case, (per, max, strict, steps)) in rate_cases().into_iter().enumerate() {
-        let p = RateParams { max, per, strict };
+        let p = RateParams {
+            max,
+            per,
+            strict,
+            window: Default::default(),
+        };
         let local = RateLimiter::new(per, 1_000);
         let key = 2_000 + case as u64;
         // The script's tick: 1 µs up to 134 s windows, 1 ms for a day.
@@ -526,6 +568,7 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
         max: 5,
         per: SEC,
         strict: false,
+        window: Default::default(),
     };
     let started = Instant::now();
     let v = store.rate(&n, 3, &r, 1, None).await.unwrap();
@@ -561,6 +604,7 @@ async fn min_grants_match_the_local_limiters() {
             max: 1 + rng.below(12),
             per: [100 * MS, SEC, 7 * SEC][rng.below(3) as usize],
             strict,
+            window: Default::default(),
         };
         let (bucket, rate) = (TokenBucket::new(p, 16), RateLimiter::new(r.per, 16));
         let mut now = 0;
@@ -1092,6 +1136,7 @@ async fn fallback_modes_and_local_shares() {
             max: 10,
             per: SEC,
             strict: false,
+            window: Default::default(),
         },
         1_000,
         0,
@@ -1345,6 +1390,7 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
             max: 3,
             per: SEC,
             strict: false,
+            window: Default::default(),
         },
         100_000,
         0,

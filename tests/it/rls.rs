@@ -577,11 +577,17 @@ async fn hostile_input_is_refused_and_the_service_keeps_answering() {
     // domain = 0xff 0xfe: not UTF-8.
     let bad_utf8 = "0a02fffe";
     // A domain announced as 128 KiB: past the 64 KiB message bound.
+    // 4 000 descriptors (40 KB, within the message bound), and one of 2 000 entries.
+    let many = vec![json!([["k", "1"]]); 4_000];
+    let wide = vec![json!(["k", "1"]); 2_000];
     let steps = json!([
         {"raw": bad_utf8},
         {"raw": "ffffff"},
         {"raw": "0a808008", "pad": 128 * 1024},
         {"silent": 60},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+        {"call": {"domain": "messaging", "descriptors": many}},
+        {"call": {"domain": "messaging", "descriptors": [wide]}},
         {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
     ]);
     let out = run(port, steps);
@@ -595,6 +601,17 @@ async fn hostile_input_is_refused_and_the_service_keeps_answering() {
     assert_ne!(out[3]["error"], "DEADLINE_EXCEEDED", "{out:?}");
     assert!(out[3]["seconds"].as_f64().unwrap() < 50.0, "{out:?}");
     assert_eq!(out[4]["statuses"][0]["limit"], 100, "{out:?}");
+    // Past the descriptor and entry bounds: INVALID_ARGUMENT, nothing counted.
+    assert_eq!(out[5]["error"], "INVALID_ARGUMENT", "{out:?}");
+    assert!(
+        out[5]["details"]
+            .as_str()
+            .unwrap()
+            .contains("4000 descriptors"),
+        "{out:?}"
+    );
+    assert_eq!(out[6]["error"], "INVALID_ARGUMENT", "{out:?}");
+    assert_eq!(out[7]["statuses"][0]["remaining"], 98, "{out:?}");
 }
 
 #[tokio::test]
@@ -619,4 +636,203 @@ async fn local_counts_survive_a_restart_in_the_snapshot() {
         call(port, "messaging", d, 1)["statuses"][0]["remaining"],
         96
     );
+}
+
+/// A rule of 2 a second, so that a window's boundary comes every second; `k` is counted,
+/// `probe` only reads the time to the boundary.
+const BURST: &str = "domain: burst
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 2
+";
+
+/// Just before a second's boundary: 3 calls of `k`; then, just after it, 3 more. Returns
+/// the answers: the boundary wait, the 3 before, the crossing, the 3 after. A machine too
+/// loaded to make the 3 calls before the boundary, or the first after it within half a
+/// second, gets another try (up to 5, each with its own key).
+fn across_a_boundary(port: u16) -> Vec<Value> {
+    let to_boundary = |a: &Value| {
+        let reset = code_and_reset(a).1;
+        reset - reset.floor()
+    };
+    let mut out = Vec::new();
+    for attempt in 0..5 {
+        let probe = json!({"domain": "burst", "descriptors": [[["k", "probe"]]]});
+        let k = json!({"domain": "burst", "descriptors": [[["k", format!("x{attempt}")]]]});
+        let once = json!({"call": k});
+        out = run(
+            port,
+            json!([
+                {"before_boundary": probe, "within": 0.45},
+                once, once, once,
+                {"after_boundary": probe},
+                once, once, once,
+            ]),
+        );
+        let before: Vec<f64> = out[1..4].iter().map(to_boundary).collect();
+        let in_time = before.windows(2).all(|w| w[1] <= w[0]) && to_boundary(&out[5]) > 0.5;
+        if in_time {
+            return out;
+        }
+    }
+    out
+}
+
+fn code_and_reset(answer: &Value) -> (String, f64) {
+    let s = &answer["statuses"][0];
+    (
+        s["code"].as_str().unwrap_or("none").to_string(),
+        s["reset"].as_f64().unwrap_or(-1.0),
+    )
+}
+
+/// The answers of [`across_a_boundary`] under a fixed window: a full quota on each side,
+/// `duration_until_reset` counting down to the boundary.
+fn assert_fixed(out: &[Value], what: &str) {
+    let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
+    assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{what}: {out:?}");
+    assert_eq!(
+        codes[5..8],
+        ["OK", "OK", "OVER_LIMIT"],
+        "{what}: the new window's full quota: {out:?}"
+    );
+    // Before the boundary the reset is what is left of the second (under 0.45 s); after
+    // it, nearly a whole second, and it only counts down.
+    let resets: Vec<f64> = out.iter().map(|a| code_and_reset(a).1).collect();
+    let before = out[0]["to_boundary"].as_f64().unwrap();
+    assert!(resets[1] <= before && resets[1] > 0.0, "{what}: {out:?}");
+    assert!(
+        resets[1..4].windows(2).all(|w| w[1] <= w[0]),
+        "{what}: {out:?}"
+    );
+    assert!(resets[5] > 0.5 && resets[5] <= 1.0, "{what}: {out:?}");
+    assert!(
+        resets[5..8].windows(2).all(|w| w[1] <= w[0]),
+        "{what}: {out:?}"
+    );
+}
+
+/// `window: fixed` (local, in Redis, and in the fallback of a frozen Redis): a full quota
+/// on each side of the boundary (the documented double burst), `duration_until_reset`
+/// counting down to the boundary. The default sliding window: the calls before the
+/// boundary still weigh after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_resets_at_the_unit_boundary_and_a_sliding_one_does_not() {
+    let mut redis = RedisServer::start();
+    let fixed_redis = format!("  window: fixed\n{}", fleet(&redis.url()));
+    for extra in ["  window: fixed\n", fixed_redis.as_str()] {
+        let (_t, port) = start(&[("burst.yaml", BURST)], extra).await;
+        assert_fixed(&across_a_boundary(port), extra);
+    }
+    // Redis frozen, `fallback: local`: the fallback counts the same fixed windows.
+    let fallback = fixed_redis.replace("fallback: allow", "fallback: local");
+    let (t, port) = start(&[("burst.yaml", BURST)], &fallback).await;
+    redis.freeze();
+    // Calls time out until the breaker opens; from then on the fallback answers at once.
+    let probe = json!([[["k", "warm-up"]]]);
+    eventually("the breaker opens", 100, || async {
+        call(port, "burst", probe.clone(), 1);
+        t.metric("tollgate_store_up{store=\"fleet\"}").await == 0.0
+    })
+    .await;
+    let fell_back = "tollgate_store_fallback_decisions_total{store=\"fleet\"}";
+    assert_fixed(&across_a_boundary(port), "fallback");
+    assert!(t.metric(fell_back).await >= 6.0);
+    redis.thaw();
+
+    let (_t, port) = start(&[("burst.yaml", BURST)], "").await;
+    let out = across_a_boundary(port);
+    let codes: Vec<String> = out.iter().map(|a| code_and_reset(a).0).collect();
+    assert_eq!(codes[1..4], ["OK", "OK", "OVER_LIMIT"], "{out:?}");
+    // Just after the boundary the two calls still weigh nearly 2: no room (room for one
+    // comes only half a second in).
+    assert_eq!(codes[5], "OVER_LIMIT", "sliding: {out:?}");
+    // A sliding window empties a whole unit after the boundary: the reset exceeds 1 s.
+    assert!(code_and_reset(&out[1]).1 > 1.0, "{out:?}");
+}
+
+/// `server.rls: {addr, tls: true}`: grpcio with `ssl_channel_credentials` (the test
+/// certificate as its root) calls `ShouldRateLimit` over TLS; a plaintext client against
+/// the same port gets no answer.
+#[tokio::test]
+async fn tls_on_the_service_port_answers_grpcio_and_refuses_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    write_rls(dir.path(), &[("messaging.yaml", MESSAGING)]);
+    let cert = common::certs::write(dir.path(), "rls", "localhost", &["localhost"], 30);
+    let port = free_port();
+    let tls = format!(
+        "tls:\n  certificates:\n    - {{ cert: {}, key: {} }}\n  default: {}\n",
+        cert.cert.display(),
+        cert.key.display(),
+        cert.cert.display()
+    );
+    let text = config(port, &tls).replace(
+        &format!("  rls: \"127.0.0.1:{port}\""),
+        &format!("  rls: {{ addr: \"127.0.0.1:{port}\", tls: true }}"),
+    );
+    assert!(text.contains("tls: true }"), "{text}");
+    let _t = Tollgate::start_in(dir, &text, |_| {}).await;
+    eventually("the rate limit service accepts", 250, || async {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    let steps = json!([
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}, "repeat": 3},
+        {"health": ""},
+    ]);
+    let run_tls = |steps: &Value| {
+        Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(CLIENT)
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(steps.to_string())
+            .arg(&cert.cert)
+            .output()
+            .unwrap()
+    };
+    let out = run_tls(&steps);
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["statuses"][0]["remaining"], 97, "{lines:?}");
+    assert_eq!(lines[1]["status"], "SERVING", "{lines:?}");
+    // Plaintext HTTP/2 against the TLS port: the handshake fails, no answer.
+    let plain = run(
+        port,
+        json!([{"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}}]),
+    );
+    assert_eq!(plain[0]["error"], "UNAVAILABLE", "{plain:?}");
+    // The count did not move for it.
+    let again =
+        run_tls(&json!([{"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}}]));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["statuses"][0]["remaining"], 96, "{again}");
+}
+
+/// gRPC server reflection: a client with no protos lists the services, fetches the rate
+/// limit service's files by reflection, builds a request from them and is answered.
+#[tokio::test]
+async fn reflection_lets_a_client_without_protos_call_the_service() {
+    let (_t, port) = start(&[("messaging.yaml", MESSAGING)], "").await;
+    let steps = json!([
+        {"reflect": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+        {"call": {"domain": "messaging", "descriptors": [[["to_number", "1"]]]}},
+    ]);
+    let out = run(port, steps);
+    let services = out[0]["services"].as_array().unwrap();
+    for want in [
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(services.iter().any(|s| s == want), "{want}: {out:?}");
+    }
+    assert_eq!(out[0]["overall"], "OK", "{out:?}");
+    assert_eq!(out[0]["remaining"], json!([99]), "{out:?}");
+    // The call built from reflected descriptors counted like any other.
+    assert_eq!(out[1]["statuses"][0]["remaining"], 98, "{out:?}");
 }

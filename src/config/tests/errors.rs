@@ -136,6 +136,9 @@ const CASES: &[(&str, &str, &str)] = &[
     ("store url not redis", concat!("stores:\n  s:\n    url: \"http://127.0.0.1:6379\"\n", base!()), "t.yaml:3:10: stores.s.url: `http://127.0.0.1:6379` is not a Redis URL; write e.g. `redis://127.0.0.1:6379/0`"),
     ("store url bad port", concat!("stores:\n  s:\n    url: \"redis://127.0.0.1:x/0\"\n", base!()), "t.yaml:3:10: stores.s.url: `redis://127.0.0.1:x/0` is not a usable Redis URL: Redis URL did not parse - InvalidClientConfig"),
     ("non-text key", concat!(base!(), "    [a, b]: 1\n"), "t.yaml:5:5: origins.a: mapping keys must be plain text, not lists or mappings"),
+    ("rls window", concat!(base!(), "rls:\n  config_dir: .\n  window: weekly\n"), "t.yaml:7:11: rls.window: unknown window `weekly`; expected one of sliding, fixed"),
+    ("rls tls without certificates", concat!("server:\n  rls: { addr: \"127.0.0.1:8081\", tls: true }\n", base!()), "t.yaml:2:16: server.rls: a TLS listener needs certificates: add `tls: { certificates: [{ cert: FILE, key: FILE }] }` or `tls.acme`"),
+    ("rls h2c", concat!("server:\n  rls: { addr: \"127.0.0.1:8081\", h2c: true }\n", base!()), "t.yaml:2:8: server.rls: `server.rls` takes `addr` and `tls` only (gRPC is HTTP/2 already)"),
 ];
 
 #[test]

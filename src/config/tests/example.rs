@@ -140,7 +140,8 @@ fn parses_the_design_example() {
             rate: RateParams {
                 max: 100,
                 per: ms(1000),
-                strict: false
+                strict: false,
+                window: Default::default(),
             },
             max_keys: 100_000
         }
@@ -349,7 +350,8 @@ origins:
             rate: RateParams {
                 max: 10,
                 per: ms(2000),
-                strict: true
+                strict: true,
+                window: Default::default(),
             },
             max_keys: 2048
         }

@@ -1,9 +1,10 @@
 //! Sliding-window rates in Redis: one hash per key (the current and previous periods'
 //! counts), decided exactly by one script (`scripts/rate.lua`), with its read and refund
-//! scripts.
+//! scripts; a fixed window (`RateWindow::Fixed`) is decided by `scripts/fixed_window.lua`
+//! on the same hash, so the read and refund serve both.
 
 use crate::limits::clock::Nanos;
-use crate::limits::rate::RateParams;
+use crate::limits::rate::{RateParams, RateWindow};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
@@ -54,7 +55,10 @@ impl RedisStore {
             Arg::U(u64::from(params.strict)),
             Arg::U(min),
         ];
-        let s = &self.inner.scripts.rate;
+        let s = match params.window {
+            RateWindow::Sliding => &self.inner.scripts.rate,
+            RateWindow::Fixed => &self.inner.scripts.fixed_window,
+        };
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
         Ok(Grant {
@@ -79,7 +83,11 @@ impl RedisStore {
         let v = self.eval(s, &[&key], &args, None, self.budget()).await?;
         let [previous, current, elapsed] = scripts::ints::<3>(&v)?;
         Ok(RateCounts {
-            previous: scripts::count(previous),
+            // A fixed window's previous period weighs nothing.
+            previous: match params.window {
+                RateWindow::Sliding => scripts::count(previous),
+                RateWindow::Fixed => 0,
+            },
             current: scripts::count(current),
             elapsed: scripts::count(elapsed).min(per),
             per,

@@ -62,6 +62,8 @@ pub struct Scripts {
     pub rate: LuaScript,
     /// Sliding-window rate refund.
     pub rate_refund: LuaScript,
+    /// Fixed-window rate acquire (its refund and read are the sliding rate's).
+    pub fixed_window: LuaScript,
     /// Sliding-window rate counts (read only).
     pub rate_get: LuaScript,
     /// Inflight acquire.
@@ -115,6 +117,7 @@ impl Scripts {
             token_bucket_refund: script!("token_bucket_refund.lua"),
             rate: script!("rate.lua"),
             rate_refund: script!("rate_refund.lua"),
+            fixed_window: script!("fixed_window.lua"),
             rate_get: script!("rate_get.lua"),
             inflight_acquire: script!("inflight_acquire.lua"),
             inflight_release: script!("inflight_release.lua"),
@@ -140,13 +143,14 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 26] {
+    pub fn all(&self) -> [&LuaScript; 27] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
             &self.token_bucket_refund,
             &self.rate,
             &self.rate_refund,
+            &self.fixed_window,
             &self.rate_get,
             &self.inflight_acquire,
             &self.inflight_release,
@@ -237,7 +241,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 26, "distinct scripts");
+        assert_eq!(shas.len(), 27, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),

@@ -13,6 +13,7 @@ fn rate(max: u64, per: Nanos) -> RateParams {
         max,
         per,
         strict: false,
+        window: Default::default(),
     }
 }
 
