@@ -33,13 +33,15 @@ const STORE: &str =
     "timeout: 1s\n    breaker: { failures: 5, probe_every: 50ms }\n    deny_cache: 0";
 
 /// A bucket of 1 000 000 tokens per customer: every request is admitted, by the store or
-/// by the fallback.
+/// by the fallback. Not leased: these tests count one script call per decision (the
+/// exact path), and a hot key's slice would admit with none.
 const LIMITS: &str = "      tokens:
         kind: token_bucket
         key: [customer]
         capacity: 1000000
         refill: { amount: 1, every: 1s }
-        store: shared";
+        store: shared
+        lease: off";
 
 /// What the run cost Redis and the log.
 #[derive(Debug)]
