@@ -9,16 +9,23 @@
 #
 # Run:     benches/capacity_drop.sh            (about 2 minutes after the build)
 # Knobs:   CD_SECONDS (30)  CD_CLIENTS (48)  CD_MODES ("auto 16 64")  TOLLGATE_BIN
+#          CD_STEADY (1: the origin keeps its capacity, no drop; no plot)
+#          CD_OUT (where the CSVs go, docs/capacity_drop)  CD_PROFILE (the example's cargo
+#          profile, dev; release-plain for a release measurement)
+# benches/adaptive_steady.sh runs it for the steady-overload sweep.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 seconds=${CD_SECONDS:-30}
 clients=${CD_CLIENTS:-48}
 modes=${CD_MODES:-"auto 16 64"}
-out="$root/docs/capacity_drop"
+steady=${CD_STEADY:-0}
+profile=${CD_PROFILE:-dev}
+out=${CD_OUT:-$root/docs/capacity_drop}
 mkdir -p "$out"
 cd "$root"
-cargo build -q --example capacity_drop
+cargo build -q --profile "$profile" --example capacity_drop
+example_dir=$root/target/$([ "$profile" = dev ] && echo debug || echo "$profile")/examples
 bin=${TOLLGATE_BIN:-$root/target/debug/tollgate}
 [ -x "$bin" ] || { cargo build -q; bin=$root/target/debug/tollgate; }
 
@@ -50,9 +57,11 @@ YAML
     sleep 0.1
   done
   echo "capacity_drop: max $mode" >&2
-  "$root/target/debug/examples/capacity_drop" "127.0.0.1:$proxy" "127.0.0.1:$metrics" \
-    "$origin" "$clients" "$seconds" > "$out/$mode.csv"
+  "$example_dir/capacity_drop" "127.0.0.1:$proxy" "127.0.0.1:$metrics" \
+    "$origin" "$clients" "$seconds" $([ "$steady" = 1 ] && echo steady) > "$out/$mode.csv"
   kill "$pid"; wait "$pid" 2> /dev/null || true
   rm -rf "$dir"
 done
-${PLOT_PYTHON:-/usr/bin/python3} "$root/benches/plot_capacity_drop.py" "$out" "$root/docs/capacity_drop.svg"
+if [ "$steady" != 1 ]; then
+  ${PLOT_PYTHON:-/usr/bin/python3} "$root/benches/plot_capacity_drop.py" "$out" "$root/docs/capacity_drop.svg"
+fi

@@ -16,6 +16,8 @@
 #        on an `h2c: true` listener, h2load -c1 -m1 as the client): (a) and (b) only
 # Knobs: INSTR_REQUESTS (2000)  TOLLGATE_BIN (default: cargo build --release)
 #        INSTR_ONLY_TOP=1 measures (a), (b) and (b') only: the cost of top_keys
+#        INSTR_ONLY_AUTO=1 measures an inflight limit on server_ip with a static max and
+#        the same limit with `max: auto` (issue 23: at most 0.5% more instructions)
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
 #        instructions go, function by function)
 set -euo pipefail
@@ -136,6 +138,22 @@ YAML
     cp "$out".* "$INSTR_KEEP"/ 2>/dev/null || true
   fi
 }
+
+if [[ -n ${INSTR_ONLY_AUTO:-} ]]; then
+  s=$(measure static "    limits:
+      conc: { kind: inflight, key: [server_ip], max: 10000 }")
+  u=$(measure auto "    limits:
+      conc: { kind: inflight, key: [server_ip], max: { auto: { min: 1000, max: 10000, initial: 10000 } } }")
+  awk -v s="$s" -v u="$u" -v n="$requests" 'BEGIN {
+    if (s <= 0 || u <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+    printf "| tollgate, one inflight limit on server_ip | instructions/request | / static |\n|---|---:|---:|\n"
+    printf "| static max | %.0f | 1 |\n", s / n
+    printf "| max: auto | %.0f | %.4f |\n\n", u / n, u / s
+    r = u / s
+    printf "- max: auto / static: %.4f (%s: budget <= 1.005)\n", r, r <= 1.005 ? "PASS" : "MISS"
+  }'
+  exit 0
+fi
 
 a=$(measure nolimits "")
 b=$(measure limits "    limits:

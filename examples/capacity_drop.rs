@@ -9,9 +9,11 @@
 //! origin (queue and service) and the learned max is scraped from
 //! `tollgate_inflight_learned_max` (0 for a static max).
 //!
-//! `capacity_drop PROXY_ADDR METRICS_ADDR ORIGIN_PORT CLIENTS SECONDS`, with tollgate
-//! configured for host `bench.test` with `ORIGIN_PORT` as its upstream; the origin has
-//! `C = 16` workers of `S = 50 ms`. `benches/capacity_drop.sh` runs it.
+//! `capacity_drop PROXY_ADDR METRICS_ADDR ORIGIN_PORT CLIENTS SECONDS [steady]`, with
+//! tollgate configured for host `bench.test` with `ORIGIN_PORT` as its upstream; the origin
+//! has `C = 16` workers of `S = 50 ms`. With `steady` the origin keeps its 16 workers for
+//! the whole run (the steady-overload and unloaded runs). `benches/capacity_drop.sh` runs
+//! it.
 
 // A benchmark or example may unwrap: a failure aborts the measurement, not a user's request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -66,6 +68,7 @@ async fn main() {
     let port: u16 = args[3].parse().unwrap();
     let clients: usize = args[4].parse().unwrap();
     let seconds: u64 = args[5].parse().unwrap();
+    let steady = args.get(6).is_some_and(|a| a == "steady");
 
     let origin = Arc::new(Origin {
         workers: Arc::new(Semaphore::new(CAPACITY as usize)),
@@ -124,14 +127,14 @@ async fn main() {
     while next <= end {
         tokio::time::sleep_until(next).await;
         let t = (next - start).as_secs_f64();
-        if !dropped && t >= seconds as f64 / 3.0 {
+        if !steady && !dropped && t >= seconds as f64 / 3.0 {
             dropped = true;
             let workers = origin.workers.clone();
             tokio::spawn(async move {
                 workers.acquire_many(CAPACITY / 2).await.unwrap().forget();
             });
         }
-        if !restored && t >= 2.0 * seconds as f64 / 3.0 {
+        if !steady && !restored && t >= 2.0 * seconds as f64 / 3.0 {
             restored = true;
             origin.workers.add_permits((CAPACITY / 2) as usize);
         }
