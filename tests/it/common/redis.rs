@@ -171,6 +171,20 @@ impl RedisServer {
             .map(|v| v.trim().to_string())
     }
 
+    /// Script calls the server ran so far (`EVALSHA` and `EVAL`): a shared limit's store
+    /// calls.
+    pub fn script_calls(&self) -> u64 {
+        ["cmdstat_evalsha", "cmdstat_eval"]
+            .iter()
+            .filter_map(|f| self.info_field("commandstats", f))
+            .filter_map(|v| {
+                v.split(',')
+                    .find_map(|p| p.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// Seconds of CPU the server used so far (user + system).
     pub fn cpu_seconds(&self) -> f64 {
         let f = |name| {
