@@ -34,6 +34,7 @@ use crate::config::suggest;
 use crate::config::text;
 use crate::config::yaml::{self, Node, Value};
 use crate::files::Stamp;
+use crate::limits::lease::LeaseParams;
 use crate::limits::{KeyPart, KeySpec, RateParams, RateWindow};
 
 /// The keys `rls:` takes.
@@ -641,8 +642,10 @@ fn read_rule(
         // detailed_metric: per-value visibility through the heavy hitters (admin `/top`),
         // never through metric labels.
         top_keys: detailed.then_some(DETAILED_TOP_KEYS),
-        // Envoy's limits decide exactly, one call per decision (no lease slices yet).
-        lease: None,
+        // In a Redis store Envoy's limits lease like the proxy's (`lease: auto`, the
+        // default there): a hot descriptor's decisions cost no call. A fixed window stays
+        // exact (the store's rate never leases one).
+        lease: at.store.is_some().then(LeaseParams::default),
     };
     Some(RlsRule {
         name,

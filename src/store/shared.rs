@@ -411,6 +411,18 @@ impl SharedRate {
         at: Option<Micros>,
     ) -> Sourced<Grant> {
         let min = min.min(want);
+        // All or nothing (`min == want`, the rate limit service's `hits_addend`) is an
+        // acquire of `want`: a hot key's slice pays it as it pays one.
+        if let (Some(lease), None, true) = (&self.lease, at, min == want) {
+            if let FromSlice::Admitted { held, remaining } = lease.admit(key, want, now) {
+                let left = held.saturating_add(remaining).min(self.params.max);
+                let grant = Grant {
+                    verdict: Verdict::allow(left, 0),
+                    granted: want,
+                };
+                return Sourced::new(grant, Source::Store);
+            }
+        }
         let call = self
             .store()
             .rate_many(&self.names, key, &self.params, min, want, at);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{eventually, Tollgate, Upstream};
 use fleet::{
     bucket, burst, config, fleet, get, get_bytes, hold_admitted, no_fallback, status, wait_up,
-    Traffic, FALLBACK, ROOMY, SHARED, UP,
+    Traffic, EXACT, FALLBACK, ROOMY, SHARED, UP,
 };
 use harness::RedisServer;
 
@@ -30,7 +30,7 @@ async fn share_one_bucket(n: usize) {
     const C: usize = 25;
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
-    let text = config(up.addr, &redis.url(), ROOMY, &bucket(C as u64, SHARED));
+    let text = config(up.addr, &redis.url(), ROOMY, &bucket(C as u64, EXACT));
     let all = fleet(n, &text).await;
     // 3 C requests in all, at once, spread over the instances.
     let statuses = burst(&all, "acme", 3 * C / n + 1).await;

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::{eventually, Tollgate, Upstream};
 use fleet::{
-    assert_no_5xx_within, bucket, burst, config_at, fleet, no_fallback, status, Traffic, ROOMY,
-    SHARED,
+    assert_no_5xx_within, bucket, burst, config_at, fleet, no_fallback, status, Traffic, EXACT,
+    ROOMY, SHARED,
 };
 use harness::{RedisCluster, RedisServer};
 
@@ -50,7 +50,7 @@ async fn two_instances_share_one_bucket_on_a_cluster_exactly() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let all = fleet(
         2,
-        &config_at(up.addr, &target(&cluster), ROOMY, &bucket(C as u64, SHARED)),
+        &config_at(up.addr, &target(&cluster), ROOMY, &bucket(C as u64, EXACT)),
     )
     .await;
     // Several customers, so that their keys land on different nodes.

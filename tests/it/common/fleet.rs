@@ -271,6 +271,13 @@ pub fn bucket(capacity: u64, store: &str) -> String {
 /// The `store:` line of a limit in the shared store.
 pub const SHARED: &str = "        store: shared\n";
 
+/// A token bucket, rate, concurrency or inflight limit in the shared store deciding
+/// every request exactly (`lease: off`): for the tests that count a small limit's
+/// admissions one by one. With leases a burst makes the key hot, and its last units may
+/// sit in another instance's slice (an under-admission of at most one unit per
+/// instance there, the documented bound, which `tests/it/leases.rs` checks).
+pub const EXACT: &str = "        store: shared\n        lease: off\n";
+
 /// Starts a request to `/hold` as `who` through `t`; it answers once the upstream is
 /// released (or fails if `t` dies).
 pub fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<u16>> {
