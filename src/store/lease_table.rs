@@ -170,9 +170,16 @@ impl<K: LeaseKind> LeaseTable<K> {
         Self { inner }
     }
 
+    /// [`LeaseTable::new`] with its idle sweep started: what a shared limit holds.
+    pub(crate) fn started(kind: K, ctx: LeaseCtx, limit: u64, instances: u64) -> Self {
+        let table = Self::new(kind, ctx, limit, instances);
+        table.start_sweep();
+        table
+    }
+
     /// Starts the idle sweep on the kind's runtime, every `idle / 4` (10 ms to 1 s); it
     /// ends with the table.
-    pub(crate) fn start_sweep(&self) {
+    fn start_sweep(&self) {
         let every = Duration::from_nanos(self.inner.params.idle / 4)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let weak = Arc::downgrade(&self.inner);

@@ -155,9 +155,7 @@ impl SharedTokenBucket {
                 params: self.params,
             };
             let instances = u64::from(self.store().config().instances);
-            let table = LeaseTable::new(kind, ctx, bucket_quota(&self.params), instances);
-            table.start_sweep();
-            table
+            LeaseTable::started(kind, ctx, bucket_quota(&self.params), instances)
         });
         self
     }
@@ -348,9 +346,7 @@ impl SharedRate {
                 params: self.params,
             };
             let instances = u64::from(self.store().config().instances);
-            let table = LeaseTable::new(kind, ctx, self.params.max, instances);
-            table.start_sweep();
-            table
+            LeaseTable::started(kind, ctx, self.params.max, instances)
         });
         self
     }
