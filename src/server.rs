@@ -3,7 +3,7 @@
 //! reloader, all sharing one live runtime.
 //!
 //! The proxy service is Pingora's `HttpProxy` behind tollgate's connection handler
-//! ([`Front`]), with the connection caps as the listeners' filter ([`AcceptFilter`]).
+//! ([`Handler`]), with the connection caps as the listeners' filter ([`AcceptFilter`]).
 //! Starting raises the soft open-file limit to the hard one and derives the default
 //! `max_connections` from it ([`safe_max_connections`]); a watcher of Pingora's execution
 //! phases starts draining when a graceful upgrade or shutdown begins ([`Drain`]).
@@ -36,11 +36,11 @@ use crate::api::{ApiConfig, ApiService};
 use crate::config::{ConfigError, Connections as ConnectionBounds};
 use crate::limits::MonotonicClock;
 use crate::metrics::{Metrics, MetricsError};
-use crate::proxy::conn::Drain;
-use crate::proxy::connections::{AcceptFilter, Caps, Connections};
+use crate::proxy::conn_caps::{AcceptFilter, Caps, Connections};
+use crate::proxy::conn_state::Drain;
 use crate::proxy::demo::DemoUpstream;
 use crate::proxy::edge::Edge;
-use crate::proxy::front::Front;
+use crate::proxy::handler::Handler;
 use crate::proxy::metrics_app::MetricsApp;
 use crate::proxy::service::Tollgate;
 use crate::reload::{unix_now, Hangup, Reloader, Snapshot};
@@ -212,7 +212,7 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
     let connections = Connections::new(&metrics, move || {
         caps(&caps_runtime.load().config.server.connections, derived_max)
     });
-    let front = Front::new(
+    let handler = Handler::new(
         pingora_proxy::http_proxy(
             &server.configuration,
             Tollgate::new(
@@ -227,7 +227,7 @@ pub fn build(opts: &RunOptions) -> Result<Started, StartError> {
         Edge::new(&server_cfg.listen, &metrics),
         &metrics,
     );
-    let mut proxy = Service::new("tollgate proxy".to_string(), front);
+    let mut proxy = Service::new("tollgate proxy".to_string(), handler);
     // Every listener is plain TCP to Pingora: TLS, h2c and the PROXY protocol are the
     // connection handler's (see `proxy::edge`), so that they are bounded and counted.
     for listener in &server_cfg.listen {

@@ -5,7 +5,7 @@
 //! HTTP/1.1 that may turn out to be prior-knowledge h2c on an `h2c` listener (the handler
 //! looks at the first bytes: [`PREFACE`]).
 //!
-//! The connection handler ([`super::front`]) calls [`Edge::open`] once the connection
+//! The connection handler ([`super::handler`]) calls [`Edge::open`] once the connection
 //! holds its slot, so the connection caps count a connection before any of this costs
 //! anything.
 

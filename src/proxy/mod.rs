@@ -5,8 +5,8 @@
 //! tollgate writes itself ([`problem`], and ACME HTTP-01 answers: [`challenge`]), and two
 //! small HTTP side
 //! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
-//! proxy, each downstream connection's life: its caps ([`connections`]), its deadlines and
-//! draining ([`front`], [`conn`]), what precedes its first request ([`edge`]: the listener
+//! proxy, each downstream connection's life: its caps ([`conn_caps`]), its deadlines and
+//! draining ([`handler`], [`conn_state`]), what precedes its first request ([`edge`]: the listener
 //! it came in on ([`listeners`]), a PROXY protocol header ([`proxy_protocol`]), the TLS
 //! handshake ([`tls_accept`])), HTTP/2's own accept loop and bounds ([`h2`]), the stream
 //! wrapper both protocols watch their traffic through ([`watched`]); and
@@ -18,15 +18,15 @@
 
 pub mod access;
 pub mod challenge;
-pub mod conn;
-pub mod connections;
+pub mod conn_caps;
+pub mod conn_state;
 pub mod ctx;
 pub mod demo;
 pub mod edge;
 pub mod forward;
-pub mod front;
 pub mod grpc;
 pub mod h2;
+pub mod handler;
 pub mod identity;
 pub mod listeners;
 pub mod metrics_app;

@@ -24,7 +24,7 @@ use crate::config::{HeadersMode, UpstreamProtocol};
 use crate::limits::{Clock, MonotonicClock, Verdict};
 use crate::proxy::access;
 use crate::proxy::challenge;
-use crate::proxy::conn::{mark_request_started, Drain};
+use crate::proxy::conn_state::{mark_request_started, Drain};
 use crate::proxy::ctx::{Ctx, GaugeGuard};
 use crate::proxy::forward;
 use crate::proxy::grpc;

@@ -2,7 +2,7 @@
 //! [`Watched`] forwards every trait Pingora asks of a stream to the stream inside and lets
 //! its [`Watch`] see the reads (which it performs, so it may also refuse them), the writes
 //! and the peeks. HTTP/1 connections watch for request starts and response statuses
-//! ([`super::conn`]), HTTP/2 ones count the client's stream resets ([`super::h2`]).
+//! ([`super::conn_state`]), HTTP/2 ones count the client's stream resets ([`super::h2`]).
 
 use std::io;
 use std::pin::Pin;

@@ -26,7 +26,7 @@
 //!   looks idle though it is not: a pipelined request of which only the start arrived with
 //!   the previous one, its rest never following; it is closed like a silent connection
 //!   (the client retries it, as RFC 9112 §9.3.2 allows).
-//! - **Draining** ([`super::conn::Drain`]): once a graceful upgrade hands the listeners
+//! - **Draining** ([`super::conn_state::Drain`]): once a graceful upgrade hands the listeners
 //!   over, every response says `Connection: close` (the proxy hooks see to that), so a busy
 //!   keep-alive connection moves to the new process after its current request. An idle one
 //!   keeps waiting for its next request, which is answered with `Connection: close` too,
@@ -36,10 +36,10 @@
 //!
 //! It also counts the responses Pingora writes without any hook (a 400 for a header its
 //! parser refuses, a 405 for `CONNECT`) under `origin="_unmatched"`, by the status line it
-//! sees written ([`super::conn`]).
+//! sees written ([`super::conn_state`]).
 //!
 //! The connection caps are applied before this handler runs, by the listener's filter
-//! ([`super::connections`]); the handler holds the connection's slot.
+//! ([`super::conn_caps`]); the handler holds the connection's slot.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -60,8 +60,8 @@ use tokio::time::Instant;
 
 use crate::limits::{Clock, MonotonicClock};
 use crate::metrics::Metrics;
-use crate::proxy::conn::{Conn, ConnState};
-use crate::proxy::connections::Connections;
+use crate::proxy::conn_caps::Connections;
+use crate::proxy::conn_state::{Conn, ConnState};
 use crate::proxy::edge::{Edge, Protocol, PREFACE};
 use crate::proxy::h2::{self, Ended};
 use crate::proxy::service::Tollgate;
@@ -69,7 +69,7 @@ use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::Runtime;
 
 /// The proxy service's application: connection handling around Pingora's `HttpProxy`.
-pub struct Front {
+pub struct Handler {
     proxy: Arc<HttpProxy<Tollgate>>,
     /// What precedes the first request: PROXY header, TLS, the protocol.
     edge: Edge,
@@ -105,7 +105,7 @@ enum Next<T> {
     Close,
 }
 
-impl Front {
+impl Handler {
     /// Wraps `proxy`; `connections` counts what the listener's filter admitted, `edge`
     /// knows the listeners.
     pub fn new(
@@ -354,7 +354,7 @@ fn show(peer: Option<IpAddr>) -> String {
 }
 
 #[async_trait]
-impl ServerApp for Front {
+impl ServerApp for Handler {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,

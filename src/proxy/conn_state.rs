@@ -3,7 +3,7 @@
 //!
 //! Pingora reads a request header before any `ProxyHttp` hook runs and writes its own
 //! error responses (400 for a header its parser refuses, 405 for `CONNECT`) without one.
-//! The connection handler ([`super::front`]) still has to know three things about each
+//! The connection handler ([`super::handler`]) still has to know three things about each
 //! request it hands to Pingora: whether any of it arrived yet (so that an idle keep-alive
 //! connection can be closed without losing a request), whether the header was complete (so
 //! that its header deadline stops applying) and, when no hook ran, which status Pingora
