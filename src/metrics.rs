@@ -8,6 +8,7 @@
 
 use std::sync::OnceLock;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -113,199 +114,132 @@ impl Metrics {
     /// Registers every family in a fresh registry.
     pub fn new() -> Result<Self, MetricsError> {
         let registry = Registry::new();
-        let requests_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_requests_total",
-                "Responses sent downstream, by origin and status code.",
-            ),
+        let f = Families::new(&registry);
+        let requests_total = f.counter_vec(
+            "tollgate_requests_total",
+            "Responses sent downstream, by origin and status code.",
             &["origin", "code"],
         )?;
-        let limit_decisions_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_limit_decisions_total",
-                "Limit decisions by origin, limit, kind and decision: allowed (the request passed every limit), refunded (admitted, then undone because a later limit rejected), rejected, shadow_rejected, skipped.",
-            ),
+        let limit_decisions_total = f.counter_vec(
+            "tollgate_limit_decisions_total",
+            "Limit decisions by origin, limit, kind and decision: allowed (the request passed every limit), refunded (admitted, then undone because a later limit rejected), rejected, shadow_rejected, skipped.",
             &["origin", "limit", "kind", "decision"],
         )?;
-        let inflight_requests = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_inflight_requests",
-                "Requests admitted to an upstream and not yet finished, exact, by origin.",
-            ),
+        let inflight_requests = f.gauge_vec(
+            "tollgate_inflight_requests",
+            "Requests admitted to an upstream and not yet finished, exact, by origin.",
             &["origin"],
         )?;
-        let request_duration_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "tollgate_request_duration_seconds",
-                "Time from request headers to the end of the response, by origin.",
-            )
-            .buckets(vec![
+        let request_duration_seconds = f.histogram_vec(
+            "tollgate_request_duration_seconds",
+            "Time from request headers to the end of the response, by origin.",
+            &["origin"],
+            vec![
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0,
-            ]),
-            &["origin"],
+            ],
         )?;
-        let config_reloads_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_config_reloads_total",
-                "Config reload attempts by result (success, failure).",
-            ),
+        let config_reloads_total = f.counter_vec(
+            "tollgate_config_reloads_total",
+            "Config reload attempts by result (success, failure).",
             &["result"],
         )?;
-        let store_up = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_store_up",
-                "1 while the shared store answers (breaker closed), 0 while decisions fall back.",
-            ),
+        let store_up = f.gauge_vec(
+            "tollgate_store_up",
+            "1 while the shared store answers (breaker closed), 0 while decisions fall back.",
             &["store"],
         )?;
-        let store_requests_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_store_requests_total",
-                "Calls to a shared store by result (ok, timeout, error, key_error, breaker_open).",
-            ),
+        let store_requests_total = f.counter_vec(
+            "tollgate_store_requests_total",
+            "Calls to a shared store by result (ok, timeout, error, key_error, breaker_open).",
             &["store", "result"],
         )?;
-        let store_latency_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "tollgate_store_latency_seconds",
-                "Time of the calls sent to a shared store, from send to answer or timeout.",
-            )
-            .buckets(vec![
+        let store_latency_seconds = f.histogram_vec(
+            "tollgate_store_latency_seconds",
+            "Time of the calls sent to a shared store, from send to answer or timeout.",
+            &["store"],
+            vec![
                 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
-            ]),
+            ],
+        )?;
+        let store_fallback_decisions_total = f.counter_vec(
+            "tollgate_store_fallback_decisions_total",
+            "Decisions made by a shared store's fallback (local, allow or deny) instead of the store.",
             &["store"],
         )?;
-        let store_fallback_decisions_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_store_fallback_decisions_total",
-                "Decisions made by a shared store's fallback (local, allow or deny) instead of the store.",
-            ),
-            &["store"],
-        )?;
-        let config_last_reload_success = Gauge::new(
+        let config_last_reload_success = f.float_gauge(
             "tollgate_config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful config load or reload.",
         )?;
-        let connections_open = IntGauge::new(
+        let connections_open = f.gauge(
             "tollgate_connections_open",
             "Downstream (client) connections open now.",
         )?;
-        let connections_limited_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_connections_limited_total",
-                "Connections that met a connection cap: max_connections (accepting waited for a slot), max_connections_per_ip (closed at once).",
-            ),
+        let connections_limited_total = f.counter_vec(
+            "tollgate_connections_limited_total",
+            "Connections that met a connection cap: max_connections (accepting waited for a slot), max_connections_per_ip (closed at once).",
             &["limit"],
         )?;
-        let connection_timeouts_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_connection_timeouts_total",
-                "Downstream connections closed by a timeout: header (the request header was not complete within header_timeout), keepalive (idle longer than keepalive_timeout).",
-            ),
+        let connection_timeouts_total = f.counter_vec(
+            "tollgate_connection_timeouts_total",
+            "Downstream connections closed by a timeout: header (the request header was not complete within header_timeout), keepalive (idle longer than keepalive_timeout).",
             &["timeout"],
         )?;
-        registry.register(Box::new(requests_total.clone()))?;
-        registry.register(Box::new(limit_decisions_total.clone()))?;
-        registry.register(Box::new(inflight_requests.clone()))?;
-        registry.register(Box::new(request_duration_seconds.clone()))?;
-        registry.register(Box::new(config_reloads_total.clone()))?;
-        registry.register(Box::new(config_last_reload_success.clone()))?;
-        registry.register(Box::new(connections_open.clone()))?;
-        registry.register(Box::new(connections_limited_total.clone()))?;
-        registry.register(Box::new(connection_timeouts_total.clone()))?;
-        let tls_handshakes_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_tls_handshakes_total",
-                "TLS handshakes on the proxy's listeners by result (success, failure, timeout, acme_validation) and version agreed (1.2, 1.3, none).",
-            ),
+        let tls_handshakes_total = f.counter_vec(
+            "tollgate_tls_handshakes_total",
+            "TLS handshakes on the proxy's listeners by result (success, failure, timeout, acme_validation) and version agreed (1.2, 1.3, none).",
             &["result", "version"],
         )?;
-        let h2_reset_closes_total = IntCounter::new(
+        let h2_reset_closes_total = f.counter(
             "tollgate_h2_reset_closes_total",
             "HTTP/2 connections closed for resetting more streams than server.h2_max_resets allows (rapid reset).",
         )?;
-        let proxy_protocol_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_proxy_protocol_total",
-                "PROXY protocol headers read, by result: trusted (the address is used), untrusted (from a peer outside trusted_proxies, ignored), invalid (connection closed).",
-            ),
+        let proxy_protocol_total = f.counter_vec(
+            "tollgate_proxy_protocol_total",
+            "PROXY protocol headers read, by result: trusted (the address is used), untrusted (from a peer outside trusted_proxies, ignored), invalid (connection closed).",
             &["result"],
         )?;
-        registry.register(Box::new(tls_handshakes_total.clone()))?;
-        let acme_orders_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_acme_orders_total",
-                "ACME certificate orders (tls.acme) by host and result: success, failure, shared (a certificate another instance ordered, taken from the store).",
-            ),
+        let acme_orders_total = f.counter_vec(
+            "tollgate_acme_orders_total",
+            "ACME certificate orders (tls.acme) by host and result: success, failure, shared (a certificate another instance ordered, taken from the store).",
             &["host", "result"],
         )?;
-        registry.register(Box::new(acme_orders_total.clone()))?;
-        registry.register(Box::new(h2_reset_closes_total.clone()))?;
-        registry.register(Box::new(proxy_protocol_total.clone()))?;
-        for result in ["trusted", "untrusted", "invalid"] {
-            proxy_protocol_total.with_label_values(&[result]);
-        }
-        let api_commands_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_api_commands_total",
-                "Limiter API commands by command and result (ok, rejected, error).",
-            ),
+        let api_commands_total = f.counter_vec(
+            "tollgate_api_commands_total",
+            "Limiter API commands by command and result (ok, rejected, error).",
             &["command", "result"],
         )?;
         let api_connections =
-            IntGauge::new("tollgate_api_connections", "Open limiter API connections.")?;
-        let api_holds = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_api_holds",
-                "Copies of a resource held by open limiter API connections, exact.",
-            ),
+            f.gauge("tollgate_api_connections", "Open limiter API connections.")?;
+        let api_holds = f.gauge_vec(
+            "tollgate_api_holds",
+            "Copies of a resource held by open limiter API connections, exact.",
             &["resource"],
         )?;
-        let rls_requests_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_rls_requests_total",
-                "Envoy rate limit service ShouldRateLimit answers by domain (_unknown for unconfigured ones) and overall code (ok, over_limit, invalid).",
-            ),
+        let rls_requests_total = f.counter_vec(
+            "tollgate_rls_requests_total",
+            "Envoy rate limit service ShouldRateLimit answers by domain (_unknown for unconfigured ones) and overall code (ok, over_limit, invalid).",
             &["domain", "code"],
         )?;
-        let rls_hits_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_rls_hits_total",
-                "Envoy rate limit service hits per configured rule (domain, descriptor path) by result: within_limit, near_limit (past 80%), over_limit, shadow_mode.",
-            ),
+        let rls_hits_total = f.counter_vec(
+            "tollgate_rls_hits_total",
+            "Envoy rate limit service hits per configured rule (domain, descriptor path) by result: within_limit, near_limit (past 80%), over_limit, shadow_mode.",
             &["domain", "descriptor", "result"],
         )?;
-        registry.register(Box::new(rls_requests_total.clone()))?;
-        registry.register(Box::new(rls_hits_total.clone()))?;
-        registry.register(Box::new(api_commands_total.clone()))?;
-        registry.register(Box::new(api_connections.clone()))?;
-        registry.register(Box::new(api_holds.clone()))?;
-        registry.register(Box::new(store_up.clone()))?;
-        registry.register(Box::new(store_requests_total.clone()))?;
-        registry.register(Box::new(store_latency_seconds.clone()))?;
-        registry.register(Box::new(store_fallback_decisions_total.clone()))?;
-        let store_leased = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_store_leased",
-                "Quota this instance holds in lease slices and has not spent, by store, origin and limit: summed over the fleet, the bound on the under-admission leases cause.",
-            ),
+        let store_leased = f.gauge_vec(
+            "tollgate_store_leased",
+            "Quota this instance holds in lease slices and has not spent, by store, origin and limit: summed over the fleet, the bound on the under-admission leases cause.",
             &["store", "origin", "limit"],
         )?;
-        let store_lease_calls_total = IntCounterVec::new(
-            Opts::new(
-                "tollgate_store_lease_calls_total",
-                "Lease calls to a shared store by result (granted, partial, empty, returned, failed).",
-            ),
+        let store_lease_calls_total = f.counter_vec(
+            "tollgate_store_lease_calls_total",
+            "Lease calls to a shared store by result (granted, partial, empty, returned, failed).",
             &["store", "result"],
         )?;
-        registry.register(Box::new(store_leased.clone()))?;
-        registry.register(Box::new(store_lease_calls_total.clone()))?;
-        let access_log_dropped_total = IntCounter::new(
+        let access_log_dropped_total = f.counter(
             "tollgate_access_log_dropped_total",
             "Access log lines dropped: the buffer was full (the writer fell behind) or a write failed.",
         )?;
-        registry.register(Box::new(access_log_dropped_total.clone()))?;
         // Every label value exists from the start, so `rate()` and alerts see a 0, not a gap.
         config_reloads_total.with_label_values(&["success"]);
         config_reloads_total.with_label_values(&["failure"]);
@@ -343,6 +277,11 @@ impl Metrics {
             store_lease_calls_total,
             access_log_dropped_total,
         })
+    }
+
+    /// A [`Families`] that registers in this registry (a module's own families).
+    pub fn families(&self) -> Families<'_> {
+        Families::new(&self.registry)
     }
 
     /// Registers a collector read at each scrape (a limiter's own counters, such as the
@@ -384,6 +323,7 @@ impl Metrics {
     /// series at once (every result at 0, so `rate()` and alerts see a 0, not a gap).
     pub fn store(&self, store: &str) -> StoreMetrics {
         let result = |r: &str| self.store_requests_total.with_label_values(&[store, r]);
+        let lease = |r: &str| self.store_lease_calls_total.with_label_values(&[store, r]);
         StoreMetrics {
             up: self.store_up.with_label_values(&[store]),
             ok: result("ok"),
@@ -400,21 +340,11 @@ impl Metrics {
                 store: store.to_string(),
             },
             lease_calls: LeaseCalls {
-                granted: self
-                    .store_lease_calls_total
-                    .with_label_values(&[store, "granted"]),
-                partial: self
-                    .store_lease_calls_total
-                    .with_label_values(&[store, "partial"]),
-                empty: self
-                    .store_lease_calls_total
-                    .with_label_values(&[store, "empty"]),
-                returned: self
-                    .store_lease_calls_total
-                    .with_label_values(&[store, "returned"]),
-                failed: self
-                    .store_lease_calls_total
-                    .with_label_values(&[store, "failed"]),
+                granted: lease("granted"),
+                partial: lease("partial"),
+                empty: lease("empty"),
+                returned: lease("returned"),
+                failed: lease("failed"),
             },
         }
     }
@@ -427,6 +357,75 @@ impl Metrics {
     /// The inflight gauge of one origin.
     pub fn inflight(&self, origin: &str) -> IntGauge {
         self.inflight_requests.with_label_values(&[origin])
+    }
+}
+
+/// What making a family returns: `prometheus`'s error is a bad name or label (a bug).
+type Made<T> = Result<T, prometheus::Error>;
+
+/// Creates metric families and registers each as it is made, so a family cannot be
+/// created and forgotten (it would never be scraped), and `Opts` is spelled once.
+/// `Families::unregistered` makes families a [`Collector`](prometheus::core::Collector)
+/// reads and exports itself at scrape time.
+pub struct Families<'a> {
+    registry: Option<&'a Registry>,
+}
+
+impl<'a> Families<'a> {
+    /// Families registered in `registry`.
+    pub fn new(registry: &'a Registry) -> Self {
+        Self {
+            registry: Some(registry),
+        }
+    }
+
+    /// Families registered nowhere: their owner is a collector that exports them itself.
+    pub fn unregistered() -> Self {
+        Self { registry: None }
+    }
+
+    fn registered<C: Collector + Clone + 'static>(&self, family: C) -> Made<C> {
+        if let Some(registry) = self.registry {
+            registry.register(Box::new(family.clone()))?;
+        }
+        Ok(family)
+    }
+
+    /// An `IntCounterVec` named `name` with `labels`.
+    pub fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> Made<IntCounterVec> {
+        self.registered(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// An `IntGaugeVec` named `name` with `labels`.
+    pub fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> Made<IntGaugeVec> {
+        self.registered(IntGaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// A `HistogramVec` named `name` with `labels` and upper bounds `buckets`.
+    pub fn histogram_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: Vec<f64>,
+    ) -> Made<HistogramVec> {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.registered(HistogramVec::new(opts, labels)?)
+    }
+
+    /// An unlabelled `IntCounter`.
+    pub fn counter(&self, name: &str, help: &str) -> Made<IntCounter> {
+        self.registered(IntCounter::new(name, help)?)
+    }
+
+    /// An unlabelled `IntGauge`.
+    pub fn gauge(&self, name: &str, help: &str) -> Made<IntGauge> {
+        self.registered(IntGauge::new(name, help)?)
+    }
+
+    /// An unlabelled float `Gauge` (timestamps).
+    pub fn float_gauge(&self, name: &str, help: &str) -> Made<Gauge> {
+        self.registered(Gauge::new(name, help)?)
     }
 }
 

@@ -47,7 +47,7 @@ use super::ledger::{ReservationBudget, Transfers};
 use super::resp::ProtocolError;
 use crate::config::{Secret, API_ORIGIN, UNCONFIGURED};
 use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
-use crate::metrics::{DecisionCounters, Metrics, MetricsError};
+use crate::metrics::{DecisionCounters, Families, Metrics, MetricsError};
 use crate::runtime::Runtime;
 
 /// How the limiter API runs: the `api` section of the config, plus bounds that tests and
@@ -558,11 +558,12 @@ struct BucketCollector {
 
 impl BucketCollector {
     fn new(buckets: &Arc<AdhocBuckets>) -> Result<Self, prometheus::Error> {
-        let evictions = IntCounter::new(
+        let f = Families::unregistered();
+        let evictions = f.counter(
             "tollgate_api_bucket_evictions_total",
             "Limiter API ad-hoc buckets evicted before they were full (raise api.max_keys).",
         )?;
-        let held = IntGauge::new(
+        let held = f.gauge(
             "tollgate_api_buckets",
             "Limiter API ad-hoc buckets holding state (not full).",
         )?;

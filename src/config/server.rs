@@ -77,26 +77,33 @@ pub(crate) struct ServerDraft {
     pub rls: Option<At<Listener>>,
 }
 
+/// The `server:` section's defaults: what an absent section or key means.
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            listen: vec![Listener::plain(DEFAULT_LISTEN)],
+            metrics: None,
+            threads: 2,
+            grace_period: Duration::from_secs(5),
+            trusted_proxies: Vec::new(),
+            customer_header: None,
+            demo_upstream: None,
+            limiter_api: None,
+            rls: None,
+            admin: None,
+            admin_token: None,
+            instance: None,
+            kill_switch: false,
+            connections: Connections::default(),
+            access_log: None,
+        }
+    }
+}
+
 /// Reads the `server:` section, or the defaults when it is absent. `file` is the config
 /// file, whose directory a relative `admin_token_file` starts in.
 pub(crate) fn parse(r: &mut Report, node: Option<&Node>, file: &str) -> ServerDraft {
-    let mut server = Server {
-        listen: vec![Listener::plain(DEFAULT_LISTEN)],
-        metrics: None,
-        threads: 2,
-        grace_period: Duration::from_secs(5),
-        trusted_proxies: Vec::new(),
-        customer_header: None,
-        demo_upstream: None,
-        limiter_api: None,
-        rls: None,
-        admin: None,
-        admin_token: None,
-        instance: None,
-        kill_switch: false,
-        connections: Connections::default(),
-        access_log: None,
-    };
+    let mut server = Server::default();
     let mut binds = Vec::new();
     let mut listeners = Vec::new();
     let mut rls = None;

@@ -36,7 +36,9 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec};
+
+use crate::metrics::Families;
 
 use crate::config::API_ORIGIN;
 use crate::runtime::limiter::{Limiter, Place};
@@ -67,50 +69,39 @@ type Totals<'a> = BTreeMap<Vec<&'a str>, u64>;
 impl RuntimeCollector {
     /// A collector over `runtime`, whichever config it holds at each scrape.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Result<Self, prometheus::Error> {
-        let limit_evictions = IntCounterVec::new(
-            Opts::new(
-                "tollgate_limit_evictions_total",
-                "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).",
-            ),
+        let f = Families::unregistered();
+        let limit_evictions = f.counter_vec(
+            "tollgate_limit_evictions_total",
+            "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).",
             &["origin", "limit", "kind"],
         )?;
-        let tier_entries = IntCounterVec::new(
-            Opts::new(
-                "tollgate_tier_entries_total",
-                "Entries into each tier of a tiered limit (bursts; tier 1 also counts new keys).",
-            ),
+        let tier_entries = f.counter_vec(
+            "tollgate_tier_entries_total",
+            "Entries into each tier of a tiered limit (bursts; tier 1 also counts new keys).",
             &["origin", "limit", "tier"],
         )?;
-        let in_use = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_concurrency_in_use",
-                "Copies of a concurrency limit held now, exact, per group (`_all`: every copy).",
-            ),
+        let in_use = f.gauge_vec(
+            "tollgate_concurrency_in_use",
+            "Copies of a concurrency limit held now, exact, per group (`_all`: every copy).",
             &["origin", "limit", "group"],
         )?;
-        let max = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_concurrency_max",
-                "The max each tollgate_concurrency_in_use series is held against (`_all`: the global limit, when set).",
-            ),
+        let max = f.gauge_vec(
+            "tollgate_concurrency_max",
+            "The max each tollgate_concurrency_in_use series is held against (`_all`: the global limit, when set).",
             &["origin", "limit", "group"],
         )?;
-        let untracked = IntCounterVec::new(
-            Opts::new(
-                "tollgate_concurrency_untracked_total",
-                "Concurrency admissions made untracked because the key's slots in the table were full of holding keys: the key's own max was not checked (raise max_keys).",
-            ),
+        let untracked = f.counter_vec(
+            "tollgate_concurrency_untracked_total",
+            "Concurrency admissions made untracked because the key's slots in the table were full of holding keys: the key's own max was not checked (raise max_keys).",
             &["origin", "limit"],
         )?;
-        let kill = IntGauge::new(
+        let kill = f.gauge(
             "tollgate_kill_switch",
             "1 while the kill switch turns every rejection into a grant (counted as shadow_rejected).",
         )?;
-        let cert_expiry = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_tls_certificate_expiry_timestamp_seconds",
-                "When each certificate tollgate serves expires (its notAfter), in Unix seconds, by certificate file.",
-            ),
+        let cert_expiry = f.gauge_vec(
+            "tollgate_tls_certificate_expiry_timestamp_seconds",
+            "When each certificate tollgate serves expires (its notAfter), in Unix seconds, by certificate file.",
             &["cert"],
         )?;
         Ok(Self {

@@ -1,7 +1,7 @@
 //! The snapshot metrics: writes by result, the last good write, keys written per kind,
 //! and the load at start by result. Registered in tollgate's one registry.
 
-use prometheus::{Gauge, IntCounter, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{Gauge, IntCounter, IntCounterVec, IntGaugeVec};
 
 use crate::metrics::{Metrics, MetricsError};
 use crate::snapshot::state::SavedKind;
@@ -23,29 +23,24 @@ pub(super) struct SnapshotMetrics {
 impl SnapshotMetrics {
     /// Creates the families (every label value at 0) and registers them in `metrics`.
     pub fn register(metrics: &Metrics) -> Result<Self, MetricsError> {
-        let writes = IntCounterVec::new(
-            Opts::new(
-                "tollgate_snapshot_writes_total",
-                "Local-state snapshot writes by result (ok, error).",
-            ),
+        let f = metrics.families();
+        let writes = f.counter_vec(
+            "tollgate_snapshot_writes_total",
+            "Local-state snapshot writes by result (ok, error).",
             &["result"],
         )?;
-        let last_success = Gauge::new(
+        let last_success = f.float_gauge(
             "tollgate_snapshot_last_success_timestamp_seconds",
             "Unix time of the last local-state snapshot written.",
         )?;
-        let keys = IntGaugeVec::new(
-            Opts::new(
-                "tollgate_snapshot_keys",
-                "Keys in the last local-state snapshot written, by kind.",
-            ),
+        let keys = f.gauge_vec(
+            "tollgate_snapshot_keys",
+            "Keys in the last local-state snapshot written, by kind.",
             &["kind"],
         )?;
-        let loads = IntCounterVec::new(
-            Opts::new(
-                "tollgate_snapshot_loads_total",
-                "Local-state snapshot loads at start by result (restored, absent, refused).",
-            ),
+        let loads = f.counter_vec(
+            "tollgate_snapshot_loads_total",
+            "Local-state snapshot loads at start by result (restored, absent, refused).",
             &["result"],
         )?;
         for result in ["restored", "absent", "refused"] {
@@ -59,10 +54,6 @@ impl SnapshotMetrics {
         ] {
             keys.with_label_values(&[kind.name()]);
         }
-        metrics.register_collector(Box::new(writes.clone()))?;
-        metrics.register_collector(Box::new(last_success.clone()))?;
-        metrics.register_collector(Box::new(keys.clone()))?;
-        metrics.register_collector(Box::new(loads.clone()))?;
         Ok(Self {
             writes_ok: writes.with_label_values(&["ok"]),
             writes_error: writes.with_label_values(&["error"]),

@@ -88,15 +88,7 @@ fn parses_the_design_example() {
             grace_period: Duration::from_secs(5),
             trusted_proxies: vec!["127.0.0.1/32".parse().unwrap()],
             customer_header: Some("x-customer-id".into()),
-            demo_upstream: None,
-            limiter_api: None,
-            rls: None,
-            admin: None,
-            admin_token: None,
-            instance: None,
-            kill_switch: false,
-            connections: Default::default(),
-            access_log: None,
+            ..Server::default()
         }
     );
     assert_eq!(c.origins.len(), 2);

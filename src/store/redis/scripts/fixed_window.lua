@@ -21,31 +21,14 @@
 --
 -- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
-local max = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local tick = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
+local max, per, tick, cost = numbers(1, 4)
 local strict = ARGV[5] == '1'
 local min = tonumber(ARGV[6])
 local now, replay = clock(ARGV[7])
 
-local t = fdiv(now, tick)
-local period = fdiv(t, per)
-local e = t - period * per
-local curr = 0
-local state = redis.call('HMGET', KEYS[1], 'p', 'c')
-if state[1] then
-  local sp = tonumber(state[1])
-  local sc = tonumber(state[2]) or 0
-  if sp == period then
-    curr = sc
-  elseif sp > period then
-    -- The stored period is ahead of this clock (a replay going back, or another node's
-    -- clock): count at the start of the stored period, as the in-process limiter does.
-    period, e, curr = sp, 0, sc
-  end
-end
--- The tick the answer is relative to (later than t when the stored period was ahead).
+-- rate.lua's window, whose previous period a fixed window does not count.
+local period, e, _, curr = window_load(KEYS[1], now, tick, per)
+-- The tick the answer is relative to (later than now's when the stored period was ahead).
 local at = period * per + e
 
 -- A duration of d ticks from `at`, in µs from now.
