@@ -17,6 +17,16 @@ use prometheus::{
 /// The origin label used for requests whose host matched no origin.
 pub const UNMATCHED_ORIGIN: &str = "_unmatched";
 
+/// The one family every per-key table's evictions are counted in,
+/// `tollgate_limit_evictions_total{origin,limit,kind}`: the runtime's limits
+/// (`crate::runtime::collector`) and the limiter API's ad-hoc buckets (`origin="_api"`,
+/// `kind="adhoc_bucket"`) alike, so one alert rule and one dashboard panel cover both.
+pub const LIMIT_EVICTIONS: &str = "tollgate_limit_evictions_total";
+/// The help text of [`LIMIT_EVICTIONS`]: both writers must give the same one.
+pub const LIMIT_EVICTIONS_HELP: &str = "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).";
+/// The labels of [`LIMIT_EVICTIONS`].
+pub const LIMIT_EVICTIONS_LABELS: [&str; 3] = ["origin", "limit", "kind"];
+
 /// Every metric family tollgate exports, registered in one private registry.
 #[derive(Clone)]
 pub struct Metrics {

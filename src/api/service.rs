@@ -31,7 +31,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::listening::Service;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -47,7 +47,10 @@ use super::ledger::{ReservationBudget, Transfers};
 use super::resp::ProtocolError;
 use crate::config::{Secret, API_ORIGIN, UNCONFIGURED};
 use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
-use crate::metrics::{DecisionCounters, Families, Metrics, MetricsError};
+use crate::metrics::{
+    DecisionCounters, Families, Metrics, MetricsError, LIMIT_EVICTIONS, LIMIT_EVICTIONS_HELP,
+    LIMIT_EVICTIONS_LABELS,
+};
 use crate::runtime::Runtime;
 
 /// How the limiter API runs: the `api` section of the config, plus bounds that tests and
@@ -547,11 +550,17 @@ impl ServerApp for ApiApp {
     }
 }
 
-/// Exposes the bucket table's state at scrape time:
-/// `tollgate_api_bucket_evictions_total` and `tollgate_api_buckets`.
+/// Exposes the bucket table's state at scrape time: its evictions in the one eviction
+/// family, `tollgate_limit_evictions_total{origin="_api",limit="adhoc",kind="adhoc_bucket"}`,
+/// and `tollgate_api_buckets`.
+///
+/// The eviction family is registered by the runtime's collector; this one describes only
+/// its gauge and adds its series to the family at scrape time (the registry merges
+/// families of one name), so there is one family for every per-key table.
 struct BucketCollector {
     buckets: Arc<AdhocBuckets>,
     evictions: IntCounter,
+    family: IntCounterVec,
     held: IntGauge,
     descs: Vec<Desc>,
 }
@@ -559,23 +568,21 @@ struct BucketCollector {
 impl BucketCollector {
     fn new(buckets: &Arc<AdhocBuckets>) -> Result<Self, prometheus::Error> {
         let f = Families::unregistered();
-        let evictions = f.counter(
-            "tollgate_api_bucket_evictions_total",
-            "Limiter API ad-hoc buckets evicted before they were full (raise api.max_keys).",
+        let family = f.counter_vec(
+            LIMIT_EVICTIONS,
+            LIMIT_EVICTIONS_HELP,
+            &LIMIT_EVICTIONS_LABELS,
         )?;
+        let evictions = family.with_label_values(&[API_ORIGIN, "adhoc", "adhoc_bucket"]);
         let held = f.gauge(
             "tollgate_api_buckets",
             "Limiter API ad-hoc buckets holding state (not full).",
         )?;
-        let descs = evictions
-            .desc()
-            .into_iter()
-            .chain(held.desc())
-            .cloned()
-            .collect();
+        let descs = held.desc().into_iter().cloned().collect();
         Ok(Self {
             buckets: buckets.clone(),
             evictions,
+            family,
             held,
             descs,
         })
@@ -593,7 +600,7 @@ impl Collector for BucketCollector {
             .inc_by(total.saturating_sub(self.evictions.get()));
         self.held
             .set(i64::try_from(self.buckets.len()).unwrap_or(i64::MAX));
-        let mut families = self.evictions.collect();
+        let mut families = self.family.collect();
         families.extend(self.held.collect());
         families
     }

@@ -38,7 +38,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec};
 
-use crate::metrics::Families;
+use crate::metrics::{Families, LIMIT_EVICTIONS, LIMIT_EVICTIONS_HELP, LIMIT_EVICTIONS_LABELS};
 
 use crate::config::API_ORIGIN;
 use crate::runtime::limiter::{Limiter, Place};
@@ -71,9 +71,9 @@ impl RuntimeCollector {
     pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Result<Self, prometheus::Error> {
         let f = Families::unregistered();
         let limit_evictions = f.counter_vec(
-            "tollgate_limit_evictions_total",
-            "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).",
-            &["origin", "limit", "kind"],
+            LIMIT_EVICTIONS,
+            LIMIT_EVICTIONS_HELP,
+            &LIMIT_EVICTIONS_LABELS,
         )?;
         let tier_entries = f.counter_vec(
             "tollgate_tier_entries_total",

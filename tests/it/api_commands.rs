@@ -255,7 +255,7 @@ fn unknown_commands_and_wrong_arity_are_errors_and_the_connection_goes_on() {
         "tollgate_api_commands_total{command=\"echo\",result=\"error\"} 1",
         "tollgate_api_connections 1",
         "tollgate_api_buckets 1",
-        "tollgate_api_bucket_evictions_total 0",
+        "tollgate_limit_evictions_total{kind=\"adhoc_bucket\",limit=\"adhoc\",origin=\"_api\"} 0",
     ] {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
     }
