@@ -14,6 +14,13 @@
 # request of (s) (tollgate_store_requests_total sent to Redis over requests served; more
 # than 1 is flagged).
 #
+# E2E_LIMITS=N gives each proxy N such limits (all local, or all in the store) in the one
+# request phase; E2E_COLD=1 keys them by a header wrk sets anew on every request (a cold
+# key each time: no lease, one script per limit). Their script calls leave together (one
+# pipeline, one round trip per phase), so the added p50 with three should be about one
+# RTT, as with one, not three: compare `E2E_LIMITS=1 E2E_COLD=1` with `E2E_LIMITS=3
+# E2E_COLD=1`.
+#
 # Then a frozen round (f): the script's redis-server is stopped (SIGSTOP: the connection
 # stays open and nothing answers, the worst case for a budget), wrk runs against (s) once
 # more for E2E_DURATION, and the server is continued (SIGCONT). Prints the added p50/p99
@@ -25,7 +32,8 @@
 # Run:     benches/e2e_store.sh                 (release build; about a minute after it)
 # Quick:   E2E_DURATION=2 E2E_ROUNDS=1 TOLLGATE_BIN=target/debug/tollgate benches/e2e_store.sh
 # Knobs:   E2E_DURATION (s, 10)  E2E_ROUNDS (3)  E2E_WORKERS (2)  E2E_CONNECTIONS (16)
-#          E2E_WARMUP (s, 1)  E2E_STORE_TIMEOUT (5ms)  TOLLGATE_BIN (skip the cargo build)
+#          E2E_WARMUP (s, 1)  E2E_STORE_TIMEOUT (5ms)  E2E_LIMITS (1)  E2E_COLD (0)
+#          TOLLGATE_BIN (skip the cargo build)
 # Needs:   wrk, nginx, redis-server, redis-cli (scripts/deps.sh installs them), cargo.
 # Exit:    non-zero when a proxy failed to serve (no requests, over 1% non-2xx or socket
 #          errors, frozen round included) or the shared limit never reached Redis.
@@ -38,6 +46,8 @@ workers=${E2E_WORKERS:-2}
 conns=${E2E_CONNECTIONS:-16}
 warmup=${E2E_WARMUP:-1}
 store_timeout=${E2E_STORE_TIMEOUT:-5ms}
+nlimits=${E2E_LIMITS:-1}
+cold=${E2E_COLD:-0}
 host=bench.local
 
 log() { printf 'e2e-store: %s\n' "$*" >&2; }
@@ -184,6 +194,22 @@ for ((i = 0; i < 100; i++)); do
 done
 redis-cli -p "$redis_port" ping >/dev/null 2>&1 || die "redis-server did not start"
 
+key="[client_ip]" customer=""
+wrk_script=()
+if [[ $cold == 1 ]]; then
+  key="[customer]" customer="  trusted_proxies: [\"127.0.0.1/32\"]
+  customer_header: x-key"
+  # A new key per request: this connection's counter, prefixed by a per-thread random.
+  cat >"$tmp/cold.lua" <<'EOF'
+local n, tag = 0, tostring(math.random(1, 1e9))
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, { ["x-key"] = tag .. "-" .. n })
+end
+EOF
+  wrk_script=(-s "$tmp/cold.lua")
+fi
+
 declare -A port pid metrics
 for v in l s; do
   free_port p
@@ -197,6 +223,7 @@ server:
   metrics: "127.0.0.1:$m"
   threads: $workers
   grace_period: 0s
+$customer
 stores:
   shared: { kind: redis, url: "redis://127.0.0.1:$redis_port/0", timeout: $store_timeout }
 origins:
@@ -204,8 +231,10 @@ origins:
     hosts: ["$host"]
     upstreams: ["127.0.0.1:$up_port"]
     limits:
-      tokens: { kind: token_bucket, key: [client_ip], ${store}capacity: 1000000000, refill: { amount: 1000000000, every: 1s } }
 EOF
+  for ((i = 0; i < nlimits; i++)); do
+    echo "      tokens$i: { kind: token_bucket, key: $key, ${store}capacity: 1000000000, refill: { amount: 1000000000, every: 1s } }" >>"$tmp/$v.yaml"
+  done
   RUST_LOG=warn "$bin" run --config "$tmp/$v.yaml" --upgrade-sock "$tmp/$v.sock" \
     --pid-file "$tmp/$v.pid" >"$tmp/tollgate-$v.log" 2>&1 &
   pid[$v]=$!
@@ -240,7 +269,7 @@ run_wrk() {
   [[ -n $frozen ]] || rb=$(redis_cpu)
   fb0=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
   c0=$(store_calls "${metrics[$v]}")
-  out=$(wrk --latency -t 1 -c "$conns" -d "${secs}s" -H "Host: $host" \
+  out=$(wrk --latency -t 1 -c "$conns" -d "${secs}s" -H "Host: $host" "${wrk_script[@]}" \
     "http://127.0.0.1:${port[$v]}/" 2>&1) || die "wrk failed against $v: $out"
   after=$(cpu_ticks "${pid[$v]}")
   [[ -n $frozen ]] || ra=$(redis_cpu)
@@ -319,12 +348,12 @@ log "shared store calls answered: $ok"
 }
 
 echo
-echo "## Shared vs local token bucket: wrk -t1 -c$conns, ${duration}s x $rounds rounds, $workers workers, loopback, budget $store_timeout"
+echo "## Shared vs local token bucket ($nlimits per request, cold keys: $cold): wrk -t1 -c$conns, ${duration}s x $rounds rounds, $workers workers, loopback, budget $store_timeout"
 echo
 echo "CPU µs/req = tollgate utime+stime / requests; Redis µs/req = INFO used_cpu_user+sys / requests."
 echo "Frozen: one ${duration}s round against the shared proxy with redis-server stopped (SIGSTOP)."
 echo
-awk -F'\t' -v budget="$(duration_us "$store_timeout")" -v back="${back:-none}" '
+awk -F'\t' -v budget="$(duration_us "$store_timeout")" -v back="${back:-none}" -v nl="$nlimits" '
   function median(v, k,    a, n, i, j, t) {
     n = split(vals[v, k], a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -352,7 +381,7 @@ awk -F'\t' -v budget="$(duration_us "$store_timeout")" -v back="${back:-none}" '
     # wrk counts the responses it got in time: the requests still in flight when a round
     # ends (at most one per connection) made their call without being counted, so a few
     # more calls than requests is not a second call.
-    printf "- store calls per request (shared rounds): %.4f (%d calls / %d requests)%s\n", cpr, calls["s"], req["s"], (cpr > 1.001 ? " FLAG: more than one call per request" : "")
+    printf "- store calls per request (shared rounds): %.4f (%d calls / %d requests, %d limits)%s\n", cpr, calls["s"], req["s"], nl, (cpr > nl * 1.001 ? " FLAG: more than one call per limit per request" : "")
     fp50 = median("f", 4) - median("l", 4); fp99 = median("f", 5) - median("l", 5)
     printf "- Redis frozen, added latency over local: p50 %+.0f µs, p99 %+.0f µs (%s: target p99 <= budget %.0f µs + 1 ms)\n", fp50, fp99, (fp99 <= budget + 1000 ? "PASS" : "MISS"), budget
     printf "- Redis frozen: %.0f of %.0f decisions by fallback, %.0f calls sent to Redis; store up again %s ms after SIGCONT\n", median("f", 10), median("f", 7), median("f", 11), back

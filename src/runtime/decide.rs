@@ -43,9 +43,10 @@ use smallvec::SmallVec;
 use crate::config::{HeadersMode, Mode};
 use crate::limits::{Facts, Nanos, Verdict};
 use crate::ratelog::suppressed_note;
-use crate::runtime::limit::LimitRt;
-use crate::runtime::limiter::{BadCost, Hold};
+use crate::runtime::limit::{LimitRt, Variant};
+use crate::runtime::limiter::{BadCost, Decision, Hold};
 use crate::runtime::OriginRt;
+use crate::store::redis::gather::together;
 use crate::store::{budget, stable_key_hash};
 
 /// When a limit is decided.
@@ -92,10 +93,30 @@ pub type Holds = SmallVec<[Taken; 4]>;
 /// Inline storage for header notes.
 pub type Notes = SmallVec<[Decided; 2]>;
 
-/// Runs the limits of `phase` in config order. Admissions go into `holds`, `headers:
-/// always` decisions and shadow rejections into `notes`. On an enforced rejection everything in `holds` (both
-/// phases) is undone and the rejection returned; a bad cost header undoes likewise and is
-/// returned as an error (400).
+/// A limit met in a phase: which, which variant, on which key.
+#[derive(Clone, Copy)]
+struct Met {
+    limit: u16,
+    variant: u16,
+    key: u64,
+}
+
+/// Inline storage for a phase's shared limits, decided after its local ones.
+type Deferred = SmallVec<[Met; 4]>;
+
+/// Runs the limits of `phase`: the local ones in config order, then the shared ones all at
+/// once (one round trip per store, see below). Admissions go into `holds`, `headers:
+/// always` decisions and shadow rejections into `notes` (in config order). On an enforced
+/// rejection everything in `holds` (both phases) is undone and the rejection returned; a
+/// bad cost header undoes likewise and is returned as an error (400).
+///
+/// **One round trip per phase.** A local rejection ends the phase before any store call.
+/// The shared limits that remain are decided concurrently under
+/// [`together`](crate::store::redis::gather::together), so their script calls leave as
+/// one pipeline per store (leased hot keys and deny-cache hits make none); their answers
+/// are then taken in config order, exactly as the loop would have taken them one by one:
+/// the first enforced rejection is the one returned, and a limit after it is not counted
+/// (it was not reached), its admission given back.
 pub async fn run<F: Facts + Sync + ?Sized>(
     origin: &OriginRt,
     phase: Phase,
@@ -107,8 +128,16 @@ pub async fn run<F: Facts + Sync + ?Sized>(
     // One store budget for every shared limit of the phase (docs/architecture.md).
     budget::phase(async move {
         let mut keys = KeyCache::default();
-        // The kill switch turns every rejection into a grant, counted as shadow_rejected.
-        let kill = origin.kill.on();
+        let mut shared = Deferred::new();
+        let at = At {
+            origin,
+            phase,
+            // The kill switch turns every rejection into a grant, counted as
+            // shadow_rejected.
+            kill: origin.kill.on(),
+            now,
+        };
+        let noted = notes.len();
         for (index, limit) in origin.limits(phase).iter().enumerate() {
             // State shared through a store is named by the portable hash every instance
             // computes alike; in-process state by the fast one, shared between limits.
@@ -122,61 +151,167 @@ pub async fn run<F: Facts + Sync + ?Sized>(
                 continue;
             };
             let v = limit.select(facts);
-            let variant = &limit.variants[v];
-            let decision = match variant.limiter.decide(key, facts, now).await {
-                Ok(decision) => decision,
-                Err(e) => {
-                    undo(origin, holds, now);
-                    return Err(e);
-                }
-            };
-            let verdict = decision.verdict;
-            if let Some(top) = &limit.top {
-                // Off (`None`) by default; the key's text is built only when it enters a list.
-                top.record(key, !verdict.allowed, now, || {
-                    limit.key.text(facts).unwrap_or_default()
-                });
-            }
-            let decided = Decided {
-                phase,
+            let met = Met {
                 limit: index as u16,
                 variant: v as u16,
-                policy: decision.policy,
-                verdict,
+                key,
             };
-            let hold = decision.hold;
-            if let Some(hold) = hold {
-                holds.push(Taken {
-                    phase,
-                    limit: decided.limit,
-                    variant: decided.variant,
-                    hold,
-                });
-            } else if !verdict.allowed && (variant.mode == Mode::Shadow || kill) {
-                limit.counters.shadow_rejected.inc();
-                if let Some(suppressed) = limit.log.admit(now) {
-                    log::info!(
-                        "shadow: limit `{}` of origin `{}` would reject ({}){}",
-                        limit.name,
-                        origin.name,
-                        variant.policy.text,
-                        suppressed_note(suppressed)
-                    );
-                }
-            } else if !verdict.allowed {
-                limit.counters.rejected.inc();
-                undo(origin, holds, now);
-                return Ok(Some(decided));
+            if limit.shared {
+                shared.push(met);
+                continue;
             }
-            // A shadow rejection is noted too (its verdict says so), for the access log's
-            // `shadow_rejected`; only `headers: always` notes become response headers.
-            if limit.headers == HeadersMode::Always || !verdict.allowed {
-                notes.push(decided);
+            let decision = variant_of(limit, v).limiter.decide(key, facts, now).await;
+            if let Some(end) = at.take(limit, met, decision, facts, holds, notes) {
+                return end;
             }
         }
-        Ok(None)
+        if shared.is_empty() {
+            return Ok(None);
+        }
+        let out = at.shared(&shared, facts, holds, notes).await;
+        // Shared limits were noted after the local ones: config order again (the phase's
+        // indexes are distinct, so an unstable sort is exact, and it does not allocate).
+        if let Some(tail) = notes.get_mut(noted..) {
+            tail.sort_unstable_by_key(|d| d.limit);
+        }
+        out
     })
     .await
+}
+
+/// What every decision of one phase of one request shares.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    origin: &'a OriginRt,
+    phase: Phase,
+    kill: bool,
+    now: Nanos,
+}
+
+/// The variant `v` of `limit` (`select` returns an index in range).
+fn variant_of(limit: &LimitRt, v: usize) -> &Variant {
+    &limit.variants[v]
+}
+
+type Ended = Result<Option<Decided>, BadCost>;
+
+impl At<'_> {
+    /// Decides the phase's shared limits together and takes their answers in config order.
+    async fn shared<F: Facts + Sync + ?Sized>(
+        self,
+        shared: &[Met],
+        facts: &F,
+        holds: &mut Holds,
+        notes: &mut Notes,
+    ) -> Ended {
+        let limits = self.origin.limits(self.phase);
+        let decide = |d: &Met| {
+            let limit = &limits[usize::from(d.limit)];
+            let variant = variant_of(limit, usize::from(d.variant));
+            variant.limiter.decide(d.key, facts, self.now)
+        };
+        let [one] = shared else {
+            let all = shared.iter().map(decide);
+            let decisions = together(futures_util::future::join_all(all)).await;
+            let mut answers = shared.iter().zip(decisions);
+            for (d, decision) in answers.by_ref() {
+                let limit = &limits[usize::from(d.limit)];
+                if let Some(end) = self.take(limit, *d, decision, facts, holds, notes) {
+                    // Not reached in config order: not counted, its admission given back.
+                    for (d, decision) in answers {
+                        if let Ok(Decision {
+                            hold: Some(hold), ..
+                        }) = decision
+                        {
+                            give_back(&limits[usize::from(d.limit)], d.variant, hold, self.now);
+                        }
+                    }
+                    return end;
+                }
+            }
+            return Ok(None);
+        };
+        let decision = decide(one).await;
+        let limit = &limits[usize::from(one.limit)];
+        self.take(limit, *one, decision, facts, holds, notes)
+            .unwrap_or(Ok(None))
+    }
+
+    /// Takes one limit's decision: records an admission in `holds`, counts a rejection, and
+    /// returns `Some` when the phase ends here (an enforced rejection, a bad cost), after
+    /// undoing `holds`.
+    fn take<F: Facts + ?Sized>(
+        self,
+        limit: &LimitRt,
+        at: Met,
+        decision: Result<Decision, BadCost>,
+        facts: &F,
+        holds: &mut Holds,
+        notes: &mut Notes,
+    ) -> Option<Ended> {
+        let (origin, now) = (self.origin, self.now);
+        let decision = match decision {
+            Ok(decision) => decision,
+            Err(e) => {
+                undo(origin, holds, now);
+                return Some(Err(e));
+            }
+        };
+        let variant = variant_of(limit, usize::from(at.variant));
+        let verdict = decision.verdict;
+        if let Some(top) = &limit.top {
+            // Off (`None`) by default; the key's text is built only when it enters a list.
+            top.record(at.key, !verdict.allowed, now, || {
+                limit.key.text(facts).unwrap_or_default()
+            });
+        }
+        let decided = Decided {
+            phase: self.phase,
+            limit: at.limit,
+            variant: at.variant,
+            policy: decision.policy,
+            verdict,
+        };
+        if let Some(hold) = decision.hold {
+            holds.push(Taken {
+                phase: self.phase,
+                limit: decided.limit,
+                variant: decided.variant,
+                hold,
+            });
+        } else if !verdict.allowed && (variant.mode == Mode::Shadow || self.kill) {
+            limit.counters.shadow_rejected.inc();
+            if let Some(suppressed) = limit.log.admit(now) {
+                log::info!(
+                    "shadow: limit `{}` of origin `{}` would reject ({}){}",
+                    limit.name,
+                    origin.name,
+                    variant.policy.text,
+                    suppressed_note(suppressed)
+                );
+            }
+        } else if !verdict.allowed {
+            limit.counters.rejected.inc();
+            undo(origin, holds, now);
+            return Some(Ok(Some(decided)));
+        }
+        // A shadow rejection is noted too (its verdict says so), for the access log's
+        // `shadow_rejected`; only `headers: always` notes become response headers.
+        if limit.headers == HeadersMode::Always || !verdict.allowed {
+            notes.push(decided);
+        }
+        None
+    }
+}
+
+/// Gives back what `limit`'s `variant` admitted.
+fn give_back(limit: &LimitRt, variant: u16, hold: Hold, now: Nanos) {
+    if let Some(variant) = limit.variants.get(usize::from(variant)) {
+        if let Err(e) = variant.limiter.undo(hold, now) {
+            // A bug, not a client's doing: say so rather than lose the refund silently.
+            log::error!("limit {}: {e}", limit.name);
+        }
+    }
 }
 
 /// The keys of one phase of one request, each hashed at most once: limits that share a key
@@ -225,12 +360,7 @@ pub fn undo(origin: &OriginRt, holds: &mut Holds, now: Nanos) {
             continue;
         };
         limit.counters.refunded.inc();
-        if let Some(variant) = limit.variants.get(usize::from(t.variant)) {
-            if let Err(e) = variant.limiter.undo(t.hold, now) {
-                // A bug, not a client's doing: say so rather than lose the refund silently.
-                log::error!("limit {}: {e}", limit.name);
-            }
-        }
+        give_back(limit, t.variant, t.hold, now);
     }
 }
 

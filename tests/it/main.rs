@@ -53,6 +53,7 @@ mod reload_files;
 mod reload_hardening;
 mod request_limits;
 mod rls;
+mod round_trips;
 mod schema;
 mod simulate;
 mod snapshot;

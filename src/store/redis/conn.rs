@@ -18,7 +18,7 @@ use crate::ratelog::suppressed_note;
 use crate::store::breaker::Transition;
 use crate::store::budget;
 use crate::store::key::RedisType;
-use crate::store::redis::{micros, Inner, LuaScript, Micros, RedisStore, SCRIPT_MAX};
+use crate::store::redis::{gather, micros, Inner, LuaScript, Micros, RedisStore, SCRIPT_MAX};
 use crate::store::StoreError;
 
 pub(super) enum Target {
@@ -33,12 +33,25 @@ pub(super) enum Conn {
 }
 
 impl Conn {
-    async fn req(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    pub(super) async fn req(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let value = match self {
             Conn::Single(c) => c.clone().send_packed_command(cmd).await?,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await?,
         };
         value.extract_error()
+    }
+
+    /// Sends the `count` calls of `pipe` in one write; one reply per call, a call's error
+    /// in its own reply ([`super::gather`]).
+    pub(super) async fn pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Conn::Single(c) => c.clone().send_packed_commands(pipe, 0, count).await,
+            Conn::Cluster(c) => c.clone().req_packed_commands(pipe, 0, count).await,
+        }
     }
 }
 
@@ -95,15 +108,15 @@ impl RedisStore {
         let evalsha = script_cmd("EVALSHA", &script.sha, keys, args, at);
         let started = Instant::now();
         let work = async {
-            match conn.req(&evalsha).await {
+            match gather::req(&conn, evalsha).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     log::info!(
                         "store {}: Redis lost script {} (restart or failover); loading it again",
                         inner.config.name,
                         script.name
                     );
-                    conn.req(&script_cmd("EVAL", script.body, keys, args, at))
-                        .await
+                    let eval = script_cmd("EVAL", script.body, keys, args, at);
+                    gather::req(&conn, eval).await
                 }
                 other => other,
             }

@@ -46,12 +46,14 @@
 //!
 //! **Files.** `conn`: the connection, the one call path every script call takes
 //! (`RedisStore::eval`: breaker, budget, `NOSCRIPT`, key repair), the probe and the
-//! runtime thread. One file per kind's calls: `token_bucket`, `rate`, `inflight`,
+//! runtime thread. `gather`: the calls of one request phase sent as one pipeline. One file
+//! per kind's calls: `token_bucket`, `rate`, `inflight`,
 //! `sliding_log`, `tiered`, `counters` (concurrency). `scripts`: the Lua scripts, each
 //! built with one shared prelude.
 
 mod conn;
 mod counters;
+pub mod gather;
 mod inflight;
 mod lease;
 mod rate;
