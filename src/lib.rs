@@ -25,7 +25,7 @@
 //!   ratelimit files of `rls.config_dir`).
 //! - [`segments`]: roaring-bitmap ID sets and their files.
 //! - [`files`]: opening the files an operator names: regular files only, never blocking.
-//! - [`ratelog`]: per-second budgets for the log lines clients can cause.
+//! - [`log_budget`]: per-second budgets for the log lines clients can cause.
 //! - [`metrics`]: the Prometheus registry and its families.
 //! - [`limits`]: the kinds' pure algorithms and the clock, no Pingora server types.
 
@@ -37,10 +37,10 @@ pub mod cli;
 pub mod config;
 pub mod files;
 pub mod limits;
+pub mod log_budget;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;
-pub mod ratelog;
 pub mod reload;
 pub mod rls;
 pub mod runtime;

@@ -56,7 +56,7 @@ use super::smyte::{number, ArgError, MAX_COUNT};
 use crate::config::{Kind, Mode, UNCONFIGURED};
 use crate::limits::concurrency::{Limit, Rejection as ConcurrencyRejection};
 use crate::limits::{DecidedBy, Nanos, NANOS_PER_SEC, NEVER};
-use crate::ratelog::suppressed_note;
+use crate::log_budget::suppressed_note;
 use crate::runtime::limiter::{ConcurrencyRt, Limiter, Place};
 use crate::runtime::resources::{Domain, ResourceRt};
 use crate::runtime::Runtime;

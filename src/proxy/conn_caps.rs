@@ -39,8 +39,8 @@ use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use crate::limits::{Clock, MonotonicClock};
+use crate::log_budget::{suppressed_note, LogBudget};
 use crate::metrics::Metrics;
-use crate::ratelog::{suppressed_note, LogBudget};
 
 /// How long an admitted connection may stay unclaimed before it is presumed dead: above
 /// Pingora's 60 s handshake timeout, the longest a live connection can take from accept to

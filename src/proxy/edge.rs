@@ -18,12 +18,12 @@ use pingora::protocols::{Stream, ALPN};
 
 use crate::config::Listener;
 use crate::limits::{Clock, MonotonicClock};
+use crate::log_budget::{suppressed_note, LogBudget};
 use crate::metrics::Metrics;
 use crate::proxy::identity::is_trusted;
 use crate::proxy::listeners::ListenerTable;
 use crate::proxy::proxy_protocol::{self, ProxyHeaderError};
 use crate::proxy::tls_accept::Handshakes;
-use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::Runtime;
 
 pub use crate::proxy::h2::PREFACE;

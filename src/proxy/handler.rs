@@ -59,13 +59,13 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::limits::{Clock, MonotonicClock};
+use crate::log_budget::{suppressed_note, LogBudget};
 use crate::metrics::Metrics;
 use crate::proxy::conn_caps::Connections;
 use crate::proxy::conn_state::{Conn, ConnState};
 use crate::proxy::edge::{Edge, Protocol, PREFACE};
 use crate::proxy::h2::{self, Ended};
 use crate::proxy::service::Tollgate;
-use crate::ratelog::{suppressed_note, LogBudget};
 use crate::runtime::Runtime;
 
 /// The proxy service's application: connection handling around Pingora's `HttpProxy`.

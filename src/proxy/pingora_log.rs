@@ -1,5 +1,5 @@
 //! Pingora's own log lines that any client can cause, put at their right level and
-//! budgeted like tollgate's ([`crate::ratelog`]), and without the request bytes Pingora
+//! budgeted like tollgate's ([`crate::log_budget`]), and without the request bytes Pingora
 //! quotes in them.
 //!
 //! Pingora writes an `error` line when a client aborts while its request header is being
@@ -31,7 +31,7 @@ use std::borrow::Cow;
 use log::{Level, Log, Metadata, Record};
 
 use crate::limits::{Clock, MonotonicClock};
-use crate::ratelog::{suppressed_note, LogBudget};
+use crate::log_budget::{suppressed_note, LogBudget};
 
 /// One kind of client-caused Pingora line.
 struct Rule {

@@ -27,8 +27,8 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::limits::{Clock, MonotonicClock};
+use crate::log_budget::{suppressed_note, LogBudget};
 use crate::metrics::Metrics;
-use crate::ratelog::{suppressed_note, LogBudget};
 use crate::tls::acceptor::is_acme_validation;
 
 /// The handshake counters, resolved once, and the failures' log budget.

@@ -42,7 +42,7 @@ use smallvec::SmallVec;
 
 use crate::config::{HeadersMode, Mode};
 use crate::limits::{Facts, Nanos, Verdict};
-use crate::ratelog::suppressed_note;
+use crate::log_budget::suppressed_note;
 use crate::runtime::limit::{LimitRt, Variant};
 use crate::runtime::limiter::{BadCost, Decision, Hold};
 use crate::runtime::OriginRt;

@@ -14,7 +14,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::runtime::Handle;
 
-use crate::ratelog::suppressed_note;
+use crate::log_budget::suppressed_note;
 use crate::store::breaker::Transition;
 use crate::store::budget;
 use crate::store::key::RedisType;

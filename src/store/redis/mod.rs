@@ -74,8 +74,8 @@ use tokio::sync::Notify;
 
 use crate::limits::clock::Nanos;
 use crate::limits::verdict::Verdict;
+use crate::log_budget::LogBudget;
 use crate::metrics::StoreMetrics;
-use crate::ratelog::LogBudget;
 use crate::store::breaker::Breaker;
 use crate::store::key::{KeyNames, StateKind, Variant};
 use crate::store::StoreError;
