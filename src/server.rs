@@ -95,6 +95,9 @@ pub enum StartError {
     AccessLog(#[from] OpenError),
 }
 
+/// How long the exit waits for leased slices to go back to their stores.
+const GIVE_BACK_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A bootstrapped server with its local-state snapshots loaded, ready to run.
 pub struct Started {
     /// The Pingora server.
@@ -116,6 +119,11 @@ impl Started {
             log.finish();
         }
         self.snapshots.after_run(&mut phases);
+        // The live config's leased slices go back to their stores (docs/fleet.md).
+        let (sent, ended) = crate::store::lease_close::give_back_all(GIVE_BACK_WITHIN);
+        if sent > 0 {
+            log::info!("gave {ended} of {sent} leased slices back");
+        }
         std::process::exit(0)
     }
 }

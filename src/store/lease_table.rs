@@ -32,7 +32,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{mpsc, Arc, Weak};
 use std::time::Duration;
 
 use prometheus::IntGauge;
@@ -41,6 +41,7 @@ use crate::limits::clock::{Clock, Nanos, NANOS_PER_SEC};
 use crate::limits::lease::{Admit, HotKeys, LeaseParams, Slice, SliceSizer};
 use crate::limits::table::{stored, WAYS};
 use crate::metrics::LeaseCalls;
+use crate::store::lease_close::Closing;
 use crate::store::redis::LeaseGrant;
 use crate::store::StoreError;
 
@@ -174,6 +175,8 @@ impl<K: LeaseKind> LeaseTable<K> {
     pub(crate) fn started(kind: K, ctx: LeaseCtx, limit: u64, instances: u64) -> Self {
         let table = Self::new(kind, ctx, limit, instances);
         table.start_sweep();
+        let weak: Weak<dyn Closing> = Arc::downgrade(&table.inner) as Weak<Inner<K>>;
+        crate::store::lease_close::register(weak);
         table
     }
 
@@ -404,6 +407,11 @@ impl<K: LeaseKind> Inner<K> {
 
     /// Gives `n` units of `key` back in the background.
     fn give_back(&self, key: u64, n: u64, epoch: u64) {
+        self.give_back_then(key, n, epoch, None);
+    }
+
+    /// [`Inner::give_back`], sending `()` on `done` once the call has ended.
+    fn give_back_then(&self, key: u64, n: u64, epoch: u64, done: Option<mpsc::Sender<()>>) {
         let call = self.kind.give_back(key, n, epoch);
         let returned = self.kind.calls().returned.clone();
         let failed = self.kind.calls().failed.clone();
@@ -412,6 +420,9 @@ impl<K: LeaseKind> Inner<K> {
                 returned.inc();
             } else {
                 failed.inc();
+            }
+            if let Some(done) = done {
+                let _ = done.send(());
             }
         });
     }
@@ -468,6 +479,25 @@ impl<K: LeaseKind> Inner<K> {
         let held = i64::try_from(held).unwrap_or(i64::MAX);
         let before = self.reported.swap(held, Ordering::AcqRel);
         self.gauge.add(held - before);
+    }
+}
+
+impl<K: LeaseKind> Closing for Inner<K> {
+    /// What dropping the table does (its `Drop`), with each give-back reporting its end:
+    /// the process is exiting while the table lives on in the config.
+    fn close(&self, done: &mpsc::Sender<()>) -> usize {
+        self.closed.store(true, Ordering::Release);
+        let mut sent = 0;
+        for e in self.entries.iter() {
+            let key = e.key.load(Ordering::Acquire);
+            let n = e.slice.drain();
+            if key != 0 && n > 0 {
+                self.give_back_then(key, n, e.slice.epoch(), Some(done.clone()));
+                sent += 1;
+            }
+        }
+        self.report(0);
+        sent
     }
 }
 

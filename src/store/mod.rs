@@ -31,6 +31,7 @@ pub mod deny_cache;
 mod global_share;
 mod held;
 pub mod key;
+pub mod lease_close;
 pub mod lease_table;
 mod leased;
 pub mod redis;

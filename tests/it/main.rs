@@ -43,6 +43,7 @@ mod http_correctness;
 mod inflight;
 mod key_floods;
 mod kinds;
+mod lease_ends;
 mod leases;
 mod lifecycle;
 mod malformed;
