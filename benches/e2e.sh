@@ -63,13 +63,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The body of GET $2 from 127.0.0.1:$1.
-http_get() {
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
-  timeout 5 cat <&3 || true
-  exec 3<&-
-}
 
 # Starts tollgate on $2 (metrics on $3) with config body $4 for the origin; sets started_pid.
 start_tollgate() {

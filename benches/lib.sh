@@ -130,3 +130,32 @@ EOF
   started_pid=$!
   pids+=("$started_pid")
 }
+
+# The response (status line, headers, body) to GET $2 from 127.0.0.1:$1, Host $3
+# (127.0.0.1 when none).
+http_get() {
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$2" "${3:-127.0.0.1}" >&3
+  timeout 5 cat <&3 || true
+  exec 3<&-
+}
+
+# One wrk run's output ($1, from `wrk --latency`) as a tab-separated line:
+#   rps p50_us p99_us requests bad
+# (bad: non-2xx/3xx responses plus socket errors).
+wrk_summary() {
+  awk '
+    function us(s) {
+      if (s ~ /us$/) return s + 0
+      if (s ~ /ms$/) return (s + 0) * 1000
+      if (s ~ /s$/) return (s + 0) * 1000000
+      return s + 0
+    }
+    /^ +50%/ { p50 = us($2) }
+    /^ +99%/ { p99 = us($2) }
+    / requests in / { req = $1 }
+    /Non-2xx or 3xx responses:/ { bad += $NF }
+    /Socket errors:/ { gsub(/,/, ""); bad += $4 + $6 + $8 + $10 }
+    /^Requests\/sec:/ { rps = $2 }
+    END { printf "%.0f\t%.0f\t%.0f\t%d\t%d\n", rps, p50, p99, req, bad }' <<<"$1"
+}

@@ -169,23 +169,10 @@ run_wrk() {
     "http://127.0.0.1:${port[$v]}/" 2>&1) || die "wrk failed against ${label[$v]}: $out"
   after=$(cpu_ticks "${pid[$v]}")
   [[ $mode == record ]] || return 0
-  awk -v v="$v" -v round="$round" -v ticks=$((after - before)) -v hz="$clk_tck" '
-    function us(s) {
-      if (s ~ /us$/) return s + 0
-      if (s ~ /ms$/) return (s + 0) * 1000
-      if (s ~ /s$/) return (s + 0) * 1000000
-      return s + 0
-    }
-    /^ +50%/ { p50 = us($2) }
-    /^ +99%/ { p99 = us($2) }
-    / requests in / { req = $1 }
-    /Non-2xx or 3xx responses:/ { bad += $NF }
-    /Socket errors:/ { gsub(/,/, ""); bad += $4 + $6 + $8 + $10 }
-    /^Requests\/sec:/ { rps = $2 }
-    END {
-      cpu = req > 0 ? ticks * 1000000 / hz / req : 0
-      printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\n", v, round, rps, p50, p99, cpu, req, bad
-    }' <<<"$out" >>"$results"
+  local rps p50 p99 req bad cpu
+  IFS=$'\t' read -r rps p50 p99 req bad < <(wrk_summary "$out")
+  cpu=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$req" 'BEGIN { printf "%.2f", (n > 0 ? t * 1000000 / hz / n : 0) }')
+  printf '%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\n' "$v" "$round" "$rps" "$p50" "$p99" "$cpu" "$req" "$bad" >>"$results"
 }
 
 for v in "${order[@]}"; do
@@ -204,14 +191,7 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 # tollgate's limits must have decided (Pingap's plugin has no counter to read).
-# The body of GET /metrics from 127.0.0.1:$1.
-metrics_of() {
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-  timeout 5 cat <&3 || true
-  exec 3<&-
-}
-decisions=$(metrics_of "$metrics_b" | awk '
+decisions=$(http_get "$metrics_b" /metrics | awk '
   /^tollgate_limit_decisions_total/ && /decision="allowed"/ {
     match($0, /limit="[^"]*"/); n[substr($0, RSTART + 7, RLENGTH - 8)] += $NF
   }
