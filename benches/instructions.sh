@@ -20,6 +20,10 @@
 #        the same limit with `max: auto` (issue 23: at most 0.5% more instructions)
 #        INSTR_KEEP=DIR keeps the callgrind outputs there, for callgrind_annotate (where the
 #        instructions go, function by function)
+#        INSTR_PINGAP=/path/to/pingap counts the pair of benches/pingap.sh instead: tollgate
+#        bare and with an inflight + rate limit on the client IP, Pingap (v0.13.9, built as
+#        that script's header says) bare and with its limit plugin twice (inflight, rate,
+#        tag = "ip"), one worker thread each: the noise-free form of that comparison
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -138,6 +142,87 @@ YAML
     cp "$out".* "$INSTR_KEEP"/ 2>/dev/null || true
   fi
 }
+
+# Prints the instructions Pingap ran for $requests requests with plugin list $2 (a TOML
+# array body) and plugin tables $3.
+measure_pingap() {
+  local name=$1 plugins=$2 tables=$3 port pid out
+  port=$(free_port)
+  cat >"$tmp/$name.toml" <<TOML
+[basic]
+name = "$name"
+threads = 1
+grace_period = "1s"
+graceful_shutdown_timeout = "1s"
+log_level = "WARN"
+pid_file = "$tmp/$name.pid"
+upgrade_sock = "$tmp/$name.sock"
+
+[upstreams.bench]
+addrs = ["127.0.0.1:$up"]
+
+[locations.bench]
+upstream = "bench"
+plugins = [$plugins]
+
+[servers.bench]
+addr = "127.0.0.1:$port"
+locations = ["bench"]
+threads = 1
+$tables
+TOML
+  out=$tmp/$name.callgrind
+  valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "$INSTR_PINGAP" -c "$tmp/$name.toml" >"$tmp/$name.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_port "$port"
+  load "$port" 200
+  callgrind_control --zero "$pid" >/dev/null
+  load "$port" "$requests"
+  callgrind_control --dump="$name" "$pid" >/dev/null
+  sleep 2
+  cat "$out".* 2>/dev/null | awk '/^summary:/ { t += $2 } END { print t + 0 }'
+  kill -TERM "$pid" 2>/dev/null || true
+  if [[ -n ${INSTR_KEEP:-} ]]; then
+    mkdir -p "$INSTR_KEEP"
+    cp "$out".* "$INSTR_KEEP"/ 2>/dev/null || true
+  fi
+}
+
+if [[ -n ${INSTR_PINGAP:-} ]]; then
+  [[ -x $INSTR_PINGAP ]] || { echo "INSTR_PINGAP: no Pingap binary at $INSTR_PINGAP" >&2; exit 2; }
+  ta=$(measure tollgate_bare "")
+  tb=$(measure tollgate_limits "    limits:
+      conc: { kind: inflight, key: [client_ip], max: 100000 }
+      per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }")
+  pa=$(measure_pingap pingap_bare "" "")
+  pb=$(measure_pingap pingap_limits '"conc", "perClient"' '
+[plugins.conc]
+category = "limit"
+type = "inflight"
+tag = "ip"
+max = 100000
+
+[plugins.perClient]
+category = "limit"
+type = "rate"
+tag = "ip"
+max = 100000000
+interval = "1s"')
+  awk -v ta="$ta" -v tb="$tb" -v pa="$pa" -v pb="$pb" -v n="$requests" 'BEGIN {
+    if (ta <= 0 || tb <= 0 || pa <= 0 || pb <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
+    printf "## Instructions per request, tollgate against Pingap (callgrind, %d keep-alive requests, 1 thread)\n\n", n
+    printf "| proxy | instructions/request | / Pingap the same |\n|---|---:|---:|\n"
+    printf "| tollgate, no limits | %.0f | %.4f |\n", ta / n, ta / pa
+    printf "| tollgate, inflight + rate on the client IP | %.0f | %.4f |\n", tb / n, tb / pb
+    printf "| Pingap, no plugins | %.0f | 1 |\n", pa / n
+    printf "| Pingap, limit plugin: inflight + rate on the IP | %.0f | 1 |\n\n", pb / n
+    printf "- the limits cost: tollgate %.4f of bare, Pingap %.4f of bare\n", tb / ta, pb / pa
+    printf "- tollgate with limits / Pingap with limits: %.4f (%s: target <= 1)\n", tb / pb, tb <= pb ? "PASS" : "MISS"
+  }'
+  exit 0
+fi
 
 if [[ -n ${INSTR_ONLY_AUTO:-} ]]; then
   s=$(measure static "    limits:
