@@ -274,6 +274,35 @@ fn log_shadow(r: &ResourceRt, now: Nanos) {
     }
 }
 
+/// A reservation's outcome counted in `r`'s counters: what was taken (`None` on a
+/// rejection), the copies forced through a rejection that shadow mode or the kill switch
+/// turned into a grant (`copies`, else 0), and the rejection, if any.
+fn counted<T, R>(
+    rt: &Runtime,
+    r: &ResourceRt,
+    variant: usize,
+    now: Nanos,
+    outcome: Result<T, R>,
+    copies: u64,
+) -> (Option<T>, u64, Option<R>) {
+    let counters = &r.limit.counters;
+    match outcome {
+        Ok(taken) => {
+            counters.allowed.inc();
+            (Some(taken), 0, None)
+        }
+        Err(rejection) if lenient(rt, r, variant) => {
+            counters.shadow_rejected.inc();
+            log_shadow(r, now);
+            (None, copies, Some(rejection))
+        }
+        Err(rejection) => {
+            counters.rejected.inc();
+            (None, 0, Some(rejection))
+        }
+    }
+}
+
 /// The error reply for a resource nobody configured (with `allow_unconfigured` off).
 fn unknown_resource(cx: &mut Ctx<'_>, name: &[u8]) -> Outcome {
     cx.error(format_args!(
@@ -508,22 +537,9 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let now = cx.service.now();
     let mask = c.groups_of(&dom);
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
-    let counters = &r.limit.counters;
-    let (taken, forced, rejection) = match state.reserve(key, mask, ask.copies, ask.min) {
-        Ok(n) => {
-            counters.allowed.inc();
-            (n, 0, None)
-        }
-        Err(rejection) if lenient(rt, r, variant) => {
-            counters.shadow_rejected.inc();
-            log_shadow(r, now);
-            (0, ask.copies, Some(rejection))
-        }
-        Err(rejection) => {
-            counters.rejected.inc();
-            (0, 0, Some(rejection))
-        }
-    };
+    let reserved = state.reserve(key, mask, ask.copies, ask.min);
+    let (taken, forced, rejection) = counted(rt, r, variant, now, reserved, ask.copies);
+    let taken = taken.unwrap_or(0);
     let granted = taken + forced;
     if granted > 0 {
         let resource: Arc<str> = Arc::from(r.name());
@@ -625,23 +641,8 @@ async fn reserve_in_store(
     };
     let mask = c.groups_of(&dom);
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
-    let counters = &r.limit.counters;
     let outcome = shared.limiter.acquire_range(key, mask, min, copies).await;
-    let (guard, forced, rejection) = match outcome.value {
-        Ok(guard) => {
-            counters.allowed.inc();
-            (Some(guard), 0, None)
-        }
-        Err(rejection) if lenient(rt, r, variant) => {
-            counters.shadow_rejected.inc();
-            log_shadow(r, now);
-            (None, copies, Some(rejection))
-        }
-        Err(rejection) => {
-            counters.rejected.inc();
-            (None, 0, Some(rejection))
-        }
-    };
+    let (guard, forced, rejection) = counted(rt, r, variant, now, outcome.value, copies);
     let taken = guard.as_ref().map_or(0, |g| g.copies());
     let granted = taken + forced;
     let resource: Arc<str> = Arc::from(r.name());
