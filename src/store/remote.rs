@@ -131,11 +131,11 @@ impl Remote {
     }
 
     /// The size of the local fallback's table: `max_keys` when the fallback is `local`,
-    /// else `unused` (the table is never written).
-    pub(crate) fn local_keys(&self, max_keys: usize, unused: usize) -> usize {
+    /// else 1 (the table is never written; a table holds at least one set anyway).
+    pub(crate) fn local_keys(&self, max_keys: usize) -> usize {
         match self.store.config().fallback {
             Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => unused,
+            Fallback::Allow | Fallback::Deny => 1,
         }
     }
 

@@ -147,7 +147,7 @@ impl SharedConcurrency {
             global: params.global.map(|g| remote.share(g)),
             groups: params.groups.iter().map(|&g| remote.share(g)).collect(),
         };
-        let local_keys = remote.local_keys(max_keys, 1);
+        let local_keys = remote.local_keys(max_keys);
         let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
         let groups = (0..n)
             .map(|i| {

@@ -97,7 +97,7 @@ impl SharedSlidingLog {
             })
             .collect();
         Ok(Self {
-            local: SlidingLog::new(&shares, remote.local_keys(max_keys, 1))?,
+            local: SlidingLog::new(&shares, remote.local_keys(max_keys))?,
             remote,
             names: Arc::new(names),
             windows: windows.into(),

@@ -105,7 +105,7 @@ impl SharedTiered {
         Ok(Self {
             names: Arc::new(names),
             entries: params.tiers.iter().map(|_| AtomicU64::new(0)).collect(),
-            local: TieredLimiter::new(&local_params, remote.local_keys(max_keys, 1))?,
+            local: TieredLimiter::new(&local_params, remote.local_keys(max_keys))?,
             remote,
             params: Arc::new(params),
             global,
