@@ -101,6 +101,13 @@ impl Rejects for LogGrant {
     }
 }
 
+/// A reply and what the call adds to it (the id its entries are named after).
+impl<R: Rejects, X> Rejects for (R, X) {
+    fn verdict(&self) -> &Verdict {
+        self.0.verdict()
+    }
+}
+
 /// The default size of a shared limiter's deny cache, in keys (41 bytes each).
 pub const DEFAULT_DENY_CACHE_KEYS: usize = 4096;
 
@@ -312,66 +319,29 @@ mod tests {
         let remote = Remote::new(&store(Fallback::Local), 64);
         let polled = AtomicBool::new(false);
         let fallback = |_| panic!("the store answered");
+        let ask = |at, reply: Verdict| {
+            remote.decide(at, answers(&polled, Ok(reply)), |v| v, |v| v, fallback)
+        };
         block_on(async {
             let allowed = Verdict::allow(4, 0);
-            let got = remote
-                .decide(
-                    (7, 1, 0),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 1, 0), allowed).await;
             assert_eq!((got.value, got.source), (allowed, Source::Store));
             assert!(polled.swap(false, Ordering::Relaxed));
             // A rejection of 2 for 1 s is remembered: a request of 2 or more is answered
             // locally, counting down, without a call; a request of 1 may fit: it asks.
             let rejected = Verdict::reject(0, 3 * SEC, SEC);
-            let got = remote
-                .decide(
-                    (7, 2, 0),
-                    answers(&polled, Ok(rejected)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 2, 0), rejected).await;
             assert_eq!((got.value, got.source), (rejected, Source::Store));
             polled.store(false, Ordering::Relaxed);
-            let got = remote
-                .decide(
-                    (7, 3, SEC / 4),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 3, SEC / 4), allowed).await;
             assert_eq!(got.source, Source::DenyCache);
             assert_eq!(*got, Verdict::reject(0, 3 * SEC - SEC / 4, SEC - SEC / 4));
             assert!(!polled.load(Ordering::Relaxed), "no store call");
             assert_eq!(remote.deny_cache_hits(), 1);
-            let got = remote
-                .decide(
-                    (7, 1, SEC / 4),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 1, SEC / 4), allowed).await;
             assert_eq!(got.source, Source::Store);
             // Past retry_after the store is asked again.
-            let got = remote
-                .decide(
-                    (7, 2, SEC),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 2, SEC), allowed).await;
             assert_eq!(got.source, Source::Store);
         });
         assert_eq!(remote.store().metrics().fallback.get(), 0);

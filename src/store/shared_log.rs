@@ -142,43 +142,24 @@ impl SharedSlidingLog {
         at: Option<Micros>,
     ) -> Sourced<LogAdmission> {
         let min = min.min(cost);
-        let never = never_fits(&self.windows, min);
-        self.decide(key, min, cost, now, at)
-            .await
-            .map(|d| LogAdmission {
-                verdict: d.verdict.never_if(never),
-                ..d
-            })
-    }
-
-    async fn decide(
-        &self,
-        key: u64,
-        min: u64,
-        cost: u64,
-        now: Nanos,
-        at: Option<Micros>,
-    ) -> Sourced<LogAdmission> {
         if min > SLIDING_LOG_MAX {
             // More entries than one script may write: it can never be recorded.
-            return Sourced::new(
-                LogAdmission::rejected(Verdict::reject(0, 0, NEVER)),
-                Source::Store,
-            );
+            let never = LogAdmission::rejected(Verdict::reject(0, 0, NEVER));
+            return Sourced::new(never, Source::Store);
         }
         let call = async {
             let id = self.store().entry_id();
+            let (names, windows) = (&self.names, &self.windows);
             let grant = self
                 .store()
-                .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
-                .await?;
-            Ok(Recorded { grant, id })
+                .sliding_log(names, key, windows, &id, (min, cost), at);
+            Ok((grant.await?, id))
         };
-        let stored = |r: Recorded| LogAdmission {
-            verdict: r.grant.verdict,
-            granted: r.grant.granted,
-            ticket: if r.grant.granted > 0 {
-                LogTicket::Store { id: r.id, at }
+        let stored = |(grant, id): (LogGrant, EntryId)| LogAdmission {
+            verdict: grant.verdict,
+            granted: grant.granted,
+            ticket: if grant.granted > 0 {
+                LogTicket::Store { id, at }
             } else {
                 LogTicket::None
             },
@@ -192,15 +173,15 @@ impl SharedSlidingLog {
             },
             Fallback::Deny => LogAdmission::rejected(self.remote.denied()),
         };
-        self.remote
-            .decide(
-                (key, min, now),
-                call,
-                stored,
-                LogAdmission::rejected,
-                fallback,
-            )
-            .await
+        let never = never_fits(&self.windows, min);
+        let cached = LogAdmission::rejected;
+        let d = self
+            .remote
+            .decide((key, min, now), call, stored, cached, fallback);
+        d.await.map(|d| LogAdmission {
+            verdict: d.verdict.never_if(never),
+            ..d
+        })
     }
 
     /// The fallback's decision: the in-process log at this instance's share, granting the
@@ -259,17 +240,5 @@ impl SharedSlidingLog {
     /// Store calls the deny cache saved.
     pub fn deny_cache_hits(&self) -> u64 {
         self.remote.deny_cache_hits()
-    }
-}
-
-/// The store's reply and the id its entries are named after.
-struct Recorded {
-    grant: LogGrant,
-    id: EntryId,
-}
-
-impl crate::store::remote::Rejects for Recorded {
-    fn verdict(&self) -> &Verdict {
-        &self.grant.verdict
     }
 }
