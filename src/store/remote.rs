@@ -219,11 +219,13 @@ impl Remote {
 /// `lease / 3` while the limiter or one of its guards lives, each key's count written over
 /// Redis's where Redis may disagree (`crate::store::held`).
 pub(crate) trait Leased: Send + Sync + 'static {
-    /// Whether renewals are sent now (the store is up).
-    fn renewing(&self) -> bool;
+    /// Its seam to the store and what this instance holds per key.
+    fn lessee(&self) -> (&Remote, &Held);
 
-    /// What this instance holds per key.
-    fn held(&self) -> &Held;
+    /// Whether renewals are sent now: while the store is up.
+    fn renewing(&self) -> bool {
+        self.lessee().0.store().is_up()
+    }
 
     /// Renews the lease of `key`, whose count here is `count` (`dirty`: Redis may
     /// disagree); whether the store answered.
@@ -263,12 +265,12 @@ async fn renew_loop<L: Leased>(leased: Weak<L>, every: Duration) {
             continue;
         }
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count, dirty) in l.held().to_renew() {
+        for (key, count, dirty) in l.lessee().1.to_renew() {
             let l = Arc::clone(&l);
             calls.spawn(async move {
                 let held = Arc::clone(&l);
                 if l.renew_key(key, count, dirty).await {
-                    held.held().renewed(key, count);
+                    held.lessee().1.renewed(key, count);
                 }
             });
         }
@@ -421,6 +423,7 @@ mod tests {
 
     /// A leased kind whose renewals are counted, not sent.
     struct Fake {
+        remote: Remote,
         held: Held,
         up: AtomicBool,
         renewed: AtomicU64,
@@ -432,8 +435,8 @@ mod tests {
             self.up.load(Ordering::Relaxed)
         }
 
-        fn held(&self) -> &Held {
-            &self.held
+        fn lessee(&self) -> (&Remote, &Held) {
+            (&self.remote, &self.held)
         }
 
         async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
@@ -450,6 +453,7 @@ mod tests {
     #[test]
     fn renewals_run_while_the_store_is_up_and_end_with_the_limiter() {
         let fake = Arc::new(Fake {
+            remote: Remote::new(&store(Fallback::Local), 0),
             held: Held::new(),
             up: AtomicBool::new(false),
             renewed: AtomicU64::new(0),

@@ -307,6 +307,24 @@ pub fn local_bucket_share(p: TokenBucketParams, n: u32) -> TokenBucketParams {
     }
 }
 
+/// A counter kind's script calls ([`CounterKind::call`], `refund_call`, `take_call`): the
+/// `RedisStore` methods of each, named, all taking the same arguments.
+macro_rules! script_calls {
+    ($many:ident, $refund:ident, $take:ident) => {
+        fn call(s: &InRedis<Self>, k: u64, n: [u64; 2], at: Option<Micros>) -> impl Reply<Grant> {
+            (s.store).$many(&s.names, k, &s.params, n[0], n[1], at)
+        }
+
+        fn refund_call(s: &InRedis<Self>, key: u64, cost: u64) -> impl Reply<u64> {
+            (s.store).$refund(&s.names, key, &s.params, cost, None)
+        }
+
+        fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant> {
+            (s.store).$take(&s.names, key, &s.params, want, None)
+        }
+    };
+}
+
 impl CounterKind for TokenBucket {
     type Params = TokenBucketParams;
     const REFUND_TO_SLICE: bool = true;
@@ -335,17 +353,7 @@ impl CounterKind for TokenBucket {
         self.refund(key, cost, now);
     }
 
-    fn call(s: &InRedis<Self>, key: u64, n: [u64; 2], at: Option<Micros>) -> impl Reply<Grant> {
-        (s.store).token_bucket_many(&s.names, key, &s.params, n[0], n[1], at)
-    }
-
-    fn refund_call(s: &InRedis<Self>, key: u64, cost: u64) -> impl Reply<u64> {
-        (s.store).token_bucket_refund(&s.names, key, &s.params, cost, None)
-    }
-
-    fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant> {
-        (s.store).lease_bucket_take(&s.names, key, &s.params, want, None)
-    }
+    script_calls!(token_bucket_many, token_bucket_refund, lease_bucket_take);
 }
 
 impl SharedTokenBucket {
@@ -399,17 +407,7 @@ impl CounterKind for LocalRate {
         self.rate.refund(key, cost, now);
     }
 
-    fn call(s: &InRedis<Self>, key: u64, n: [u64; 2], at: Option<Micros>) -> impl Reply<Grant> {
-        (s.store).rate_many(&s.names, key, &s.params, n[0], n[1], at)
-    }
-
-    fn refund_call(s: &InRedis<Self>, key: u64, cost: u64) -> impl Reply<u64> {
-        (s.store).rate_refund(&s.names, key, &s.params, cost, None)
-    }
-
-    fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant> {
-        (s.store).lease_rate_take(&s.names, key, &s.params, want, None)
-    }
+    script_calls!(rate_many, rate_refund, lease_rate_take);
 
     fn give_back_call(s: &InRedis<Self>, key: u64, n: u64, epoch: u64) -> impl Reply<u64> {
         (s.store).lease_rate_return(&s.names, key, &s.params, n, epoch, None)
@@ -440,12 +438,8 @@ struct InflightShared {
 }
 
 impl Leased for InflightShared {
-    fn renewing(&self) -> bool {
-        self.remote.store().is_up()
-    }
-
-    fn held(&self) -> &Held {
-        &self.held
+    fn lessee(&self) -> (&Remote, &Held) {
+        (&self.remote, &self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {

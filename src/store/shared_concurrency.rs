@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::limits::concurrency::{
-    ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Limit, Rejection, MAX_GROUPS,
+    ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Copies, Limit, Rejection, MAX_GROUPS,
 };
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
@@ -116,13 +116,19 @@ struct Count {
 
 /// Copies of a key (and of its global and group counters) held across the fleet. Dropping
 /// it gives them back, exactly once: locally at once, to the store in the background.
+/// It reads as what it holds ([`Copies`]).
 pub struct SharedConcurrencyGuard {
     shared: Arc<ConcShared>,
-    key: u64,
-    groups: u64,
-    copies: u64,
-    remaining: u64,
+    held: Copies,
     source: Source,
+}
+
+impl std::ops::Deref for SharedConcurrencyGuard {
+    type Target = Copies;
+
+    fn deref(&self) -> &Copies {
+        &self.held
+    }
 }
 
 impl SharedConcurrency {
@@ -508,12 +514,15 @@ impl ConcShared {
                 }
             }
         }
-        SharedConcurrencyGuard {
-            shared: Arc::clone(self),
+        let held = Copies {
             key,
             groups,
             copies,
             remaining,
+        };
+        SharedConcurrencyGuard {
+            shared: Arc::clone(self),
+            held,
             source,
         }
     }
@@ -590,27 +599,6 @@ impl ConcShared {
 }
 
 impl SharedConcurrencyGuard {
-    /// The key whose copies this guard holds.
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
-    /// Copies it holds.
-    pub fn copies(&self) -> u64 {
-        self.copies
-    }
-
-    /// The groups it took copies from (configured bits only).
-    pub fn groups(&self) -> u64 {
-        self.groups
-    }
-
-    /// The smallest room left across its limits right after the admission (0 when the
-    /// fallback admitted it).
-    pub fn remaining(&self) -> u64 {
-        self.remaining
-    }
-
     /// Who admitted the copies.
     pub fn source(&self) -> Source {
         self.source
@@ -619,27 +607,26 @@ impl SharedConcurrencyGuard {
     /// Gives back `n` of its copies now (all if `n` is more), keeping the rest; returns
     /// how many were given back. For callers that release in parts (the limiter API).
     pub fn release(&mut self, n: u64) -> u64 {
-        let n = n.min(self.copies);
-        self.copies -= n;
-        self.shared.put_back(self.key, self.groups, n, self.source);
+        let h = &mut self.held;
+        let n = n.min(h.copies);
+        h.copies -= n;
+        self.shared.put_back(h.key, h.groups, n, self.source);
         n
     }
-}
 
-impl SharedConcurrencyGuard {
     /// Moves `n` of its copies (all if it holds fewer) into a new guard of the same
     /// limiter, key, groups and source, which then gives them back: for holders that hand
     /// part of a hold to someone else (the limiter API's `CH.TRANSFER`). The counts do not
     /// change: the copies stay held, by another guard.
     pub fn split(&mut self, n: u64) -> Self {
-        let n = n.min(self.copies);
-        self.copies -= n;
+        let n = n.min(self.held.copies);
+        self.held.copies -= n;
         Self {
             shared: Arc::clone(&self.shared),
-            key: self.key,
-            groups: self.groups,
-            copies: n,
-            remaining: self.remaining,
+            held: Copies {
+                copies: n,
+                ..self.held
+            },
             source: self.source,
         }
     }
@@ -648,35 +635,29 @@ impl SharedConcurrencyGuard {
     /// same source: then the two give back alike and can be one guard.
     pub fn same_place(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
-            && self.key == other.key
-            && self.groups == other.groups
-            && self.source == other.source
+            && (self.key, self.groups, self.source) == (other.key, other.groups, other.source)
     }
 
     /// Takes `other`'s copies into this guard (see [`Self::same_place`]; a guard of
     /// another place keeps its copies), leaving `other` empty.
     pub fn absorb(&mut self, other: &mut Self) {
         if self.same_place(other) {
-            self.copies = self.copies.saturating_add(other.copies);
-            other.copies = 0;
+            self.held.copies = self.copies.saturating_add(other.copies);
+            other.held.copies = 0;
         }
     }
 }
 
 impl Drop for SharedConcurrencyGuard {
     fn drop(&mut self) {
-        self.shared
-            .put_back(self.key, self.groups, self.copies, self.source);
+        let h = self.held;
+        self.shared.put_back(h.key, h.groups, h.copies, self.source);
     }
 }
 
 impl Leased for ConcShared {
-    fn renewing(&self) -> bool {
-        self.remote.store().is_up()
-    }
-
-    fn held(&self) -> &Held {
-        &self.held
+    fn lessee(&self) -> (&Remote, &Held) {
+        (&self.remote, &self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
