@@ -308,14 +308,14 @@ impl SharedConcurrency {
     pub async fn fleet_totals(&self) -> Result<Vec<u64>, StoreError> {
         let s = &self.shared;
         let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-        let counts: Vec<(u64, bool)> = s
-            .shared_counts(&counters)
-            .into_iter()
-            .map(|c| (c, false))
-            .collect();
         if counters.is_empty() {
             return Ok(Vec::new());
         }
+        // This limiter's copies in each, written as Redis may already hold them.
+        let first = usize::from(s.global.is_none());
+        let counts: Vec<(u64, bool)> = (s.counts.iter().skip(first))
+            .map(|c| (c.copies.load(Ordering::Relaxed), false))
+            .collect();
         s.remote
             .store()
             .counters_renew(&s.holder, &counters, &counts)
@@ -330,20 +330,16 @@ impl SharedConcurrency {
 
 impl ConcShared {
     /// The variant-wide counters a request in `groups` touches, with their maxes and the
-    /// indices of their local counts: global, then groups by index.
-    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, usize, Limit)> {
-        let global = self
-            .global
-            .as_ref()
-            .zip(self.params.global)
-            .map(|(c, max)| (c, max, 0, Limit::Global));
+    /// limits they are: global, then groups by index.
+    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, Limit)> {
+        let global = self.global.as_ref().zip(self.params.global);
+        let global = global.map(|(c, max)| (c, max, Limit::Global));
         let groups = (0..self.groups.len())
             .filter(move |i| groups & (1 << i) != 0)
             .map(|i| {
                 (
                     &self.groups[i],
                     self.params.groups[i],
-                    i + 1,
                     Limit::Group(i as u8),
                 )
             });
@@ -373,7 +369,7 @@ impl ConcShared {
             } else {
                 shared
                     .get(index - 1)
-                    .map_or((Limit::Key, self.params.max), |c| (c.3, c.1))
+                    .map_or((Limit::Key, self.params.max), |c| (c.2, c.1))
             }
         };
         if shared.is_empty() || !self.remote.store().is_cluster() {
@@ -472,24 +468,17 @@ impl ConcShared {
         });
     }
 
-    /// The indices of the local counts a request in `groups` touches.
-    fn dirty_indices(&self, groups: u64) -> Vec<usize> {
+    /// The local counts a request in `groups` touches: the global one, then its groups'.
+    fn counts_of(&self, groups: u64) -> impl Iterator<Item = &Count> + '_ {
         let global = self.params.global.map(|_| 0);
-        global
-            .into_iter()
-            .chain(
-                (0..self.groups.len())
-                    .filter(|i| groups & (1 << i) != 0)
-                    .map(|i| i + 1),
-            )
-            .collect()
+        let in_groups = (0..self.groups.len()).filter(move |i| groups & (1 << i) != 0);
+        let indices = global.into_iter().chain(in_groups.map(|i| i + 1));
+        indices.filter_map(|i| self.counts.get(i))
     }
 
     fn mark_dirty(&self, groups: u64) {
-        for i in self.dirty_indices(groups) {
-            if let Some(c) = self.counts.get(i) {
-                c.dirty.store(true, Ordering::Relaxed);
-            }
+        for c in self.counts_of(groups) {
+            c.dirty.store(true, Ordering::Relaxed);
         }
     }
 
@@ -505,12 +494,10 @@ impl ConcShared {
         if copies > 0 {
             let dirty = source != Source::Store;
             self.held.add(key, copies, dirty);
-            for i in self.dirty_indices(groups) {
-                if let Some(c) = self.counts.get(i) {
-                    c.copies.fetch_add(copies, Ordering::Relaxed);
-                    if dirty {
-                        c.dirty.store(true, Ordering::Relaxed);
-                    }
+            for c in self.counts_of(groups) {
+                c.copies.fetch_add(copies, Ordering::Relaxed);
+                if dirty {
+                    c.dirty.store(true, Ordering::Relaxed);
                 }
             }
         }
@@ -538,16 +525,13 @@ impl ConcShared {
         }
         let send = source == Source::Store && self.remote.store().is_up();
         self.held.sub(key, copies, !send);
-        for i in self.dirty_indices(groups) {
-            if let Some(c) = self.counts.get(i) {
-                let _ = c
-                    .copies
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        Some(n.saturating_sub(copies))
-                    });
-                if !send {
-                    c.dirty.store(true, Ordering::Relaxed);
-                }
+        for c in self.counts_of(groups) {
+            let less = |n: u64| Some(n.saturating_sub(copies));
+            let _ = c
+                .copies
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, less);
+            if !send {
+                c.dirty.store(true, Ordering::Relaxed);
             }
         }
         if !send {
@@ -584,17 +568,6 @@ impl ConcShared {
                 s.mark_dirty(groups);
             }
         });
-    }
-
-    /// This limiter's copies in each of `counters` (global and groups, in order).
-    fn shared_counts(&self, counters: &[&CounterKeys]) -> Vec<u64> {
-        let mut out = Vec::with_capacity(counters.len());
-        let first = usize::from(self.global.is_none());
-        for i in 0..counters.len() {
-            let c = self.counts.get(i + first);
-            out.push(c.map_or(0, |c| c.copies.load(Ordering::Relaxed)));
-        }
-        out
     }
 }
 

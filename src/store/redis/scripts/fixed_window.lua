@@ -21,10 +21,7 @@
 --
 -- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
-local max, per, tick, cost = numbers(1, 4)
-local strict = ARGV[5] == '1'
-local min = tonumber(ARGV[6])
-local now, replay = clock(ARGV[7])
+local max, per, tick, cost, strict, min, now, replay = request_args()
 
 -- rate.lua's window, whose previous period a fixed window does not count.
 local period, e, _, curr = window_load(KEYS[1], now, tick, per)
