@@ -19,7 +19,8 @@
 //!
 //! Refunds and releases are sent in the background ([`Remote::spawn`]), never waited for.
 //! Leased kinds (inflight, concurrency) renew what this instance holds every `lease / 3`
-//! with one loop ([`Leased`], [`renew_every_third`]).
+//! with one loop ([`Leased`], [`renew_every_third`]), and their guards give units back
+//! by one rule ([`Leased::give_back`]).
 
 use std::future::Future;
 use std::ops::Deref;
@@ -225,6 +226,16 @@ pub(crate) trait Leased: Send + Sync + 'static {
     /// Whether renewals are sent now: while the store is up.
     fn renewing(&self) -> bool {
         self.lessee().0.store().is_up()
+    }
+
+    /// Gives back `n` units of `key` that `source` admitted, here at once (a guard's
+    /// drop): whether to send the release to the store (only for units the store
+    /// admitted, while it is up); if not, `key` is dirty, for the next renewal to write.
+    fn give_back(&self, key: u64, n: u64, source: Source) -> bool {
+        let (remote, held) = self.lessee();
+        let send = source == Source::Store && remote.store().is_up();
+        held.sub(key, n, !send);
+        send
     }
 
     /// Renews the lease of `key`, whose count here is `count` (`dirty`: Redis may

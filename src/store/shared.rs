@@ -552,9 +552,7 @@ impl SharedInflightGuard {
 impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
-        let send = self.source == Source::Store && s.remote.store().is_up();
-        s.held.sub(self.key, 1, !send);
-        if send {
+        if s.give_back(self.key, 1, self.source) {
             let (shared, key) = (Arc::clone(s), self.key);
             s.remote.spawn(async move {
                 if shared

@@ -363,47 +363,34 @@ impl ConcShared {
             max,
             wanted: min,
         };
-        let limit_of = |index: usize| -> (Limit, u64) {
-            if index == 0 {
-                (Limit::Key, self.params.max)
-            } else {
-                shared
-                    .get(index - 1)
-                    .map_or((Limit::Key, self.params.max), |c| (c.2, c.1))
-            }
+        let limit_of = |index: usize| {
+            let variant = index.checked_sub(1).and_then(|i| shared.get(i));
+            variant.map_or((Limit::Key, self.params.max), |c| (c.2, c.1))
         };
-        if shared.is_empty() || !self.remote.store().is_cluster() {
+        // Every counter the request takes from, the key's first.
+        let mut counters = vec![&own];
+        counters.extend(shared.iter().map(|c| c.0));
+        let mut maxes = vec![self.params.max];
+        maxes.extend(shared.iter().map(|c| c.1));
+        let store = self.remote.store();
+        if shared.is_empty() || !store.is_cluster() {
             // One script over every counter: exact and atomic.
-            let mut counters = vec![&own];
-            counters.extend(shared.iter().map(|c| c.0));
-            let mut maxes = vec![self.params.max];
-            maxes.extend(shared.iter().map(|c| c.1));
-            return Ok(
-                match self
-                    .remote
-                    .store()
-                    .counters_acquire(&self.holder, &counters, &maxes, min, copies)
-                    .await?
-                {
-                    CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
-                    CountersOutcome::Full { index, in_use } => {
-                        let (limit, max) = limit_of(index);
-                        Err(reject(limit, in_use, max))
-                    }
-                },
-            );
+            let outcome =
+                (store.counters_acquire(&self.holder, &counters, &maxes, min, copies)).await?;
+            return Ok(match outcome {
+                CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
+                CountersOutcome::Full { index, in_use } => {
+                    let (limit, max) = limit_of(index);
+                    Err(reject(limit, in_use, max))
+                }
+            });
         }
         // Cluster: the key's slot and the variant's slot, in parallel.
-        let variant: Vec<&CounterKeys> = shared.iter().map(|c| c.0).collect();
-        let maxes: Vec<u64> = shared.iter().map(|c| c.1).collect();
-        let (own_list, own_max) = ([&own], [self.params.max]);
+        let (own_list, variant) = counters.split_at(1);
+        let (own_max, variant_maxes) = maxes.split_at(1);
         let (mine, theirs) = tokio::join!(
-            self.remote
-                .store()
-                .counters_acquire(&self.holder, &own_list, &own_max, min, copies),
-            self.remote
-                .store()
-                .counters_acquire(&self.holder, &variant, &maxes, min, copies),
+            store.counters_acquire(&self.holder, own_list, own_max, min, copies),
+            store.counters_acquire(&self.holder, variant, variant_maxes, min, copies),
         );
         let taken = |r: &Result<CountersOutcome, StoreError>| match r {
             Ok(CountersOutcome::Granted { granted, .. }) => *granted,
@@ -523,8 +510,7 @@ impl ConcShared {
         if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
             let _ = self.local.release(key, groups, copies);
         }
-        let send = source == Source::Store && self.remote.store().is_up();
-        self.held.sub(key, copies, !send);
+        let send = self.give_back(key, copies, source);
         for c in self.counts_of(groups) {
             let less = |n: u64| Some(n.saturating_sub(copies));
             let _ = c
