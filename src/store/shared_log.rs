@@ -165,7 +165,17 @@ impl SharedSlidingLog {
             },
         };
         let fallback = |f| match f {
-            Fallback::Local => self.local_decide(key, min, cost, now),
+            // The in-process log at this instance's share, as the local kind grants.
+            Fallback::Local => {
+                let g = self.local.acquire_many(key, min, cost, now);
+                let recorded = g.granted > 0;
+                let ticket = recorded.then_some(LogTicket::Local(now));
+                LogAdmission {
+                    verdict: g.verdict,
+                    granted: g.granted,
+                    ticket: ticket.unwrap_or(LogTicket::None),
+                }
+            }
             Fallback::Allow => LogAdmission {
                 verdict: Verdict::allow(self.windows.iter().map(|w| w.max).min().unwrap_or(0), 0),
                 granted: cost,
@@ -182,28 +192,6 @@ impl SharedSlidingLog {
             verdict: d.verdict.never_if(never),
             ..d
         })
-    }
-
-    /// The fallback's decision: the in-process log at this instance's share, granting the
-    /// largest `n` in `[min, cost]` its room allows.
-    fn local_decide(&self, key: u64, min: u64, cost: u64, now: Nanos) -> LogAdmission {
-        let n = if min == cost {
-            cost
-        } else {
-            let room = self.local.peek(key, 0, now).remaining;
-            cost.min(room).max(min)
-        };
-        let verdict = self.local.acquire(key, n, now);
-        let granted = if verdict.allowed { n } else { 0 };
-        LogAdmission {
-            verdict,
-            granted,
-            ticket: if granted > 0 {
-                LogTicket::Local(now)
-            } else {
-                LogTicket::None
-            },
-        }
     }
 
     /// Removes exactly the entries `decision` recorded for the key hashed to `key` (a
