@@ -50,13 +50,10 @@ if curr > 0 then
   reset = micros(per - e)
 end
 
+-- A rejection retries at the boundary (min > max: after one window, a hint).
 local retry = 0
 if allowed == 0 then
-  if min > max then
-    retry = per * tick
-  else
-    retry = micros(math.max(per - e, 1))
-  end
+  retry = min > max and per * tick or micros(math.max(per - e, 1))
 end
 
 if curr == 0 then
