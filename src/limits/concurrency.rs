@@ -213,14 +213,54 @@ pub struct ConcurrencyLimiter {
     state: Arc<State>,
 }
 
-/// Copies held by one admitted request; dropping it gives them back exactly once.
+/// Copies held by one admitted request; dropping it gives them back exactly once. It
+/// reads as what it holds ([`Copies`]).
 pub struct ConcurrencyGuard {
     state: Arc<State>,
-    key: u64,
-    groups: u64,
-    copies: u64,
-    remaining: u64,
+    held: Copies,
     tracked: bool,
+}
+
+/// What a concurrency guard holds, in process or in a store (`crate::store`'s guard reads
+/// as one too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copies {
+    pub(crate) key: u64,
+    pub(crate) groups: u64,
+    pub(crate) copies: u64,
+    pub(crate) remaining: u64,
+}
+
+impl Copies {
+    /// The key whose copies the guard holds.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The copies it holds.
+    pub fn copies(&self) -> u64 {
+        self.copies
+    }
+
+    /// The groups it took copies from (the configured bits of the mask acquired with).
+    pub fn groups(&self) -> u64 {
+        self.groups
+    }
+
+    /// The smallest room left across the limits it took copies from, right after the
+    /// admission (the `remaining` of the RateLimit headers; 0 when a store's fallback
+    /// admitted it).
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+}
+
+impl std::ops::Deref for ConcurrencyGuard {
+    type Target = Copies;
+
+    fn deref(&self) -> &Copies {
+        &self.held
+    }
 }
 
 /// What a grant took, for a guard or a reservation.
@@ -322,12 +362,15 @@ impl ConcurrencyLimiter {
         copies: u64,
     ) -> Result<ConcurrencyGuard, Rejection> {
         let grant = self.state.grant(key, groups, copies, copies)?;
-        Ok(ConcurrencyGuard {
-            state: Arc::clone(&self.state),
+        let held = Copies {
             key,
             groups: groups & self.state.valid,
             copies: grant.granted,
             remaining: grant.remaining,
+        };
+        Ok(ConcurrencyGuard {
+            state: Arc::clone(&self.state),
+            held,
             tracked: grant.tracked,
         })
     }
@@ -415,27 +458,6 @@ impl ConcurrencyLimiter {
 }
 
 impl ConcurrencyGuard {
-    /// The key whose copies this guard holds.
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
-    /// The copies it holds.
-    pub fn copies(&self) -> u64 {
-        self.copies
-    }
-
-    /// The groups it took copies from (the configured bits of the mask acquired with).
-    pub fn groups(&self) -> u64 {
-        self.groups
-    }
-
-    /// The smallest room left across the limits it took copies from, right after the
-    /// admission (the `remaining` of the RateLimit headers).
-    pub fn remaining(&self) -> u64 {
-        self.remaining
-    }
-
     /// Whether the key's own count holds these copies (false: admitted untracked because
     /// its set was full; see the module doc).
     pub fn tracked(&self) -> bool {
@@ -444,14 +466,14 @@ impl ConcurrencyGuard {
 
     /// The admission as a [`Verdict`].
     pub fn verdict(&self) -> Verdict {
-        Verdict::allow(self.remaining, 0)
+        Verdict::allow(self.held.remaining, 0)
     }
 }
 
 impl Drop for ConcurrencyGuard {
     fn drop(&mut self) {
-        self.state
-            .put_back(self.key, self.groups, self.copies, self.tracked);
+        let h = self.held;
+        self.state.put_back(h.key, h.groups, h.copies, self.tracked);
     }
 }
 

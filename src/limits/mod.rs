@@ -67,7 +67,7 @@ pub mod victim;
 pub use adaptive::{Adaptive, AdaptiveBounds, AdaptiveState, Sample};
 pub use adhoc_bucket::{AdhocBuckets, AdhocParams};
 pub use clock::{Clock, ManualClock, MonotonicClock, Nanos, NANOS_PER_SEC};
-pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams};
+pub use concurrency::{ConcurrencyGuard, ConcurrencyLimiter, ConcurrencyParams, Copies};
 pub use heavy::{HeavyHitters, Ranking, TopKey};
 pub use inflight::{InflightGuard, InflightLimiter};
 pub use key::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};

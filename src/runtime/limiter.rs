@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use crate::config::{Cost, Group, Kind, LimitParams, Members};
 use crate::limits::concurrency::{ConcurrencyLimiter, ConcurrencyParams};
+use crate::limits::lease::LeaseParams;
 use crate::limits::tiered::{TieredLimiter, TieredParams};
 use crate::limits::{
     Fact, Facts, InflightLimiter, KeyPart, LogWindow, RateLimiter, RateParams, SketchSize,
@@ -29,6 +30,7 @@ use crate::limits::{
 };
 use crate::runtime::learned::{LearnCtx, Learned};
 use crate::segments::Segment;
+use crate::store::shared::{CounterKind, SharedCounter};
 use crate::store::{
     KeyNames, RedisStore, SharedConcurrency, SharedInflight, SharedRate, SharedSlidingLog,
     SharedTiered, SharedTokenBucket,
@@ -57,6 +59,14 @@ pub enum Place<L, R> {
     Local(Arc<L>),
     /// In a shared store: the store's limiter, with its fallback.
     Store(InStore<R>),
+}
+
+impl<L, K: CounterKind> Place<L, SharedCounter<K>> {
+    /// Whether the state is a store's, leased as `lease` says (`None`: not leased): a
+    /// reload keeps a shared counter only with the same lease settings.
+    fn leased_as(&self, lease: Option<LeaseParams>) -> bool {
+        matches!(self, Place::Store(s) if s.limiter.lease_params() == lease)
+    }
 }
 
 /// A kind's limiter in a shared store.
@@ -404,6 +414,9 @@ impl Limiter {
         ctx: BuildCtx<'_>,
     ) -> Result<(Limiter, bool), LimiterError> {
         let at = ctx.shared;
+        // A shared counter's lease (token bucket, rate).
+        let lease = at.as_ref().and_then(|a| a.lease.clone());
+        let leased = lease.as_ref().map(|l| l.params);
         Ok(match params {
             LimitParams::Inflight { max, sketch, auto } => {
                 let prev = previous_of!(previous, Inflight);
@@ -434,8 +447,6 @@ impl Limiter {
             }
             LimitParams::Rate { rate, max_keys } => {
                 let prev = previous_of!(previous, Rate);
-                let lease = at.as_ref().and_then(|a| a.lease.clone());
-                let leased = lease.as_ref().map(|l| l.params);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     // In process only the window shapes the state; the store's limiter
@@ -444,9 +455,7 @@ impl Limiter {
                         prev.is_some_and(|p| {
                             p.max_keys == *max_keys
                                 && if shared {
-                                    p.rate == *rate
-                                        && matches!(&p.state, Place::Store(s)
-                                            if s.limiter.lease_params() == leased)
+                                    p.rate == *rate && p.state.leased_as(leased)
                                 } else {
                                     p.rate.per == rate.per && p.rate.window == rate.window
                                 }
@@ -471,8 +480,6 @@ impl Limiter {
                 max_keys,
             } => {
                 let prev = previous_of!(previous, TokenBucket);
-                let lease = at.as_ref().and_then(|a| a.lease.clone());
-                let leased = lease.as_ref().map(|l| l.params);
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
                     // A shared bucket keeps its lease settings too.
@@ -480,9 +487,7 @@ impl Limiter {
                         prev.is_some_and(|p| {
                             p.max_keys == *max_keys
                                 && p.params == *bucket
-                                && (!shared
-                                    || matches!(&p.state, Place::Store(s)
-                                        if s.limiter.lease_params() == leased))
+                                && (!shared || p.state.leased_as(leased))
                         })
                     },
                     at,

@@ -1,5 +1,6 @@
-//! The lease calls of the token bucket and the rate ([`LeaseKind`]): what
-//! `crate::store::lease_table` needs of each kind's store side, and the context a limit's
+//! The lease calls of the token bucket and the rate ([`InRedis`], a [`LeaseKind`]): what
+//! `crate::store::lease_table` needs of each kind's store side, written once over the
+//! kind's script calls (`crate::store::shared::CounterKind`), and the context a limit's
 //! leases are built with ([`LeaseCtx::new`]).
 
 use std::future::Future;
@@ -7,12 +8,12 @@ use std::sync::Arc;
 
 use crate::limits::clock::{MonotonicClock, Nanos, NANOS_PER_SEC};
 use crate::limits::lease::LeaseParams;
-use crate::limits::rate::RateParams;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::metrics::LeaseCalls;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{LeaseCtx, LeaseKind};
 use crate::store::redis::{LeaseGrant, RedisStore};
+use crate::store::shared::{CounterKind, CounterShape};
 use crate::store::StoreError;
 
 impl LeaseCtx {
@@ -35,15 +36,30 @@ pub(crate) fn bucket_quota(p: &TokenBucketParams) -> u64 {
     p.capacity.max(u64::try_from(per_sec).unwrap_or(u64::MAX))
 }
 
-/// A token bucket's lease calls: tokens out (`lease_bucket_take.lua`), tokens back (a
-/// refund, capped at capacity).
-pub(crate) struct BucketLease {
+/// A counter kind's state in Redis (the token bucket, the rate): the store, the key names
+/// and the fleet's parameters, what its decisions and refunds are called with; and, as a
+/// [`LeaseKind`], its lease calls: quota out (`lease_bucket_take.lua`,
+/// `lease_rate_take.lua`), quota back (a bucket's refund, capped at capacity;
+/// `lease_rate_return.lua` within the same period).
+pub struct InRedis<K: CounterKind> {
     pub(crate) store: RedisStore,
     pub(crate) names: Arc<KeyNames>,
-    pub(crate) params: TokenBucketParams,
+    pub(crate) params: K::Params,
+    pub(crate) shape: CounterShape,
 }
 
-impl LeaseKind for BucketLease {
+impl<K: CounterKind> Clone for InRedis<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            names: Arc::clone(&self.names),
+            params: self.params,
+            shape: self.shape,
+        }
+    }
+}
+
+impl<K: CounterKind> LeaseKind for InRedis<K> {
     fn up(&self) -> bool {
         self.store.is_up()
     }
@@ -53,66 +69,8 @@ impl LeaseKind for BucketLease {
         key: u64,
         want: u64,
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static {
-        let (store, names, params) = (self.store.clone(), Arc::clone(&self.names), self.params);
-        async move {
-            store
-                .lease_bucket_take(&names, key, &params, want, None)
-                .await
-        }
-    }
-
-    fn give_back(
-        &self,
-        key: u64,
-        n: u64,
-        _epoch: u64,
-    ) -> impl Future<Output = bool> + Send + 'static {
-        let (store, names, params) = (self.store.clone(), Arc::clone(&self.names), self.params);
-        async move {
-            store
-                .lease_bucket_return(&names, key, &params, n, None)
-                .await
-                .is_ok()
-        }
-    }
-
-    fn quiet(&self) -> Nanos {
-        self.params.every
-    }
-
-    fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
-        self.store.handle().spawn(work);
-    }
-
-    fn calls(&self) -> &LeaseCalls {
-        &self.store.metrics().lease_calls
-    }
-}
-
-/// A rate's lease calls: counts in the current period (`lease_rate_take.lua`), counts
-/// back within the same period (`lease_rate_return.lua`).
-pub(crate) struct RateLease {
-    pub(crate) store: RedisStore,
-    pub(crate) names: Arc<KeyNames>,
-    pub(crate) params: RateParams,
-}
-
-impl LeaseKind for RateLease {
-    fn up(&self) -> bool {
-        self.store.is_up()
-    }
-
-    fn take(
-        &self,
-        key: u64,
-        want: u64,
-    ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static {
-        let (store, names, params) = (self.store.clone(), Arc::clone(&self.names), self.params);
-        async move {
-            store
-                .lease_rate_take(&names, key, &params, want, None)
-                .await
-        }
+        let at = self.clone();
+        async move { K::take_call(&at, key, want).await }
     }
 
     fn give_back(
@@ -121,17 +79,12 @@ impl LeaseKind for RateLease {
         n: u64,
         epoch: u64,
     ) -> impl Future<Output = bool> + Send + 'static {
-        let (store, names, params) = (self.store.clone(), Arc::clone(&self.names), self.params);
-        async move {
-            store
-                .lease_rate_return(&names, key, &params, n, epoch, None)
-                .await
-                .is_ok()
-        }
+        let at = self.clone();
+        async move { K::give_back_call(&at, key, n, epoch).await.is_ok() }
     }
 
     fn quiet(&self) -> Nanos {
-        self.params.per
+        self.shape.quiet
     }
 
     fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {

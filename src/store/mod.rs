@@ -9,14 +9,16 @@
 //! - [`shared`], [`shared_log`], [`shared_tiered`], [`shared_concurrency`]: the limiters the
 //!   runtime calls, one per kind ([`SharedTokenBucket`], [`SharedRate`], [`SharedInflight`],
 //!   [`SharedSlidingLog`], [`SharedTiered`], [`SharedConcurrency`]): each supplies only its
-//!   script calls, how to read their replies and its fallback limiter.
+//!   script calls, how to read their replies and its fallback limiter. The token bucket
+//!   and the rate are one limiter over their differences ([`shared::SharedCounter`]).
 //! - [`deny_cache`]: rejections remembered locally until their `retry_after`, so that a
 //!   flood from one key does not become a flood of store calls.
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
 //! - [`breaker`]: the circuit breaker.
 //! - [`budget`]: one budget for every store call of one request phase.
 //! - [`lease_table`]: the slices a leased limit (token bucket, rate) holds for its hot
-//!   keys, their renewals and give-backs; `leased`: each kind's lease calls.
+//!   keys, their renewals and give-backs; `leased`: their lease calls, written once over
+//!   each kind's script calls ([`shared::CounterKind`]).
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
 //! - `global_share`: a tiered limit's global limit counted per instance on a Cluster.
 //! - `releases`: a concurrency limiter's releases on their way to the store.

@@ -19,7 +19,8 @@
 //!
 //! Refunds and releases are sent in the background ([`Remote::spawn`]), never waited for.
 //! Leased kinds (inflight, concurrency) renew what this instance holds every `lease / 3`
-//! with one loop ([`Leased`], [`renew_every_third`]).
+//! with one loop ([`Leased`], [`renew_every_third`]), and their guards give units back
+//! by one rule ([`Leased::give_back`]).
 
 use std::future::Future;
 use std::ops::Deref;
@@ -101,6 +102,13 @@ impl Rejects for LogGrant {
     }
 }
 
+/// A reply and what the call adds to it (the id its entries are named after).
+impl<R: Rejects, X> Rejects for (R, X) {
+    fn verdict(&self) -> &Verdict {
+        self.0.verdict()
+    }
+}
+
 /// The default size of a shared limiter's deny cache, in keys (41 bytes each).
 pub const DEFAULT_DENY_CACHE_KEYS: usize = 4096;
 
@@ -131,11 +139,11 @@ impl Remote {
     }
 
     /// The size of the local fallback's table: `max_keys` when the fallback is `local`,
-    /// else `unused` (the table is never written).
-    pub(crate) fn local_keys(&self, max_keys: usize, unused: usize) -> usize {
+    /// else 1 (the table is never written; a table holds at least one set anyway).
+    pub(crate) fn local_keys(&self, max_keys: usize) -> usize {
         match self.store.config().fallback {
             Fallback::Local => max_keys,
-            Fallback::Allow | Fallback::Deny => unused,
+            Fallback::Allow | Fallback::Deny => 1,
         }
     }
 
@@ -212,11 +220,23 @@ impl Remote {
 /// `lease / 3` while the limiter or one of its guards lives, each key's count written over
 /// Redis's where Redis may disagree (`crate::store::held`).
 pub(crate) trait Leased: Send + Sync + 'static {
-    /// Whether renewals are sent now (the store is up).
-    fn renewing(&self) -> bool;
+    /// Its seam to the store and what this instance holds per key.
+    fn lessee(&self) -> (&Remote, &Held);
 
-    /// What this instance holds per key.
-    fn held(&self) -> &Held;
+    /// Whether renewals are sent now: while the store is up.
+    fn renewing(&self) -> bool {
+        self.lessee().0.store().is_up()
+    }
+
+    /// Gives back `n` units of `key` that `source` admitted, here at once (a guard's
+    /// drop): whether to send the release to the store (only for units the store
+    /// admitted, while it is up); if not, `key` is dirty, for the next renewal to write.
+    fn give_back(&self, key: u64, n: u64, source: Source) -> bool {
+        let (remote, held) = self.lessee();
+        let send = source == Source::Store && remote.store().is_up();
+        held.sub(key, n, !send);
+        send
+    }
 
     /// Renews the lease of `key`, whose count here is `count` (`dirty`: Redis may
     /// disagree); whether the store answered.
@@ -256,12 +276,12 @@ async fn renew_loop<L: Leased>(leased: Weak<L>, every: Duration) {
             continue;
         }
         let mut calls = tokio::task::JoinSet::new();
-        for (key, count, dirty) in l.held().to_renew() {
+        for (key, count, dirty) in l.lessee().1.to_renew() {
             let l = Arc::clone(&l);
             calls.spawn(async move {
                 let held = Arc::clone(&l);
                 if l.renew_key(key, count, dirty).await {
-                    held.held().renewed(key, count);
+                    held.lessee().1.renewed(key, count);
                 }
             });
         }
@@ -312,66 +332,29 @@ mod tests {
         let remote = Remote::new(&store(Fallback::Local), 64);
         let polled = AtomicBool::new(false);
         let fallback = |_| panic!("the store answered");
+        let ask = |at, reply: Verdict| {
+            remote.decide(at, answers(&polled, Ok(reply)), |v| v, |v| v, fallback)
+        };
         block_on(async {
             let allowed = Verdict::allow(4, 0);
-            let got = remote
-                .decide(
-                    (7, 1, 0),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 1, 0), allowed).await;
             assert_eq!((got.value, got.source), (allowed, Source::Store));
             assert!(polled.swap(false, Ordering::Relaxed));
             // A rejection of 2 for 1 s is remembered: a request of 2 or more is answered
             // locally, counting down, without a call; a request of 1 may fit: it asks.
             let rejected = Verdict::reject(0, 3 * SEC, SEC);
-            let got = remote
-                .decide(
-                    (7, 2, 0),
-                    answers(&polled, Ok(rejected)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 2, 0), rejected).await;
             assert_eq!((got.value, got.source), (rejected, Source::Store));
             polled.store(false, Ordering::Relaxed);
-            let got = remote
-                .decide(
-                    (7, 3, SEC / 4),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 3, SEC / 4), allowed).await;
             assert_eq!(got.source, Source::DenyCache);
             assert_eq!(*got, Verdict::reject(0, 3 * SEC - SEC / 4, SEC - SEC / 4));
             assert!(!polled.load(Ordering::Relaxed), "no store call");
             assert_eq!(remote.deny_cache_hits(), 1);
-            let got = remote
-                .decide(
-                    (7, 1, SEC / 4),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 1, SEC / 4), allowed).await;
             assert_eq!(got.source, Source::Store);
             // Past retry_after the store is asked again.
-            let got = remote
-                .decide(
-                    (7, 2, SEC),
-                    answers(&polled, Ok(allowed)),
-                    |v| v,
-                    |v| v,
-                    fallback,
-                )
-                .await;
+            let got = ask((7, 2, SEC), allowed).await;
             assert_eq!(got.source, Source::Store);
         });
         assert_eq!(remote.store().metrics().fallback.get(), 0);
@@ -451,6 +434,7 @@ mod tests {
 
     /// A leased kind whose renewals are counted, not sent.
     struct Fake {
+        remote: Remote,
         held: Held,
         up: AtomicBool,
         renewed: AtomicU64,
@@ -462,8 +446,8 @@ mod tests {
             self.up.load(Ordering::Relaxed)
         }
 
-        fn held(&self) -> &Held {
-            &self.held
+        fn lessee(&self) -> (&Remote, &Held) {
+            (&self.remote, &self.held)
         }
 
         async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
@@ -480,6 +464,7 @@ mod tests {
     #[test]
     fn renewals_run_while_the_store_is_up_and_end_with_the_limiter() {
         let fake = Arc::new(Fake {
+            remote: Remote::new(&store(Fallback::Local), 0),
             held: Held::new(),
             up: AtomicBool::new(false),
             renewed: AtomicU64::new(0),

@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::limits::concurrency::{
-    ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Limit, Rejection, MAX_GROUPS,
+    ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Copies, Limit, Rejection, MAX_GROUPS,
 };
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
@@ -116,13 +116,19 @@ struct Count {
 
 /// Copies of a key (and of its global and group counters) held across the fleet. Dropping
 /// it gives them back, exactly once: locally at once, to the store in the background.
+/// It reads as what it holds ([`Copies`]).
 pub struct SharedConcurrencyGuard {
     shared: Arc<ConcShared>,
-    key: u64,
-    groups: u64,
-    copies: u64,
-    remaining: u64,
+    held: Copies,
     source: Source,
+}
+
+impl std::ops::Deref for SharedConcurrencyGuard {
+    type Target = Copies;
+
+    fn deref(&self) -> &Copies {
+        &self.held
+    }
 }
 
 impl SharedConcurrency {
@@ -147,7 +153,7 @@ impl SharedConcurrency {
             global: params.global.map(|g| remote.share(g)),
             groups: params.groups.iter().map(|&g| remote.share(g)).collect(),
         };
-        let local_keys = remote.local_keys(max_keys, 1);
+        let local_keys = remote.local_keys(max_keys);
         let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
         let groups = (0..n)
             .map(|i| {
@@ -302,14 +308,14 @@ impl SharedConcurrency {
     pub async fn fleet_totals(&self) -> Result<Vec<u64>, StoreError> {
         let s = &self.shared;
         let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-        let counts: Vec<(u64, bool)> = s
-            .shared_counts(&counters)
-            .into_iter()
-            .map(|c| (c, false))
-            .collect();
         if counters.is_empty() {
             return Ok(Vec::new());
         }
+        // This limiter's copies in each, written as Redis may already hold them.
+        let first = usize::from(s.global.is_none());
+        let counts: Vec<(u64, bool)> = (s.counts.iter().skip(first))
+            .map(|c| (c.copies.load(Ordering::Relaxed), false))
+            .collect();
         s.remote
             .store()
             .counters_renew(&s.holder, &counters, &counts)
@@ -324,20 +330,16 @@ impl SharedConcurrency {
 
 impl ConcShared {
     /// The variant-wide counters a request in `groups` touches, with their maxes and the
-    /// indices of their local counts: global, then groups by index.
-    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, usize, Limit)> {
-        let global = self
-            .global
-            .as_ref()
-            .zip(self.params.global)
-            .map(|(c, max)| (c, max, 0, Limit::Global));
+    /// limits they are: global, then groups by index.
+    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, Limit)> {
+        let global = self.global.as_ref().zip(self.params.global);
+        let global = global.map(|(c, max)| (c, max, Limit::Global));
         let groups = (0..self.groups.len())
             .filter(move |i| groups & (1 << i) != 0)
             .map(|i| {
                 (
                     &self.groups[i],
                     self.params.groups[i],
-                    i + 1,
                     Limit::Group(i as u8),
                 )
             });
@@ -361,47 +363,34 @@ impl ConcShared {
             max,
             wanted: min,
         };
-        let limit_of = |index: usize| -> (Limit, u64) {
-            if index == 0 {
-                (Limit::Key, self.params.max)
-            } else {
-                shared
-                    .get(index - 1)
-                    .map_or((Limit::Key, self.params.max), |c| (c.3, c.1))
-            }
+        let limit_of = |index: usize| {
+            let variant = index.checked_sub(1).and_then(|i| shared.get(i));
+            variant.map_or((Limit::Key, self.params.max), |c| (c.2, c.1))
         };
-        if shared.is_empty() || !self.remote.store().is_cluster() {
+        // Every counter the request takes from, the key's first.
+        let mut counters = vec![&own];
+        counters.extend(shared.iter().map(|c| c.0));
+        let mut maxes = vec![self.params.max];
+        maxes.extend(shared.iter().map(|c| c.1));
+        let store = self.remote.store();
+        if shared.is_empty() || !store.is_cluster() {
             // One script over every counter: exact and atomic.
-            let mut counters = vec![&own];
-            counters.extend(shared.iter().map(|c| c.0));
-            let mut maxes = vec![self.params.max];
-            maxes.extend(shared.iter().map(|c| c.1));
-            return Ok(
-                match self
-                    .remote
-                    .store()
-                    .counters_acquire(&self.holder, &counters, &maxes, min, copies)
-                    .await?
-                {
-                    CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
-                    CountersOutcome::Full { index, in_use } => {
-                        let (limit, max) = limit_of(index);
-                        Err(reject(limit, in_use, max))
-                    }
-                },
-            );
+            let outcome =
+                (store.counters_acquire(&self.holder, &counters, &maxes, min, copies)).await?;
+            return Ok(match outcome {
+                CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
+                CountersOutcome::Full { index, in_use } => {
+                    let (limit, max) = limit_of(index);
+                    Err(reject(limit, in_use, max))
+                }
+            });
         }
         // Cluster: the key's slot and the variant's slot, in parallel.
-        let variant: Vec<&CounterKeys> = shared.iter().map(|c| c.0).collect();
-        let maxes: Vec<u64> = shared.iter().map(|c| c.1).collect();
-        let (own_list, own_max) = ([&own], [self.params.max]);
+        let (own_list, variant) = counters.split_at(1);
+        let (own_max, variant_maxes) = maxes.split_at(1);
         let (mine, theirs) = tokio::join!(
-            self.remote
-                .store()
-                .counters_acquire(&self.holder, &own_list, &own_max, min, copies),
-            self.remote
-                .store()
-                .counters_acquire(&self.holder, &variant, &maxes, min, copies),
+            store.counters_acquire(&self.holder, own_list, own_max, min, copies),
+            store.counters_acquire(&self.holder, variant, variant_maxes, min, copies),
         );
         let taken = |r: &Result<CountersOutcome, StoreError>| match r {
             Ok(CountersOutcome::Granted { granted, .. }) => *granted,
@@ -466,24 +455,17 @@ impl ConcShared {
         });
     }
 
-    /// The indices of the local counts a request in `groups` touches.
-    fn dirty_indices(&self, groups: u64) -> Vec<usize> {
+    /// The local counts a request in `groups` touches: the global one, then its groups'.
+    fn counts_of(&self, groups: u64) -> impl Iterator<Item = &Count> + '_ {
         let global = self.params.global.map(|_| 0);
-        global
-            .into_iter()
-            .chain(
-                (0..self.groups.len())
-                    .filter(|i| groups & (1 << i) != 0)
-                    .map(|i| i + 1),
-            )
-            .collect()
+        let in_groups = (0..self.groups.len()).filter(move |i| groups & (1 << i) != 0);
+        let indices = global.into_iter().chain(in_groups.map(|i| i + 1));
+        indices.filter_map(|i| self.counts.get(i))
     }
 
     fn mark_dirty(&self, groups: u64) {
-        for i in self.dirty_indices(groups) {
-            if let Some(c) = self.counts.get(i) {
-                c.dirty.store(true, Ordering::Relaxed);
-            }
+        for c in self.counts_of(groups) {
+            c.dirty.store(true, Ordering::Relaxed);
         }
     }
 
@@ -499,21 +481,22 @@ impl ConcShared {
         if copies > 0 {
             let dirty = source != Source::Store;
             self.held.add(key, copies, dirty);
-            for i in self.dirty_indices(groups) {
-                if let Some(c) = self.counts.get(i) {
-                    c.copies.fetch_add(copies, Ordering::Relaxed);
-                    if dirty {
-                        c.dirty.store(true, Ordering::Relaxed);
-                    }
+            for c in self.counts_of(groups) {
+                c.copies.fetch_add(copies, Ordering::Relaxed);
+                if dirty {
+                    c.dirty.store(true, Ordering::Relaxed);
                 }
             }
         }
-        SharedConcurrencyGuard {
-            shared: Arc::clone(self),
+        let held = Copies {
             key,
             groups,
             copies,
             remaining,
+        };
+        SharedConcurrencyGuard {
+            shared: Arc::clone(self),
+            held,
             source,
         }
     }
@@ -527,18 +510,14 @@ impl ConcShared {
         if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
             let _ = self.local.release(key, groups, copies);
         }
-        let send = source == Source::Store && self.remote.store().is_up();
-        self.held.sub(key, copies, !send);
-        for i in self.dirty_indices(groups) {
-            if let Some(c) = self.counts.get(i) {
-                let _ = c
-                    .copies
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        Some(n.saturating_sub(copies))
-                    });
-                if !send {
-                    c.dirty.store(true, Ordering::Relaxed);
-                }
+        let send = self.give_back(key, copies, source);
+        for c in self.counts_of(groups) {
+            let less = |n: u64| Some(n.saturating_sub(copies));
+            let _ = c
+                .copies
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, less);
+            if !send {
+                c.dirty.store(true, Ordering::Relaxed);
             }
         }
         if !send {
@@ -576,41 +555,9 @@ impl ConcShared {
             }
         });
     }
-
-    /// This limiter's copies in each of `counters` (global and groups, in order).
-    fn shared_counts(&self, counters: &[&CounterKeys]) -> Vec<u64> {
-        let mut out = Vec::with_capacity(counters.len());
-        let first = usize::from(self.global.is_none());
-        for i in 0..counters.len() {
-            let c = self.counts.get(i + first);
-            out.push(c.map_or(0, |c| c.copies.load(Ordering::Relaxed)));
-        }
-        out
-    }
 }
 
 impl SharedConcurrencyGuard {
-    /// The key whose copies this guard holds.
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
-    /// Copies it holds.
-    pub fn copies(&self) -> u64 {
-        self.copies
-    }
-
-    /// The groups it took copies from (configured bits only).
-    pub fn groups(&self) -> u64 {
-        self.groups
-    }
-
-    /// The smallest room left across its limits right after the admission (0 when the
-    /// fallback admitted it).
-    pub fn remaining(&self) -> u64 {
-        self.remaining
-    }
-
     /// Who admitted the copies.
     pub fn source(&self) -> Source {
         self.source
@@ -619,27 +566,26 @@ impl SharedConcurrencyGuard {
     /// Gives back `n` of its copies now (all if `n` is more), keeping the rest; returns
     /// how many were given back. For callers that release in parts (the limiter API).
     pub fn release(&mut self, n: u64) -> u64 {
-        let n = n.min(self.copies);
-        self.copies -= n;
-        self.shared.put_back(self.key, self.groups, n, self.source);
+        let h = &mut self.held;
+        let n = n.min(h.copies);
+        h.copies -= n;
+        self.shared.put_back(h.key, h.groups, n, self.source);
         n
     }
-}
 
-impl SharedConcurrencyGuard {
     /// Moves `n` of its copies (all if it holds fewer) into a new guard of the same
     /// limiter, key, groups and source, which then gives them back: for holders that hand
     /// part of a hold to someone else (the limiter API's `CH.TRANSFER`). The counts do not
     /// change: the copies stay held, by another guard.
     pub fn split(&mut self, n: u64) -> Self {
-        let n = n.min(self.copies);
-        self.copies -= n;
+        let n = n.min(self.held.copies);
+        self.held.copies -= n;
         Self {
             shared: Arc::clone(&self.shared),
-            key: self.key,
-            groups: self.groups,
-            copies: n,
-            remaining: self.remaining,
+            held: Copies {
+                copies: n,
+                ..self.held
+            },
             source: self.source,
         }
     }
@@ -648,35 +594,29 @@ impl SharedConcurrencyGuard {
     /// same source: then the two give back alike and can be one guard.
     pub fn same_place(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
-            && self.key == other.key
-            && self.groups == other.groups
-            && self.source == other.source
+            && (self.key, self.groups, self.source) == (other.key, other.groups, other.source)
     }
 
     /// Takes `other`'s copies into this guard (see [`Self::same_place`]; a guard of
     /// another place keeps its copies), leaving `other` empty.
     pub fn absorb(&mut self, other: &mut Self) {
         if self.same_place(other) {
-            self.copies = self.copies.saturating_add(other.copies);
-            other.copies = 0;
+            self.held.copies = self.copies.saturating_add(other.copies);
+            other.held.copies = 0;
         }
     }
 }
 
 impl Drop for SharedConcurrencyGuard {
     fn drop(&mut self) {
-        self.shared
-            .put_back(self.key, self.groups, self.copies, self.source);
+        let h = self.held;
+        self.shared.put_back(h.key, h.groups, h.copies, self.source);
     }
 }
 
 impl Leased for ConcShared {
-    fn renewing(&self) -> bool {
-        self.remote.store().is_up()
-    }
-
-    fn held(&self) -> &Held {
-        &self.held
+    fn lessee(&self) -> (&Remote, &Held) {
+        (&self.remote, &self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {

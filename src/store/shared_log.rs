@@ -97,7 +97,7 @@ impl SharedSlidingLog {
             })
             .collect();
         Ok(Self {
-            local: SlidingLog::new(&shares, remote.local_keys(max_keys, 1))?,
+            local: SlidingLog::new(&shares, remote.local_keys(max_keys))?,
             remote,
             names: Arc::new(names),
             windows: windows.into(),
@@ -142,49 +142,40 @@ impl SharedSlidingLog {
         at: Option<Micros>,
     ) -> Sourced<LogAdmission> {
         let min = min.min(cost);
-        let never = never_fits(&self.windows, min);
-        self.decide(key, min, cost, now, at)
-            .await
-            .map(|d| LogAdmission {
-                verdict: d.verdict.never_if(never),
-                ..d
-            })
-    }
-
-    async fn decide(
-        &self,
-        key: u64,
-        min: u64,
-        cost: u64,
-        now: Nanos,
-        at: Option<Micros>,
-    ) -> Sourced<LogAdmission> {
         if min > SLIDING_LOG_MAX {
             // More entries than one script may write: it can never be recorded.
-            return Sourced::new(
-                LogAdmission::rejected(Verdict::reject(0, 0, NEVER)),
-                Source::Store,
-            );
+            let never = LogAdmission::rejected(Verdict::reject(0, 0, NEVER));
+            return Sourced::new(never, Source::Store);
         }
         let call = async {
             let id = self.store().entry_id();
+            let (names, windows) = (&self.names, &self.windows);
             let grant = self
                 .store()
-                .sliding_log(&self.names, key, &self.windows, &id, (min, cost), at)
-                .await?;
-            Ok(Recorded { grant, id })
+                .sliding_log(names, key, windows, &id, (min, cost), at);
+            Ok((grant.await?, id))
         };
-        let stored = |r: Recorded| LogAdmission {
-            verdict: r.grant.verdict,
-            granted: r.grant.granted,
-            ticket: if r.grant.granted > 0 {
-                LogTicket::Store { id: r.id, at }
+        let stored = |(grant, id): (LogGrant, EntryId)| LogAdmission {
+            verdict: grant.verdict,
+            granted: grant.granted,
+            ticket: if grant.granted > 0 {
+                LogTicket::Store { id, at }
             } else {
                 LogTicket::None
             },
         };
         let fallback = |f| match f {
-            Fallback::Local => self.local_decide(key, min, cost, now),
+            // The in-process log at this instance's share, as the local kind grants.
+            Fallback::Local => {
+                let g = self.local.acquire_many(key, min, cost, now);
+                let recorded = g.granted > 0;
+                let ticket = recorded.then_some(LogTicket::Local(now));
+                LogAdmission {
+                    verdict: g.verdict,
+                    granted: g.granted,
+                    ticket: ticket.unwrap_or(LogTicket::None),
+                }
+            }
             Fallback::Allow => LogAdmission {
                 verdict: Verdict::allow(self.windows.iter().map(|w| w.max).min().unwrap_or(0), 0),
                 granted: cost,
@@ -192,37 +183,15 @@ impl SharedSlidingLog {
             },
             Fallback::Deny => LogAdmission::rejected(self.remote.denied()),
         };
-        self.remote
-            .decide(
-                (key, min, now),
-                call,
-                stored,
-                LogAdmission::rejected,
-                fallback,
-            )
-            .await
-    }
-
-    /// The fallback's decision: the in-process log at this instance's share, granting the
-    /// largest `n` in `[min, cost]` its room allows.
-    fn local_decide(&self, key: u64, min: u64, cost: u64, now: Nanos) -> LogAdmission {
-        let n = if min == cost {
-            cost
-        } else {
-            let room = self.local.peek(key, 0, now).remaining;
-            cost.min(room).max(min)
-        };
-        let verdict = self.local.acquire(key, n, now);
-        let granted = if verdict.allowed { n } else { 0 };
-        LogAdmission {
-            verdict,
-            granted,
-            ticket: if granted > 0 {
-                LogTicket::Local(now)
-            } else {
-                LogTicket::None
-            },
-        }
+        let never = never_fits(&self.windows, min);
+        let cached = LogAdmission::rejected;
+        let d = self
+            .remote
+            .decide((key, min, now), call, stored, cached, fallback);
+        d.await.map(|d| LogAdmission {
+            verdict: d.verdict.never_if(never),
+            ..d
+        })
     }
 
     /// Removes exactly the entries `decision` recorded for the key hashed to `key` (a
@@ -259,17 +228,5 @@ impl SharedSlidingLog {
     /// Store calls the deny cache saved.
     pub fn deny_cache_hits(&self) -> u64 {
         self.remote.deny_cache_hits()
-    }
-}
-
-/// The store's reply and the id its entries are named after.
-struct Recorded {
-    grant: LogGrant,
-    id: EntryId,
-}
-
-impl crate::store::remote::Rejects for Recorded {
-    fn verdict(&self) -> &Verdict {
-        &self.grant.verdict
     }
 }

@@ -105,7 +105,7 @@ impl SharedTiered {
         Ok(Self {
             names: Arc::new(names),
             entries: params.tiers.iter().map(|_| AtomicU64::new(0)).collect(),
-            local: TieredLimiter::new(&local_params, remote.local_keys(max_keys, 1))?,
+            local: TieredLimiter::new(&local_params, remote.local_keys(max_keys))?,
             remote,
             params: Arc::new(params),
             global,
@@ -201,25 +201,20 @@ impl SharedTiered {
                 ticket,
             }
         };
+        // `allow` and `deny` decide in no tier.
+        let untiered = |verdict, granted| TieredDecision {
+            verdict,
+            granted,
+            tier: 0,
+            decided_by: DecidedBy::TierWindow,
+            first_tier: 0,
+            at: now,
+        };
         let fallback = |f| {
             let decision = match f {
                 Fallback::Local => self.local.acquire_many(key, min, max, now),
-                Fallback::Allow => TieredDecision {
-                    verdict: Verdict::allow(0, 0),
-                    granted: max,
-                    tier: 0,
-                    decided_by: DecidedBy::TierWindow,
-                    first_tier: 0,
-                    at: now,
-                },
-                Fallback::Deny => TieredDecision {
-                    verdict: self.remote.denied(),
-                    granted: 0,
-                    tier: 0,
-                    decided_by: DecidedBy::TierWindow,
-                    first_tier: 0,
-                    at: now,
-                },
+                Fallback::Allow => untiered(Verdict::allow(0, 0), max),
+                Fallback::Deny => untiered(self.remote.denied(), 0),
             };
             TieredAdmission {
                 ticket: if f == Fallback::Local && decision.granted > 0 {

@@ -73,7 +73,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use crate::limits::clock::Nanos;
-use crate::limits::verdict::Verdict;
+use crate::limits::verdict::{Grant, Verdict};
 use crate::log_budget::LogBudget;
 use crate::metrics::StoreMetrics;
 use crate::store::breaker::Breaker;
@@ -443,6 +443,17 @@ fn micros(d: Duration) -> u64 {
 /// Script microseconds as nanoseconds.
 fn nanos(us: i64) -> Nanos {
     scripts::count(us).saturating_mul(1_000)
+}
+
+/// A counter script's reply (`token_bucket.lua`, `rate.lua`, `fixed_window.lua`): allowed,
+/// remaining, reset, retry and granted; `never`: a rejection can never turn (a `min` above
+/// what the limit ever holds, `0`: a block), so no retry is invited, as in process.
+fn grant(v: &::redis::Value, never: bool) -> Result<Grant, StoreError> {
+    let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(v)?;
+    Ok(Grant {
+        verdict: verdict(allowed, remaining, reset, retry).never_if(never),
+        granted: scripts::count(granted),
+    })
 }
 
 fn verdict(allowed: i64, remaining: i64, reset: i64, retry: i64) -> Verdict {

@@ -8,7 +8,7 @@ use crate::limits::rate::{RateParams, RateWindow};
 use crate::limits::verdict::{Grant, Verdict};
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
-    round_micros, scripts, verdict, Arg, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
+    grant, round_micros, scripts, Arg, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
 };
 use crate::store::StoreError;
 
@@ -60,12 +60,7 @@ impl RedisStore {
             RateWindow::Fixed => &self.inner.scripts.fixed_window,
         };
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
-        let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
-        Ok(Grant {
-            // A `min` above `max` (`max: 0`: a block) never passes: no retry is invited.
-            verdict: verdict(allowed, remaining, reset, retry).never_if(min > params.max),
-            granted: scripts::count(granted),
-        })
+        grant(&v, min > params.max)
     }
 
     /// The window's counts now, at Redis's time, counting nothing (see rate_get.lua): one

@@ -6,10 +6,11 @@
 //!
 //! **One prelude.** `scripts/prelude.lua` is prepended to every script at build time
 //! (`script!`): the decision's clock (Redis `TIME`, or a replay's `at`), the integer
-//! helpers (`fdiv`, `cdiv`, `str`, `numbers`), the 2^52 cap (`CAP`), key expiry, the token
-//! bucket's refill and wait (`bucket_*`), the rate window's periods and room (`window_*`)
-//! and the leased counts' helpers (`counter_*`), each under one name. A script uses them
-//! and declares none of its own (a test below holds that).
+//! helpers (`fdiv`, `cdiv`, `str`, `numbers`), the arguments of a bucket's or a rate's
+//! decision (`request_args`), the 2^52 cap (`CAP`), key expiry, the token bucket's refill
+//! and wait (`bucket_*`), the rate window's periods and room (`window_*`) and the leased
+//! counts' helpers (`counter_*`), each under one name. A script uses them and declares
+//! none of its own (a test below holds that).
 
 use redis::Value;
 

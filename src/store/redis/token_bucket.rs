@@ -7,7 +7,7 @@ use crate::limits::verdict::Grant;
 use crate::limits::verdict::Verdict;
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
-    nanos, round_micros, scripts, verdict, Arg, Micros, RedisStore, SCRIPT_MAX,
+    grant, nanos, round_micros, scripts, Arg, Micros, RedisStore, SCRIPT_MAX,
 };
 use crate::store::StoreError;
 
@@ -53,13 +53,7 @@ impl RedisStore {
         ];
         let s = &self.inner.scripts.token_bucket;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
-        let [allowed, remaining, reset, retry, granted] = scripts::ints::<5>(&v)?;
-        Ok(Grant {
-            // A `min` above what the bucket can ever hold (`capacity: 0`: a block) never
-            // passes: no retry is invited, as in process.
-            verdict: verdict(allowed, remaining, reset, retry).never_if(min > params.capacity),
-            granted: scripts::count(granted),
-        })
+        grant(&v, min > params.capacity)
     }
 
     /// The tokens a bucket holds and the time until it is full, taking nothing (`RL.GET`).

@@ -21,10 +21,7 @@
 --
 -- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
-local max, per, tick, cost = numbers(1, 4)
-local strict = ARGV[5] == '1'
-local min = tonumber(ARGV[6])
-local now, replay = clock(ARGV[7])
+local max, per, tick, cost, strict, min, now, replay = request_args()
 
 -- rate.lua's window, whose previous period a fixed window does not count.
 local period, e, _, curr = window_load(KEYS[1], now, tick, per)
@@ -53,13 +50,10 @@ if curr > 0 then
   reset = micros(per - e)
 end
 
+-- A rejection retries at the boundary (min > max: after one window, a hint).
 local retry = 0
 if allowed == 0 then
-  if min > max then
-    retry = per * tick
-  else
-    retry = micros(math.max(per - e, 1))
-  end
+  retry = min > max and per * tick or micros(math.max(per - e, 1))
 end
 
 if curr == 0 then

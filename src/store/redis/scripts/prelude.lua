@@ -50,6 +50,14 @@ local function numbers(first, last)
   return unpack(out, 1, last - first + 1)
 end
 
+-- A bucket's or a rate's decision (token_bucket.lua, rate.lua, fixed_window.lua): its three
+-- parameters and `cost` (ARGV[1..4]), strict (ARGV[5]), `min` (ARGV[6]), then the clock
+-- of ARGV[7] (now, replay).
+local function request_args()
+  local a, b, c, cost = numbers(1, 4)
+  return a, b, c, cost, ARGV[5] == '1', tonumber(ARGV[6]), clock(ARGV[7])
+end
+
 -- Sets `key` to expire in `ms` milliseconds (at least 1); a replay keeps a minute of
 -- slack, since its clock need not run with Redis's.
 local function expire_in(key, ms, replay)

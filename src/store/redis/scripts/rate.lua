@@ -29,10 +29,7 @@
 --
 -- Returns {allowed (0|1), remaining, reset_after µs, retry_after µs, granted}.
 
-local max, per, tick, cost = numbers(1, 4)
-local strict = ARGV[5] == '1'
-local min = tonumber(ARGV[6])
-local now, replay = clock(ARGV[7])
+local max, per, tick, cost, strict, min, now, replay = request_args()
 
 local period, e, prev, curr = window_load(KEYS[1], now, tick, per)
 -- The tick the answer is relative to (later than now's when the stored period was ahead).

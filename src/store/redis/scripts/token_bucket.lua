@@ -19,10 +19,7 @@
 --
 -- Returns {allowed (0|1), remaining tokens, reset_after µs, retry_after µs, granted}.
 
-local capacity, amount, every, cost = numbers(1, 4)
-local strict = ARGV[5] == '1'
-local min = tonumber(ARGV[6])
-local now, replay = clock(ARGV[7])
+local capacity, amount, every, cost, strict, min, now, replay = request_args()
 
 local tokens, last
 tokens, last, now = bucket_load(KEYS[1], now, capacity, amount, every)
