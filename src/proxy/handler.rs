@@ -254,7 +254,10 @@ impl Handler {
         idle: Duration,
         shutdown: &ShutdownWatch,
     ) -> Next<F::Output> {
-        let timeout = tokio::time::sleep(idle);
+        // Pingora's shared 10 ms timer wheel, not a Tokio timer: registering a Tokio sleep
+        // on every keep-alive request woke this worker's own driver through its eventfd
+        // (one `write` and one extra `epoll_wait` a request; strace, docs/performance.md).
+        let timeout = pingora_timeout::fast_timeout::fast_sleep(idle);
         tokio::pin!(timeout);
         let reclaim = self.connections.reclaim();
         tokio::pin!(reclaim);
