@@ -32,22 +32,6 @@ fn bucket(capacity: u64, refill: &str, lease: &str) -> String {
     )
 }
 
-/// `n` requests as `acme` to `url` over `c` HTTP/1.1 connections (blocking).
-fn drive(url: &str, n: u64, c: u64) -> Summary {
-    h2load::run(&[
-        "--h1",
-        "-n",
-        &n.to_string(),
-        "-c",
-        &c.to_string(),
-        "-H",
-        ":authority: app.test",
-        "-H",
-        "x-customer-id: acme",
-        url,
-    ])
-}
-
 /// The tokens Redis's one bucket holds (field `t`), or `None` when the key is absent (a
 /// full bucket is deleted).
 fn bucket_tokens(redis: &RedisServer) -> Option<u64> {
@@ -100,7 +84,7 @@ async fn sigkill_of_a_slice_holder_costs_only_until_the_bucket_refills() {
     let url = all[0].url("/");
     let mut held = 0.0;
     'hot: for _ in 0..50 {
-        let s = tokio::task::block_in_place(|| drive(&url, 20, 2));
+        let s = tokio::task::block_in_place(|| h2load::as_acme(&url, 20, 2));
         assert_eq!((s.unavailable, s.errored), (0, 0), "{}", s.text);
         for _ in 0..20 {
             held = all[0].metric(LEASED).await;
@@ -136,7 +120,7 @@ async fn sigkill_of_a_slice_holder_costs_only_until_the_bucket_refills() {
     // while it runs), nothing short of it.
     let url = all[1].url("/");
     let started = Instant::now();
-    let s = tokio::task::block_in_place(|| drive(&url, 2 * CAPACITY, 1));
+    let s = tokio::task::block_in_place(|| h2load::as_acme(&url, 2 * CAPACITY, 1));
     let elapsed = started.elapsed().as_secs_f64();
     assert_eq!((s.unavailable, s.errored), (0, 0), "{}", s.text);
     let most = CAPACITY as f64 + REFILL_PER_SEC * (elapsed + 0.1);
@@ -174,7 +158,7 @@ async fn a_70_10_10_10_split_over_four_instances_admits_at_least_95_percent() {
         .zip(each.iter().zip(conns))
         .map(|(t, (&n, c))| {
             let url = t.url("/");
-            std::thread::spawn(move || drive(&url, n, c))
+            std::thread::spawn(move || h2load::as_acme(&url, n, c))
         })
         .collect();
     let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
@@ -212,7 +196,7 @@ async fn graceful_exit_gives_the_slice_back(stop: impl FnOnce(&Tollgate, &RedisS
     let mut t = Tollgate::start(&config(up.addr, &redis.url(), ROOMY, &limits)).await;
     wait_up(&t).await;
     let url = t.url("/");
-    let s = tokio::task::block_in_place(|| drive(&url, 400, 2));
+    let s = tokio::task::block_in_place(|| h2load::as_acme(&url, 400, 2));
     assert_eq!((s.ok, s.done), (400, 400), "{}", s.text);
     // Redis's bucket lacks the admitted and the held (the gauge follows within a sweep).
     eventually("a slice held, counted out of Redis", 500, || async {

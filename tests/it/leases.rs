@@ -23,23 +23,6 @@ use crate::common::h2load::{self, Summary};
 use crate::common::redis::RedisServer;
 use crate::common::{eventually, Tollgate, Upstream};
 
-/// `n` requests as customer `acme` to `t` over `c` HTTP/1.1 connections (blocking).
-fn drive(t: &Tollgate, n: u64, c: u64) -> Summary {
-    let url = t.url("/");
-    h2load::run(&[
-        "--h1",
-        "-n",
-        &n.to_string(),
-        "-c",
-        &c.to_string(),
-        "-H",
-        ":authority: app.test",
-        "-H",
-        "x-customer-id: acme",
-        &url,
-    ])
-}
-
 /// A limit `name` of `kind` keyed by customer in the shared store, with `body` (indented
 /// by 8) and `lease`.
 fn limit(name: &str, body: &str, lease: &str) -> String {
@@ -187,7 +170,7 @@ async fn calls_per_request(lease: &str, requests: u64) -> (f64, Summary, Tollgat
     let t = Tollgate::start(&text).await;
     wait_up(&t).await;
     let before = redis.script_calls();
-    let s = tokio::task::block_in_place(|| drive(&t, requests, 8));
+    let s = tokio::task::block_in_place(|| h2load::as_acme(&t.url("/"), requests, 8));
     assert_eq!((s.ok, s.done), (requests, requests), "{}", s.text);
     let calls = redis.script_calls() - before;
     (calls as f64 / requests as f64, s, t, redis)
@@ -300,7 +283,7 @@ async fn a_reload_that_changes_the_lease_gives_the_slices_back() {
     let with = |lease: &str| config(up.addr, &redis.url(), ROOMY, &limit("per_day", body, lease));
     let t = Tollgate::start(&with("{ idle: 1h, max_share: 5% }")).await;
     wait_up(&t).await;
-    let s = tokio::task::block_in_place(|| drive(&t, 4_000, 4));
+    let s = tokio::task::block_in_place(|| h2load::as_acme(&t.url("/"), 4_000, 4));
     assert_eq!(s.ok, 4_000, "{}", s.text);
     let gauge = "tollgate_store_leased{limit=\"per_day\",origin=\"app\",store=\"shared\"}";
     // Redis counts the admitted and the held (the gauge follows within a sweep).

@@ -47,3 +47,20 @@ pub fn run(args: &[&str]) -> Summary {
         text,
     }
 }
+
+/// `n` HTTP/1.1 requests to `url` (Host `app.test`) as customer `acme` (`x-customer-id`),
+/// over `c` connections (blocking): the one hot key of the lease tests.
+pub fn as_acme(url: &str, n: u64, c: u64) -> Summary {
+    run(&[
+        "--h1",
+        "-n",
+        &n.to_string(),
+        "-c",
+        &c.to_string(),
+        "-H",
+        ":authority: app.test",
+        "-H",
+        "x-customer-id: acme",
+        url,
+    ])
+}
