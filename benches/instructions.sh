@@ -38,6 +38,8 @@ else
   bin=$root/target/release/tollgate
 fi
 
+# shellcheck source=benches/pingap_conf.sh
+source "$root/benches/pingap_conf.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-instr.XXXXXX")
 pids=()
 cleanup() {
@@ -104,28 +106,13 @@ nginx -p "$tmp/nginx" -e "$tmp/nginx/logs/error.log" -c "$tmp/nginx/nginx.conf" 
 pids+=($!)
 wait_port "$up"
 
-# Prints the instructions tollgate ran for $requests requests with origin limits $2.
-measure() {
-  local name=$1 limits=$2 port metrics pid out
-  port=$(free_port)
-  metrics=$(free_port)
-  cat >"$tmp/$name.yaml" <<YAML
-server:
-  listen: [{ addr: "127.0.0.1:$port", h2c: $([[ $proto == h2 ]] && echo true || echo false) }]
-  metrics: "127.0.0.1:$metrics"
-  threads: 1
-  grace_period: 0s
-origins:
-  bench:
-    hosts: ["bench.local"]
-    upstreams: ["127.0.0.1:$up"]
-    customer: bench
-$limits
-YAML
-  out=$tmp/$name.callgrind
-  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$bin" run --config "$tmp/$name.yaml" --upgrade-sock "$tmp/$name.sock" \
-    --pid-file "$tmp/$name.pid" >"$tmp/$name.log" 2>&1 &
+# Runs command $3... (a proxy listening on 127.0.0.1:$2, log $tmp/$1.log) under callgrind:
+# a warm-up, counters zeroed, $requests requests, a dump named $1; prints the instructions
+# of every thread since the zero, summed, and stops the proxy (INSTR_KEEP keeps the dumps).
+callgrind_count() {
+  local name=$1 port=$2 pid out=$tmp/$1.callgrind
+  shift 2
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$tmp/$name.log" 2>&1 &
   pid=$!
   pids+=("$pid")
   wait_port "$port"
@@ -143,73 +130,44 @@ YAML
   fi
 }
 
+# Prints the instructions tollgate ran for $requests requests with origin limits $2.
+measure() {
+  local name=$1 limits=$2 port metrics
+  port=$(free_port)
+  metrics=$(free_port)
+  cat >"$tmp/$name.yaml" <<YAML
+server:
+  listen: [{ addr: "127.0.0.1:$port", h2c: $([[ $proto == h2 ]] && echo true || echo false) }]
+  metrics: "127.0.0.1:$metrics"
+  threads: 1
+  grace_period: 0s
+origins:
+  bench:
+    hosts: ["bench.local"]
+    upstreams: ["127.0.0.1:$up"]
+    customer: bench
+$limits
+YAML
+  RUST_LOG=warn callgrind_count "$name" "$port" \
+    "$bin" run --config "$tmp/$name.yaml" --upgrade-sock "$tmp/$name.sock" \
+    --pid-file "$tmp/$name.pid"
+}
+
 # Prints the instructions Pingap ran for $requests requests with plugin list $2 (a TOML
 # array body) and plugin tables $3.
 measure_pingap() {
-  local name=$1 plugins=$2 tables=$3 port pid out
+  local name=$1 plugins=$2 tables=$3 port
   port=$(free_port)
-  cat >"$tmp/$name.toml" <<TOML
-[basic]
-name = "$name"
-threads = 1
-grace_period = "1s"
-graceful_shutdown_timeout = "1s"
-log_level = "WARN"
-pid_file = "$tmp/$name.pid"
-upgrade_sock = "$tmp/$name.sock"
-
-[upstreams.bench]
-addrs = ["127.0.0.1:$up"]
-
-[locations.bench]
-upstream = "bench"
-plugins = [$plugins]
-
-[servers.bench]
-addr = "127.0.0.1:$port"
-locations = ["bench"]
-threads = 1
-$tables
-TOML
-  out=$tmp/$name.callgrind
-  valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$INSTR_PINGAP" -c "$tmp/$name.toml" >"$tmp/$name.log" 2>&1 &
-  pid=$!
-  pids+=("$pid")
-  wait_port "$port"
-  load "$port" 200
-  callgrind_control --zero "$pid" >/dev/null
-  load "$port" "$requests"
-  callgrind_control --dump="$name" "$pid" >/dev/null
-  sleep 2
-  cat "$out".* 2>/dev/null | awk '/^summary:/ { t += $2 } END { print t + 0 }'
-  kill -TERM "$pid" 2>/dev/null || true
-  if [[ -n ${INSTR_KEEP:-} ]]; then
-    mkdir -p "$INSTR_KEEP"
-    cp "$out".* "$INSTR_KEEP"/ 2>/dev/null || true
-  fi
+  pingap_toml "$name" "$port" "$up" "$plugins" "$tables"
+  callgrind_count "$name" "$port" "$INSTR_PINGAP" -c "$tmp/$name.toml"
 }
 
 if [[ -n ${INSTR_PINGAP:-} ]]; then
   [[ -x $INSTR_PINGAP ]] || { echo "INSTR_PINGAP: no Pingap binary at $INSTR_PINGAP" >&2; exit 2; }
   ta=$(measure tollgate_bare "")
-  tb=$(measure tollgate_limits "    limits:
-      conc: { kind: inflight, key: [client_ip], max: 100000 }
-      per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }")
+  tb=$(measure tollgate_limits "$TOLLGATE_LIMIT_PAIR")
   pa=$(measure_pingap pingap_bare "" "")
-  pb=$(measure_pingap pingap_limits '"conc", "perClient"' '
-[plugins.conc]
-category = "limit"
-type = "inflight"
-tag = "ip"
-max = 100000
-
-[plugins.perClient]
-category = "limit"
-type = "rate"
-tag = "ip"
-max = 100000000
-interval = "1s"')
+  pb=$(measure_pingap pingap_limits "$PINGAP_LIMIT_PLUGINS" "$PINGAP_LIMIT_TABLES")
   awk -v ta="$ta" -v tb="$tb" -v pa="$pa" -v pb="$pb" -v n="$requests" 'BEGIN {
     if (ta <= 0 || tb <= 0 || pa <= 0 || pb <= 0) { print "no instruction counts were collected" > "/dev/stderr"; exit 1 }
     printf "## Instructions per request, tollgate against Pingap (callgrind, %d keep-alive requests, 1 thread)\n\n", n

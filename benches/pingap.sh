@@ -49,6 +49,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-pingap.XXXXXX")
 pids=()
 # shellcheck source=benches/lib.sh
 source "$root/benches/lib.sh"
+# shellcheck source=benches/pingap_conf.sh
+source "$root/benches/pingap_conf.sh"
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -77,29 +79,7 @@ EOF
 # Starts Pingap $1 on port $2 with the plugin list $3 (TOML array body) and plugin tables $4.
 start_pingap() {
   local name=$1 port=$2 plugins=$3 tables=$4
-  cat >"$tmp/$name.toml" <<EOF
-[basic]
-name = "$name"
-threads = 1
-grace_period = "1s"
-graceful_shutdown_timeout = "1s"
-log_level = "WARN"
-pid_file = "$tmp/$name.pid"
-upgrade_sock = "$tmp/$name.sock"
-
-[upstreams.bench]
-addrs = ["127.0.0.1:$up_port"]
-
-[locations.bench]
-upstream = "bench"
-plugins = [$plugins]
-
-[servers.bench]
-addr = "127.0.0.1:$port"
-locations = ["bench"]
-threads = 1
-$tables
-EOF
+  pingap_toml "$name" "$port" "$up_port" "$plugins" "$tables"
   "$pingap" -c "$tmp/$name.toml" >"$tmp/$name.log" 2>&1 &
   started_pid=$!
   pids+=("$started_pid")
@@ -123,9 +103,7 @@ pid[a]=$started_pid
 free_port p
 free_port metrics_b
 port[b]=$p log_of[b]=tollgate-b label[b]="tollgate, inflight + rate on the client IP"
-start_tollgate tollgate-b "$p" "$metrics_b" "    limits:
-      conc: { kind: inflight, key: [client_ip], max: 100000 }
-      per_client: { kind: rate, key: [client_ip], max: 100000000, per: 1s }"
+start_tollgate tollgate-b "$p" "$metrics_b" "$TOLLGATE_LIMIT_PAIR"
 pid[b]=$started_pid
 
 free_port p
@@ -135,19 +113,7 @@ pid[x]=$started_pid
 
 free_port p
 port[y]=$p log_of[y]=pingap-y label[y]="Pingap, limit plugin: inflight + rate on the IP"
-start_pingap pingap-y "$p" '"conc", "perClient"' '
-[plugins.conc]
-category = "limit"
-type = "inflight"
-tag = "ip"
-max = 100000
-
-[plugins.perClient]
-category = "limit"
-type = "rate"
-tag = "ip"
-max = 100000000
-interval = "1s"'
+start_pingap pingap-y "$p" "$PINGAP_LIMIT_PLUGINS" "$PINGAP_LIMIT_TABLES"
 pid[y]=$started_pid
 
 order=(a b x y)
