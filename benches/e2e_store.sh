@@ -74,6 +74,11 @@ else
 fi
 [[ -x $bin ]] || die "no tollgate binary at $bin"
 
+# free_port, cpu_ticks, http_get (`Connection: close`: the metrics listener keeps an
+# HTTP/1.0 connection open without it) and wrk_summary; the cleanup below replaces lib.sh's
+# (it continues a stopped redis-server before stopping it).
+# shellcheck source=benches/lib.sh
+source "$root/benches/lib.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-e2e-store.XXXXXX")
 pids=()
 
@@ -104,41 +109,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# CPU clock ticks (utime + stime) used so far by PID $1 and its direct children.
-cpu_ticks() {
-  local stat
-  for stat in /proc/[0-9]*/stat; do
-    cat "$stat" 2>/dev/null || true
-  done | awk -v p="$1" '{ pid = $1; sub(/^.*\) /, ""); if (pid == p || $2 == p) t += $12 + $13 } END { print t + 0 }'
-}
-
-# Sets variable $1 to a free port on 127.0.0.1 below the ephemeral range.
-used_ports=" "
-free_port() {
-  local port tries
-  for ((tries = 0; tries < 200; tries++)); do
-    port=$((20000 + RANDOM % 12000))
-    [[ $used_ports == *" $port "* ]] && continue
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      used_ports+="$port "
-      printf -v "$1" '%s' "$port"
-      return
-    fi
-  done
-  die "no free port found"
-}
-
-# The response to GET $2 from 127.0.0.1:$1 (host $3). `Connection: close` is needed: the
-# metrics listener keeps an HTTP/1.0 connection open without it (cat would wait 5 s).
-http_get() {
-  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
-  printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$2" "${3:-127.0.0.1}" >&3
-  timeout 5 cat <&3 || true
-  exec 3<&-
-}
-
-# Waits (20 s at most) until GET / on 127.0.0.1:$1 answers 2xx while PID $2 runs.
-wait_ready() {
+# Waits (20 s at most) until GET / on 127.0.0.1:$1 answers 2xx while PID $2 runs (lib.sh's
+# wait_ready takes the PID first and reads the status only; this one is port-first).
+wait_answers() {
   local tries
   for ((tries = 0; tries < 200; tries++)); do
     kill -0 "$2" 2>/dev/null || die "$3 exited at start: $(tail -n 20 "$tmp/$3.log" 2>/dev/null)"
@@ -253,7 +226,7 @@ EOF
   pids+=("${pid[$v]}")
 done
 for v in "${variants[@]}"; do
-  wait_ready "${port[$v]}" "${pid[$v]}" "tollgate-$v"
+  wait_answers "${port[$v]}" "${pid[$v]}" "tollgate-$v"
 done
 for v in x s; do
   for ((i = 0; i < 100; i++)); do
@@ -290,26 +263,15 @@ run_wrk() {
   fb1=$(metric "${metrics[$v]}" 'tollgate_store_fallback_decisions_total')
   c1=$(store_calls "${metrics[$v]}")
   [[ $mode == record ]] || return 0
+  local rps p50 p99 req bad
+  IFS=$'\t' read -r rps p50 p99 req bad < <(wrk_summary "$out")
   awk -v v="$label" -v round="$round" -v ticks=$((after - before)) -v hz="$clk_tck" \
     -v rcpu="$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a - b }')" -v fb=$((fb1 - fb0)) \
-    -v calls=$((c1 - c0)) '
-    function us(s) {
-      if (s ~ /us$/) return s + 0
-      if (s ~ /ms$/) return (s + 0) * 1000
-      if (s ~ /s$/) return (s + 0) * 1000000
-      return s + 0
-    }
-    /^ +50%/ { p50 = us($2) }
-    /^ +99%/ { p99 = us($2) }
-    / requests in / { req = $1 }
-    /Non-2xx or 3xx responses:/ { bad += $NF }
-    /Socket errors:/ { gsub(/,/, ""); bad += $4 + $6 + $8 + $10 }
-    /^Requests\/sec:/ { rps = $2 }
-    END {
+    -v calls=$((c1 - c0)) -v rps="$rps" -v p50="$p50" -v p99="$p99" -v req="$req" -v bad="$bad" 'BEGIN {
       cpu = req > 0 ? ticks * 1000000 / hz / req : 0
       rc = req > 0 ? rcpu * 1000000 / req : 0
       printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%d\t%d\t%.2f\t%d\t%d\n", v, round, rps, p50, p99, cpu, req, bad, rc, fb, calls
-    }' <<<"$out" >>"$results"
+    }' >>"$results"
 }
 
 for v in "${variants[@]}"; do
