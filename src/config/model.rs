@@ -818,6 +818,21 @@ impl LimitParams {
             LimitParams::SlidingLog { .. } => Kind::SlidingLog,
         }
     }
+
+    /// Whether a limit of these parameters in a Redis store leases its hot keys' quota:
+    /// token buckets, rates, inflight, and concurrency without a global or group counter
+    /// (a block of slots spans one counter; see `docs/fleet.md`).
+    pub fn leases(&self) -> bool {
+        match self {
+            LimitParams::Inflight { .. }
+            | LimitParams::Rate { .. }
+            | LimitParams::TokenBucket { .. } => true,
+            LimitParams::Concurrency { global, groups, .. } => {
+                global.is_none() && groups.is_empty()
+            }
+            LimitParams::Tiered { .. } | LimitParams::SlidingLog { .. } => false,
+        }
+    }
 }
 
 /// One named limit of an origin, after defaults were merged in.

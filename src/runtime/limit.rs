@@ -180,10 +180,11 @@ impl LimitRt {
                 store,
                 names: store.names(at.origin, &limit.name, variant_of(i)),
                 deny_cache: at.stores.deny_cache(name),
-                // Token buckets and rates lease; the holding kinds do not yet.
+                // Token buckets, rates, inflight, and concurrency without a global or
+                // group counter lease (a block of slots spans one counter).
                 lease: limit
                     .lease
-                    .filter(|_| matches!(params.kind(), Kind::TokenBucket | Kind::Rate))
+                    .filter(|_| params.leases())
                     .map(|p| crate::store::LeaseCtx::new(p, store, at.origin, &limit.name)),
             });
             let ctx = BuildCtx {

@@ -30,7 +30,6 @@ use crate::limits::{
 };
 use crate::runtime::learned::{LearnCtx, Learned};
 use crate::segments::Segment;
-use crate::store::shared::{CounterKind, SharedCounter};
 use crate::store::{
     KeyNames, RedisStore, SharedConcurrency, SharedInflight, SharedRate, SharedSlidingLog,
     SharedTiered, SharedTokenBucket,
@@ -61,9 +60,9 @@ pub enum Place<L, R> {
     Store(InStore<R>),
 }
 
-impl<L, K: CounterKind> Place<L, SharedCounter<K>> {
+impl<L, R: InStoreLimiter> Place<L, R> {
     /// Whether the state is a store's, leased as `lease` says (`None`: not leased): a
-    /// reload keeps a shared counter only with the same lease settings.
+    /// reload keeps a shared limiter only with the same lease settings.
     fn leased_as(&self, lease: Option<LeaseParams>) -> bool {
         matches!(self, Place::Store(s) if s.limiter.lease_params() == lease)
     }
@@ -105,25 +104,36 @@ impl<L, R> Place<L, R> {
 pub trait InStoreLimiter {
     /// The store it decides in.
     fn store(&self) -> &RedisStore;
+
+    /// How its hot keys lease (`None`: not leased, or a kind that never leases).
+    fn lease_params(&self) -> Option<LeaseParams> {
+        None
+    }
 }
 
 macro_rules! in_store {
-    ($($t:ty),*) => {
+    ($($t:ty),*; leased: $($l:ty),*) => {
         $(impl InStoreLimiter for $t {
             fn store(&self) -> &RedisStore {
                 <$t>::store(self)
+            }
+        })*
+        $(impl InStoreLimiter for $l {
+            fn store(&self) -> &RedisStore {
+                <$l>::store(self)
+            }
+
+            fn lease_params(&self) -> Option<LeaseParams> {
+                <$l>::lease_params(self)
             }
         })*
     };
 }
 
 in_store!(
-    SharedInflight,
-    SharedRate,
-    SharedTokenBucket,
     SharedTiered,
-    SharedConcurrency,
-    SharedSlidingLog
+    SharedSlidingLog;
+    leased: SharedInflight, SharedRate, SharedTokenBucket, SharedConcurrency
 );
 
 /// A request's cost, ready for the request path.
@@ -414,7 +424,7 @@ impl Limiter {
         ctx: BuildCtx<'_>,
     ) -> Result<(Limiter, bool), LimiterError> {
         let at = ctx.shared;
-        // A shared counter's lease (token bucket, rate).
+        // A shared limit's lease (token bucket, rate, inflight, concurrency).
         let lease = at.as_ref().and_then(|a| a.lease.clone());
         let leased = lease.as_ref().map(|l| l.params);
         Ok(match params {
@@ -424,11 +434,19 @@ impl Limiter {
                     prev.map(|p| &p.state),
                     // In process `max` is passed per call; the store's limiter holds it.
                     |shared| {
-                        prev.is_some_and(|p| p.sketch == *sketch && (!shared || p.max == *max))
+                        prev.is_some_and(|p| {
+                            p.sketch == *sketch
+                                && (!shared || p.max == *max && p.state.leased_as(leased))
+                        })
                     },
                     at,
                     || Ok(InflightLimiter::new(*sketch)),
-                    |store, names, _| Ok(SharedInflight::new(store, names, *max, *sketch)),
+                    |store, names, _| {
+                        let lease = lease.clone();
+                        Ok(SharedInflight::new_leased(
+                            store, names, *max, *sketch, lease,
+                        ))
+                    },
                 )?;
                 let learned = match (auto, ctx.learn) {
                     (Some(auto), Some(learn)) => {
@@ -548,10 +566,11 @@ impl Limiter {
                 // guard releases to the groups it took from).
                 let (state, kept) = place(
                     prev.map(|p| &p.state),
-                    |_| {
+                    |shared| {
                         prev.is_some_and(|p| {
                             p.max_keys == *max_keys
                                 && p.params == params
+                                && (!shared || p.state.leased_as(leased))
                                 && p.groups
                                     .iter()
                                     .map(|g| g.name.as_str())
@@ -564,7 +583,8 @@ impl Limiter {
                             .map_err(|e| e.to_string())
                     },
                     |store, key_names, _| {
-                        SharedConcurrency::new(store, key_names, params.clone(), &names, *max_keys)
+                        let p = params.clone();
+                        SharedConcurrency::new_leased(store, key_names, p, &names, *max_keys, lease)
                             .map_err(|e| e.to_string())
                     },
                 )?;

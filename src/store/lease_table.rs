@@ -125,6 +125,8 @@ struct Entry {
     key: AtomicU64,
     busy: AtomicU64,
     remaining: AtomicU64,
+    /// The size of the last take: a holding kind keeps up to twice this free.
+    block: AtomicU64,
     slice: Slice,
 }
 
@@ -160,6 +162,7 @@ impl<K: LeaseKind> LeaseTable<K> {
                     key: AtomicU64::new(0),
                     busy: AtomicU64::new(0),
                     remaining: AtomicU64::new(UNKNOWN),
+                    block: AtomicU64::new(1),
                     slice: Slice::new(),
                 })
                 .collect(),
@@ -189,6 +192,11 @@ impl<K: LeaseKind> LeaseTable<K> {
         self.inner.kind.spawn(sweep_loop(weak, every));
     }
 
+    /// Now, on the clock of the idle sweep (for callers that are not given a time).
+    pub(crate) fn now(&self) -> Nanos {
+        self.inner.clock.now()
+    }
+
     /// The settings.
     pub(crate) fn params(&self) -> LeaseParams {
         self.inner.params
@@ -197,6 +205,43 @@ impl<K: LeaseKind> LeaseTable<K> {
     /// Admits `cost` for `key` at `now` from its slice, or says to decide exactly (module
     /// doc).
     pub(crate) fn admit(&self, key: u64, cost: u64, now: Nanos) -> FromSlice {
+        self.offer(key, cost, now, false)
+    }
+
+    /// A holding kind's [`LeaseTable::admit`]: `slots` of the key's block, counted in use
+    /// until [`LeaseTable::release`] puts them back.
+    pub(crate) fn acquire(&self, key: u64, slots: u64, now: Nanos) -> FromSlice {
+        self.offer(key, slots, now, true)
+    }
+
+    /// A holding kind's release of `slots` the store counts for this instance (taken from
+    /// the block, `from_block`, or decided exactly): they go back into the key's block
+    /// with no call, and a surplus above twice a block goes back to the store in the
+    /// background (hysteresis). False when the key has no block to take them now (the
+    /// caller releases to the store).
+    pub(crate) fn release(&self, key: u64, slots: u64, from_block: bool, now: Nanos) -> bool {
+        let inner = &self.inner;
+        let key = slot_key(key);
+        let Some(i) = inner.find(key) else {
+            return false;
+        };
+        let e = &inner.entries[i];
+        e.busy.fetch_add(1, Ordering::SeqCst);
+        if e.key.load(Ordering::SeqCst) != key || inner.closed.load(Ordering::Acquire) {
+            e.busy.fetch_sub(1, Ordering::Release);
+            return false;
+        }
+        e.slice.put_back(slots, from_block, now);
+        let surplus = e.slice.take_surplus(e.block.load(Ordering::Relaxed));
+        e.busy.fetch_sub(1, Ordering::Release);
+        if surplus > 0 {
+            inner.give_back(key, surplus, 0);
+        }
+        true
+    }
+
+    /// [`LeaseTable::admit`] (`holding`: [`LeaseTable::acquire`]).
+    fn offer(&self, key: u64, cost: u64, now: Nanos, holding: bool) -> FromSlice {
         let inner = &self.inner;
         let key = slot_key(key);
         if let Some(i) = inner.find(key) {
@@ -208,7 +253,11 @@ impl<K: LeaseKind> LeaseTable<K> {
                 e.busy.fetch_sub(1, Ordering::Release);
                 return FromSlice::Exact;
             }
-            let admitted = e.slice.admit(cost, now);
+            let admitted = if holding {
+                e.slice.acquire(cost, now)
+            } else {
+                e.slice.admit(cost, now)
+            };
             e.busy.fetch_sub(1, Ordering::Release);
             match admitted {
                 Admit::Admitted { renew } => {
@@ -353,6 +402,7 @@ impl<K: LeaseKind> Inner<K> {
         let want = self
             .sizer
             .size(count, over, (remaining != UNKNOWN).then_some(remaining));
+        e.block.store(want.max(1), Ordering::Relaxed);
         let take = self.kind.take(key, want);
         let me = Arc::clone(self);
         self.kind.spawn(async move {
@@ -436,6 +486,17 @@ impl<K: LeaseKind> Inner<K> {
                 || e.slice.idle_for(now) < self.params.idle
                 || !e.slice.claim()
             {
+                continue;
+            }
+            // A holding kind's entry with slots in use stays (their releases come back
+            // to it); only its free slots go back.
+            if e.slice.in_use() > 0 {
+                let n = e.slice.drain();
+                e.slice.renew_failed();
+                if n > 0 {
+                    given += n;
+                    self.give_back(key, n, 0);
+                }
                 continue;
             }
             // Hand over only an entry no admission is using.

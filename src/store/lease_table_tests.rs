@@ -307,3 +307,153 @@ fn concurrent_admissions_refunds_sweeps_and_hand_overs_conserve_quota() {
     fake.run();
     assert_eq!(1_000_000 - fake.quota(), admitted);
 }
+
+/// A holding kind's fleet of one: `max` slots in the fake store; requests acquire a slot
+/// (from the block, or exactly from the store) and release it (into the block, or
+/// exactly), with the slots in use, free in the block and free in the store conserved.
+struct Holding {
+    fake: Fake,
+    t: LeaseTable<Fake>,
+    clock: Arc<ManualClock>,
+    max: u64,
+    in_use: u64,
+    /// Whether each slot in use came from the block, oldest first.
+    from_block: std::collections::VecDeque<bool>,
+    exact_calls: u64,
+}
+
+impl Holding {
+    fn new(max: u64) -> Self {
+        let fake = Fake::new(max);
+        let (t, _, clock) = table(&fake, max);
+        Self {
+            fake,
+            t,
+            clock,
+            max,
+            in_use: 0,
+            from_block: std::collections::VecDeque::new(),
+            exact_calls: 0,
+        }
+    }
+
+    /// One acquisition at the clock's time: whether it got a slot.
+    fn acquire(&mut self) -> bool {
+        let (got, block) = match self.t.acquire(1, 1, self.clock.now()) {
+            FromSlice::Admitted { .. } => (true, true),
+            FromSlice::Exact => {
+                self.exact_calls += 1;
+                let q = &self.fake.0.quota;
+                let taken =
+                    q.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| q.checked_sub(1));
+                (taken.is_ok(), false)
+            }
+        };
+        if got {
+            self.in_use += 1;
+            self.from_block.push_back(block);
+        }
+        self.fake.run();
+        self.check();
+        got
+    }
+
+    fn release(&mut self) {
+        assert!(self.in_use > 0);
+        self.in_use -= 1;
+        let block = self.from_block.pop_front().unwrap_or(false);
+        if !self.t.release(1, 1, block, self.clock.now()) {
+            self.exact_calls += 1;
+            self.fake.0.quota.fetch_add(1, Ordering::SeqCst);
+        }
+        self.fake.run();
+        self.check();
+    }
+
+    /// In use + free in blocks + free in the store = max: never more in use than max.
+    fn check(&self) {
+        assert_eq!(self.in_use + self.t.held() + self.fake.quota(), self.max);
+    }
+}
+
+#[test]
+fn a_hot_holding_key_reuses_its_block_with_no_call_and_never_exceeds_max() {
+    let mut h = Holding::new(100);
+    // A steady key: 8 in use, one request a millisecond.
+    for i in 0..2_000u64 {
+        h.clock.set(i * MS);
+        if h.in_use >= 8 {
+            h.release();
+        }
+        h.acquire();
+    }
+    assert_eq!(h.in_use, 8);
+    // Once its block is taken, the key costs no call: releases go back into the block
+    // and acquisitions take from it.
+    let (calls, takes) = (h.exact_calls, h.fake.0.takes.load(Ordering::SeqCst));
+    for i in 2_000..3_000u64 {
+        h.clock.set(i * MS);
+        h.release();
+        assert!(h.acquire());
+    }
+    assert_eq!(h.exact_calls, calls, "no exact call in steady state");
+    assert_eq!(h.fake.0.takes.load(Ordering::SeqCst), takes, "no take");
+    // Everything released: a surplus above twice a block (10% of 100 = 10) goes back.
+    while h.in_use > 0 {
+        h.release();
+    }
+    assert!(h.t.held() <= 20, "held {}", h.t.held());
+    // Idle: all of it goes back.
+    h.clock.set(3_000 * MS + 2 * NANOS_PER_SEC);
+    h.t.sweep(h.clock.now());
+    h.fake.run();
+    assert_eq!((h.t.held(), h.fake.quota()), (0, 100));
+}
+
+#[test]
+fn a_full_holding_limit_is_decided_exactly_and_blocks_never_hold_more_than_max() {
+    let mut h = Holding::new(12);
+    // Offered far more than 12 at once: at most 12 are ever in use, and all 12 are.
+    let mut got = 0;
+    for i in 0..200u64 {
+        h.clock.set(i * MS);
+        got += u64::from(h.acquire());
+    }
+    assert_eq!((got, h.in_use), (12, 12));
+    // Half released, then offered again: the block (or the store) gives them out again.
+    for _ in 0..6 {
+        h.release();
+    }
+    let mut again = 0;
+    for i in 200..300u64 {
+        h.clock.set(i * MS);
+        again += u64::from(h.acquire());
+    }
+    assert_eq!((again, h.in_use), (6, 12));
+}
+
+#[test]
+fn the_idle_sweep_keeps_a_holding_key_with_slots_in_use_and_gives_its_free_slots_back() {
+    let mut h = Holding::new(1_000);
+    for i in 0..500u64 {
+        h.clock.set(i * MS);
+        h.acquire();
+        if h.in_use > 4 {
+            h.release();
+        }
+    }
+    let held = h.t.held();
+    assert!(held > 0, "a block is held");
+    // Idle with 4 slots in use (long requests): the free slots go back, the entry stays.
+    h.clock.set(500 * MS + 2 * NANOS_PER_SEC);
+    assert_eq!(h.t.sweep(h.clock.now()), held);
+    h.fake.run();
+    assert_eq!((h.t.held(), h.t.keys()), (0, 1));
+    // Their releases still come back to the block, no call.
+    let calls = h.exact_calls;
+    while h.in_use > 0 {
+        h.release();
+    }
+    assert_eq!(h.exact_calls, calls);
+    assert_eq!(h.in_use + h.t.held() + h.fake.quota(), 1_000);
+}

@@ -16,9 +16,10 @@
 //! - [`key`]: the stable hash of key parts and the readable key names in Redis.
 //! - [`breaker`]: the circuit breaker.
 //! - [`budget`]: one budget for every store call of one request phase.
-//! - [`lease_table`]: the slices a leased limit (token bucket, rate) holds for its hot
-//!   keys, their renewals and give-backs; `leased`: their lease calls, written once over
-//!   each kind's script calls ([`shared::CounterKind`]).
+//! - [`lease_table`]: the slices a leased limit holds for its hot keys, their renewals
+//!   and give-backs; `leased`: the token bucket's and the rate's lease calls, written once
+//!   over each kind's script calls ([`shared::CounterKind`]); `leased_slots`: the holding
+//!   kinds' (inflight, concurrency) blocks of slots.
 //! - `held`: what this instance holds in leased counts, the truth each renewal writes.
 //! - `global_share`: a tiered limit's global limit counted per instance on a Cluster.
 //! - `releases`: a concurrency limiter's releases on their way to the store.
@@ -36,6 +37,7 @@ pub mod key;
 pub mod lease_close;
 pub mod lease_table;
 mod leased;
+mod leased_slots;
 pub mod redis;
 mod releases;
 pub mod remote;

@@ -27,6 +27,10 @@
 //! (`at`) always decide exactly, and so does a bucket's `acquire_many`; a rate's
 //! all-or-nothing `acquire_many` is paid by the slice as an `acquire` is.
 //!
+//! **Inflight leases** (`lease:`): a hot key leases a block of slots
+//! (`crate::store::leased_slots`); an acquisition takes a free slot of it with no call and
+//! a release (of a slot the store counts here) puts it back with no call.
+//!
 //! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
 //! admitted them: the store or the fallback). A background task on the store's runtime
 //! renews this instance's lease every `lease / 3` for every key it holds, repairing Redis
@@ -55,6 +59,7 @@ use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
 use crate::store::leased::{bucket_quota, InRedis};
+use crate::store::leased_slots::Slots;
 use crate::store::redis::{Fallback, LeaseGrant, Micros, RateCounts, RedisStore};
 use crate::store::remote::{renew_every_third, share, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
@@ -430,16 +435,18 @@ pub struct SharedInflight {
 
 struct InflightShared {
     remote: Remote,
-    names: KeyNames,
+    names: Arc<KeyNames>,
     max: u64,
     local_max: u64,
     local: InflightLimiter,
-    held: Held,
+    held: Arc<Held>,
+    /// Hot keys' blocks of slots (`lease:`; `crate::store::leased_slots`).
+    lease: Option<LeaseTable<Slots>>,
 }
 
 impl Leased for InflightShared {
     fn lessee(&self) -> (&Remote, &Held) {
-        (&self.remote, &self.held)
+        (&self.remote, &*self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
@@ -457,6 +464,8 @@ pub struct SharedInflightGuard {
     shared: Arc<InflightShared>,
     key: u64,
     source: Source,
+    /// Whether the unit is a slot of the key's block (leases).
+    from_block: bool,
     /// The fallback's unit, when the local limiter admitted it.
     _local: Option<InflightGuard>,
 }
@@ -479,6 +488,18 @@ impl SharedInflight {
     /// `names`; the local fallback uses a sketch of `sketch`. Starts the renewal task on
     /// the store's runtime (it ends when this limiter and its last guard are gone).
     pub fn new(store: &RedisStore, names: KeyNames, max: u64, sketch: SketchSize) -> Self {
+        Self::new_leased(store, names, max, sketch, None)
+    }
+
+    /// [`SharedInflight::new`] with hot keys leasing blocks of slots as `lease` says
+    /// (`None`: one call per acquisition and per release).
+    pub fn new_leased(
+        store: &RedisStore,
+        names: KeyNames,
+        max: u64,
+        sketch: SketchSize,
+        lease: Option<LeaseCtx>,
+    ) -> Self {
         let remote = Remote::new(store, 0);
         let sketch = match store.config().fallback {
             Fallback::Local => sketch,
@@ -487,13 +508,28 @@ impl SharedInflight {
                 slots: 1,
             },
         };
+        let names = Arc::new(names);
+        let held = Arc::new(Held::new());
+        let lease = lease.map(|ctx| {
+            let slots = Slots {
+                store: store.clone(),
+                names: Arc::clone(&names),
+                holder: Arc::from(store.config().instance.as_str()),
+                counter: RedisStore::inflight_counter,
+                max,
+                held: Arc::clone(&held),
+            };
+            let instances = u64::from(store.config().instances);
+            LeaseTable::started(slots, ctx, max, instances)
+        });
         let shared = Arc::new(InflightShared {
             local_max: remote.share(max),
             remote,
             names,
             max,
             local: InflightLimiter::new(sketch),
-            held: Held::new(),
+            held,
+            lease,
         });
         renew_every_third(store, &shared);
         Self { shared }
@@ -504,12 +540,26 @@ impl SharedInflight {
     /// estimate that was over `max`.
     pub async fn acquire(&self, key: u64) -> Sourced<Result<SharedInflightGuard, u64>> {
         let s = &self.shared;
+        if let Some(table) = &s.lease {
+            // A slot of the key's block: already counted here and in Redis.
+            if let FromSlice::Admitted { .. } = table.acquire(key, 1, table.now()) {
+                let guard = SharedInflightGuard {
+                    shared: Arc::clone(s),
+                    key,
+                    source: Source::Store,
+                    from_block: true,
+                    _local: None,
+                };
+                return Sourced::new(Ok(guard), Source::Store);
+            }
+        }
         let guard = |source, local| {
             s.held.add(key, 1, source != Source::Store);
             SharedInflightGuard {
                 shared: Arc::clone(s),
                 key,
                 source,
+                from_block: false,
                 _local: local,
             }
         };
@@ -526,9 +576,20 @@ impl SharedInflight {
         s.remote.call(call, stored, fallback).await
     }
 
-    /// Units this instance holds for the key, whoever admitted them.
+    /// Units this instance holds for the key, whoever admitted them, with the free slots
+    /// of its block (what Redis counts for this instance).
     pub fn held(&self, key: u64) -> u64 {
         self.shared.held.get(key)
+    }
+
+    /// The lease settings (`None`: not leased).
+    pub fn lease_params(&self) -> Option<LeaseParams> {
+        self.shared.lease.as_ref().map(LeaseTable::params)
+    }
+
+    /// Free slots this instance holds in blocks.
+    pub fn leased(&self) -> u64 {
+        self.shared.lease.as_ref().map_or(0, LeaseTable::held)
     }
 
     /// The fleet's limit.
@@ -552,6 +613,12 @@ impl SharedInflightGuard {
 impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
+        if let Some(table) = s.lease.as_ref().filter(|_| self.source == Source::Store) {
+            // Into the key's block, if it has one: no call.
+            if table.release(self.key, 1, self.from_block, table.now()) {
+                return;
+            }
+        }
         if s.give_back(self.key, 1, self.source) {
             let (shared, key) = (Arc::clone(s), self.key);
             s.remote.spawn(async move {

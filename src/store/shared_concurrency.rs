@@ -40,6 +40,11 @@
 //! counters it took them from, with the group mask it was admitted with: a reload that
 //! moves a customer between groups releases to the group the copies came from.
 //!
+//! **Leases** (`lease:`, only for a limit without a global or group counter): a hot key
+//! leases a block of slots of its counter (`crate::store::leased_slots`); a reserve of
+//! exactly `copies` takes them from the block with no call, and a release of copies the
+//! store counts here puts them back with no call.
+//!
 //! **Local share.** The fallback is an in-process concurrency limiter whose `max`,
 //! `global` and group maxes are each `⌈x / instances⌉`.
 //!
@@ -52,8 +57,11 @@ use std::sync::Arc;
 use crate::limits::concurrency::{
     ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Copies, Limit, Rejection, MAX_GROUPS,
 };
+use crate::limits::lease::LeaseParams;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
+use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
+use crate::store::leased_slots::Slots;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
 use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
@@ -69,7 +77,7 @@ pub struct SharedConcurrency {
 
 struct ConcShared {
     remote: Remote,
-    names: KeyNames,
+    names: Arc<KeyNames>,
     /// This limiter's field in every counter: `instance#incarnation`.
     holder: String,
     params: ConcurrencyParams,
@@ -78,8 +86,11 @@ struct ConcShared {
     global: Option<CounterKeys>,
     groups: Vec<CounterKeys>,
     local: ConcurrencyLimiter,
-    /// Copies held per key.
-    held: Held,
+    /// Copies held per key (with the free slots of its block).
+    held: Arc<Held>,
+    /// Hot keys' blocks of slots (`lease:`, only without a global or group counter:
+    /// `crate::store::leased_slots`).
+    lease: Option<LeaseTable<Slots>>,
     /// Copies held in the global counter (index 0) and each group's (1 + i).
     counts: Box<[Count]>,
     /// Releases sent to the store and not answered yet.
@@ -121,6 +132,8 @@ pub struct SharedConcurrencyGuard {
     shared: Arc<ConcShared>,
     held: Copies,
     source: Source,
+    /// Whether the copies are slots of the key's block (leases).
+    from_block: bool,
 }
 
 impl std::ops::Deref for SharedConcurrencyGuard {
@@ -143,6 +156,20 @@ impl SharedConcurrency {
         group_names: &[&str],
         max_keys: usize,
     ) -> Result<Self, ConcurrencyError> {
+        Self::new_leased(store, names, params, group_names, max_keys, None)
+    }
+
+    /// [`SharedConcurrency::new`] with hot keys leasing blocks of slots as `lease` says,
+    /// when the limit has no global or group counter (a block spans one counter); `None`,
+    /// or a limit with those counters: one call per reserve and per release.
+    pub fn new_leased(
+        store: &RedisStore,
+        names: KeyNames,
+        params: ConcurrencyParams,
+        group_names: &[&str],
+        max_keys: usize,
+        lease: Option<LeaseCtx>,
+    ) -> Result<Self, ConcurrencyError> {
         let n = params.groups.len();
         if n > MAX_GROUPS {
             return Err(ConcurrencyError::TooManyGroups(n));
@@ -161,15 +188,33 @@ impl SharedConcurrency {
                 CounterKeys::group(&names, name)
             })
             .collect();
+        let holder = format!("{}#{incarnation}", store.config().instance);
+        let names = Arc::new(names);
+        let held = Arc::new(Held::new());
+        let lease = lease
+            .filter(|_| params.global.is_none() && n == 0)
+            .map(|ctx| {
+                let slots = Slots {
+                    store: store.clone(),
+                    names: Arc::clone(&names),
+                    holder: Arc::from(holder.as_str()),
+                    counter: CounterKeys::of_key,
+                    max: params.max,
+                    held: Arc::clone(&held),
+                };
+                let instances = u64::from(store.config().instances);
+                LeaseTable::started(slots, ctx, params.max, instances)
+            });
         let shared = Arc::new(ConcShared {
             remote,
-            holder: format!("{}#{incarnation}", store.config().instance),
+            holder,
             global: params.global.map(|_| CounterKeys::global(&names)),
             groups,
             names,
             valid: u64::MAX.checked_shr(64 - n as u32).unwrap_or(0),
             local: ConcurrencyLimiter::new(local_params, local_keys)?,
-            held: Held::new(),
+            held,
+            lease,
             counts: (0..=n).map(|_| Count::default()).collect(),
             releases: Releases::default(),
             params,
@@ -219,6 +264,25 @@ impl SharedConcurrency {
                 Ok(s.guard(key, groups, 0, s.params.max, Source::Store)),
                 Source::Store,
             );
+        }
+        if let Some(table) = s.lease.as_ref().filter(|_| min == copies) {
+            // Slots of the key's block: already counted here and in Redis.
+            if let FromSlice::Admitted { held, remaining } = table.acquire(key, copies, table.now())
+            {
+                let held = Copies {
+                    key,
+                    groups,
+                    copies,
+                    remaining: remaining.saturating_add(held),
+                };
+                let guard = SharedConcurrencyGuard {
+                    shared: Arc::clone(s),
+                    held,
+                    source: Source::Store,
+                    from_block: true,
+                };
+                return Sourced::new(Ok(guard), Source::Store);
+            }
         }
         let call = async {
             // Releases sent before this request that had not landed when it was sent:
@@ -275,9 +339,20 @@ impl SharedConcurrency {
         s.remote.call(call, stored, fallback).await
     }
 
-    /// Copies this instance holds for the key, whoever admitted them.
+    /// Copies this instance holds for the key, whoever admitted them, with the free slots
+    /// of its block (what Redis counts for this instance).
     pub fn held(&self, key: u64) -> u64 {
         self.shared.held.get(key)
+    }
+
+    /// The lease settings (`None`: not leased).
+    pub fn lease_params(&self) -> Option<LeaseParams> {
+        self.shared.lease.as_ref().map(LeaseTable::params)
+    }
+
+    /// Free slots this instance holds in blocks.
+    pub fn leased(&self) -> u64 {
+        self.shared.lease.as_ref().map_or(0, LeaseTable::held)
     }
 
     /// Copies of the key held across the fleet now (holders with a live lease), read from
@@ -291,7 +366,8 @@ impl SharedConcurrency {
 
     /// Copies this instance holds across every key of the limit.
     pub fn in_use_here(&self) -> u64 {
-        self.shared.held.total()
+        // Free slots of blocks are held, not in use.
+        self.shared.held.total().saturating_sub(self.leased())
     }
 
     /// Copies this instance holds in group `group` (0 for one that does not exist).
@@ -498,14 +574,22 @@ impl ConcShared {
             shared: Arc::clone(self),
             held,
             source,
+            from_block: false,
         }
     }
 
     /// Gives back `copies` a guard of `source` held: locally at once, to the store in the
     /// background (only for copies the store admitted, and only while it is up).
-    fn put_back(self: &Arc<Self>, key: u64, groups: u64, copies: u64, source: Source) {
+    fn put_back(self: &Arc<Self>, g: &SharedConcurrencyGuard, copies: u64) {
+        let (key, groups, source) = (g.held.key, g.held.groups, g.source);
         if copies == 0 {
             return;
+        }
+        if let Some(table) = self.lease.as_ref().filter(|_| source == Source::Store) {
+            // Into the key's block, if it has one: no call.
+            if table.release(key, copies, g.from_block, table.now()) {
+                return;
+            }
         }
         if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
             let _ = self.local.release(key, groups, copies);
@@ -569,7 +653,7 @@ impl SharedConcurrencyGuard {
         let h = &mut self.held;
         let n = n.min(h.copies);
         h.copies -= n;
-        self.shared.put_back(h.key, h.groups, n, self.source);
+        self.shared.put_back(self, n);
         n
     }
 
@@ -587,6 +671,7 @@ impl SharedConcurrencyGuard {
                 ..self.held
             },
             source: self.source,
+            from_block: self.from_block,
         }
     }
 
@@ -594,7 +679,8 @@ impl SharedConcurrencyGuard {
     /// same source: then the two give back alike and can be one guard.
     pub fn same_place(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
-            && (self.key, self.groups, self.source) == (other.key, other.groups, other.source)
+            && (self.key, self.groups, self.source, self.from_block)
+                == (other.key, other.groups, other.source, other.from_block)
     }
 
     /// Takes `other`'s copies into this guard (see [`Self::same_place`]; a guard of
@@ -609,14 +695,13 @@ impl SharedConcurrencyGuard {
 
 impl Drop for SharedConcurrencyGuard {
     fn drop(&mut self) {
-        let h = self.held;
-        self.shared.put_back(h.key, h.groups, h.copies, self.source);
+        self.shared.put_back(self, self.held.copies);
     }
 }
 
 impl Leased for ConcShared {
     fn lessee(&self) -> (&Remote, &Held) {
-        (&self.remote, &self.held)
+        (&self.remote, &*self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {

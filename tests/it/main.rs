@@ -57,6 +57,7 @@ mod rls;
 mod round_trips;
 mod schema;
 mod simulate;
+mod slot_leases;
 mod snapshot;
 mod store_budget;
 mod store_key_errors;

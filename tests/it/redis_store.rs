@@ -20,6 +20,7 @@ use crate::common::redis as harness;
 
 mod concurrency;
 mod lease;
+mod lease_cases;
 mod shared_kinds;
 mod sliding_log;
 mod tiered;

@@ -151,6 +151,25 @@ impl Slice {
         self.last_use.fetch_max(now, Ordering::Relaxed);
     }
 
+    /// A holding kind's release of `n` slots the store counts for this holder: slots this
+    /// slice admitted (`from_slice`) come off the in-use count; slots the exact path
+    /// decided join the slice as a grant would (the identity of the module doc holds with
+    /// them counted in `granted`). Either way all `n` come back into the slice (no call),
+    /// valid with no end: slots live as long as their holder's lease in the store, which
+    /// outlives the slice, so a slice that was never granted must not void them.
+    pub fn put_back(&self, n: u64, from_slice: bool, now: Nanos) {
+        self.until.store(u64::MAX, Ordering::Release);
+        if from_slice {
+            let _ = self
+                .in_use
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                    Some(u.saturating_sub(n))
+                });
+        }
+        self.avail.fetch_add(n, Ordering::AcqRel);
+        self.last_use.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// The renewal's answer: `granted` more units for `epoch` (a rate period; 0 for the
     /// kinds without one), spendable until `until`, with the next low-water mark. A new
     /// epoch voids what is left of the old one. Clears the renewal flag.
@@ -378,6 +397,18 @@ mod tests {
         // Past its end nothing is admitted and what is left is void.
         assert!(matches!(s.admit(1, 2_000), Admit::Short { renew: true }));
         assert_eq!((s.available(), s.voided()), (0, 11));
+    }
+
+    #[test]
+    fn slots_put_back_into_a_slice_never_granted_stay_valid() {
+        // Released slots decided exactly join a slice no take has granted yet (its end
+        // still 0): they are admitted, never voided.
+        let s = Slice::new();
+        s.put_back(2, false, 5);
+        assert!(matches!(s.acquire(1, 6), Admit::Admitted { .. }));
+        assert_eq!((s.available(), s.voided(), s.in_use()), (1, 0, 1));
+        s.put_back(1, true, 7);
+        assert_eq!((s.available(), s.in_use()), (2, 0));
     }
 
     #[test]

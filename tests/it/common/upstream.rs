@@ -4,6 +4,9 @@
 //! - `/hold...` waits until the test calls [`Upstream::release`], or until its connection's
 //!   client closes (hyper alone does not always notice that while a handler runs).
 //! - `/status/NNN` answers NNN.
+//! - `/slow...` answers after 3 ms, counting the `/slow` requests in progress and their
+//!   peak ([`Upstream::busy`], [`Upstream::peak`]): what a holding limit lets through at
+//!   once.
 //! - anything else answers 200 with the upstream's name, echoing the `X-Forwarded-For` it
 //!   received as `x-seen-forwarded-for` (its first line) and `x-seen-forwarded-for-lines`
 //!   (how many lines), the path and query as `x-seen-path`, every `Content-Length` line
@@ -35,6 +38,9 @@ struct Shared {
     /// Requests to `/hold...` received.
     holds: AtomicUsize,
     held: AtomicUsize,
+    /// `/slow` requests in progress, and the most at once.
+    busy: AtomicUsize,
+    peak: AtomicUsize,
     /// Bumped on each release; holders wait for it to change.
     release: watch::Sender<u64>,
 }
@@ -59,6 +65,8 @@ impl Upstream {
             requests: AtomicUsize::new(0),
             holds: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
             release,
         });
         let s = shared.clone();
@@ -94,6 +102,16 @@ impl Upstream {
     /// Requests currently held.
     pub fn held(&self) -> usize {
         self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// `/slow` requests in progress now.
+    pub fn busy(&self) -> usize {
+        self.shared.busy.load(Ordering::SeqCst)
+    }
+
+    /// The most `/slow` requests ever in progress at once.
+    pub fn peak(&self) -> usize {
+        self.shared.peak.load(Ordering::SeqCst)
     }
 
     /// Lets every held request answer.
@@ -186,6 +204,12 @@ async fn handle(
                 return Ok(Response::new(Full::new(Bytes::new())));
             }
         }
+    }
+    if path.starts_with("/slow") {
+        let now = s.busy.fetch_add(1, Ordering::SeqCst) + 1;
+        s.peak.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        s.busy.fetch_sub(1, Ordering::SeqCst);
     }
     if let Some(code) = path.strip_prefix("/status/") {
         let code = code.parse().unwrap_or(500);
