@@ -206,13 +206,31 @@ fn lease_of(r: &mut Report, kind: Kind, spec: &LimitSpec, shared: bool) -> Optio
             r.error(l.pos, &l.path, message);
             None
         }
+        Some(
+            l @ At {
+                v: LeaseSetting::On(_),
+                ..
+            },
+        ) if leases && kind == Kind::Concurrency && spans_counters(spec) => {
+            let message = "`lease` needs a concurrency limit without `global` or `groups`: a block of slots spans one counter (write `lease: off`, or leave it out: such a limit decides every reserve in the store)";
+            r.error(l.pos, &l.path, message);
+            None
+        }
         Some(At {
             v: LeaseSetting::On(p),
             ..
         }) if leases => Some(*p),
         Some(_) => None,
-        None => (shared && leases).then(LeaseParams::default),
+        // A concurrency limit with global or group counters decides every reserve in the
+        // store: `lease` shows as off for it.
+        None => (shared && leases && !(kind == Kind::Concurrency && spans_counters(spec)))
+            .then(LeaseParams::default),
     }
+}
+
+/// Whether a concurrency limit counts copies beyond its key's (`global`, `groups`).
+fn spans_counters(spec: &LimitSpec) -> bool {
+    spec.params.global.is_some() || spec.groups.as_ref().is_some_and(|g| !g.v.is_empty())
 }
 
 /// Why `lease` is refused on a sliding log or tiered limit.

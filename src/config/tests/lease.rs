@@ -198,3 +198,25 @@ fn print_effective_shows_the_lease_and_parses_back() {
         .config;
     assert_eq!(again, config, "\n{yaml}");
 }
+
+#[test]
+fn a_lease_on_a_concurrency_limit_with_global_or_groups_is_refused_and_auto_skips_it() {
+    let error =
+        "origins.a.limits.l.lease: `lease` needs a concurrency limit without `global` or `groups`";
+    let global = format!("{CONCURRENCY}        global: 10\n");
+    let groups = format!(
+        "{CONCURRENCY}        groups: [{{ name: g, members: {{ customer: [x] }}, max: 2 }}]\n"
+    );
+    for base in [&global, &groups] {
+        let text = config(&format!("{base}        lease: auto\n"), true);
+        assert!(error_of(&text).contains(error), "{}", error_of(&text));
+        // Off is what such a limit does anyway, and what it defaults to.
+        let text = config(&format!("{base}        lease: off\n"), true);
+        assert_eq!(lease_of(&text), None);
+        let text = config(base, true);
+        assert_eq!(lease_of(&text), None);
+    }
+    // Without them it leases.
+    let text = config(&format!("{CONCURRENCY}        lease: auto\n"), true);
+    assert_eq!(lease_of(&text), Some(LeaseParams::default()));
+}
