@@ -31,6 +31,7 @@ pub mod grant;
 pub mod learned;
 pub mod limit;
 pub mod limiter;
+pub mod place;
 pub mod policy;
 pub mod resources;
 pub mod rls;
