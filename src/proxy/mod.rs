@@ -38,6 +38,21 @@ pub mod service;
 pub mod tls_accept;
 pub mod watched;
 
+use std::fmt;
+use std::net::IpAddr;
+
+/// A downstream peer as log lines name it: its address, or `an unknown peer`.
+pub struct Peer(pub Option<IpAddr>);
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(ip) => ip.fmt(f),
+            None => f.write_str("an unknown peer"),
+        }
+    }
+}
+
 pub use service::Tollgate;
 
 /// The problem+json responses, shared with the admin API (see [`crate::problem`]).
