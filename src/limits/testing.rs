@@ -1,11 +1,20 @@
 //! Helpers the limiters' unit tests share (test builds only): spreading small keys over a
-//! table's sets, filling a table past its slots and flooding it with fresh keys.
+//! table's sets or mixing them into hash-like keys, filling a table past its slots and flooding it with fresh keys.
 
 use crate::limits::clock::Nanos;
 
 /// Spreads small test keys over the sets, as real (hashed) keys are.
 pub(crate) fn spread(i: u64) -> u64 {
     i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Keys as the limiters see them, well-mixed 64-bit hashes: SplitMix64's finaliser of `i`
+/// (every bit of the key depends on every bit of `i`, unlike [`spread`]'s).
+pub(crate) fn mixed(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Admits 200 000 fresh keys (`admit(key)` must allow each) into a table of `max_keys`
