@@ -311,20 +311,36 @@ fn unknown_resource(cx: &mut Ctx<'_>, name: &[u8]) -> Outcome {
     ))
 }
 
+/// The live runtime and its resource `name`. `Ok(None)`: there is no such resource and
+/// `api.allow_unconfigured` grants it (counted as allowed under `_unconfigured`); `Err`:
+/// the reply refusing it.
+fn resource<'a>(
+    cx: &mut Ctx<'a>,
+    name: &[u8],
+) -> Result<Option<(&'a Runtime, &'a ResourceRt)>, Outcome> {
+    let found = cx
+        .runtime
+        .and_then(|rt| Some((rt, rt.resources.get(name)?)));
+    if found.is_none() {
+        if !cx.service.allow_unconfigured(cx.runtime) {
+            return Err(unknown_resource(cx, name));
+        }
+        cx.service.unconfigured().counters.allowed.inc();
+    }
+    Ok(found)
+}
+
 /// `CH.REQUEST resource domain copies [MIN n]`.
 pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let ask = match parse_ask(args, "CH.REQUEST") {
         Ok(ask) => ask,
         Err(e) => return cx.error(format_args!("{e}")),
     };
-    let found = cx
-        .runtime
-        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let found = match resource(cx, ask.resource) {
+        Ok(found) => found,
+        Err(refused) => return refused,
+    };
     let Some((rt, r)) = found else {
-        if !cx.service.allow_unconfigured(cx.runtime) {
-            return unknown_resource(cx, ask.resource);
-        }
-        cx.service.unconfigured().counters.allowed.inc();
         let mut f = Fields::default();
         f.int("granted", ask.copies)
             .opt("remaining", None)
@@ -478,15 +494,12 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         Ok(slot) => slot,
         Err(e) => return ledger_error(cx, &e, &ask, None),
     };
-    let found = cx
-        .runtime
-        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let found = match resource(cx, ask.resource) {
+        Ok(found) => found,
+        Err(refused) => return refused,
+    };
     let Some((rt, r)) = found else {
-        if !cx.service.allow_unconfigured(cx.runtime) {
-            return unknown_resource(cx, ask.resource);
-        }
         let u = cx.service.unconfigured();
-        u.counters.allowed.inc();
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(ask.resource).as_ref());
         let held = Reservation::new(
             NewReservation {
