@@ -406,19 +406,24 @@ mod tests {
         parse_chunked(input, input.len())
     }
 
-    fn cmds(list: &[&[&str]]) -> Vec<Vec<String>> {
-        list.iter()
+    /// Asserts that `input` parses to the commands `want` however it is split into chunks.
+    fn parses_in_any_chunks(input: &[u8], want: &[&[&str]]) {
+        let want: Vec<Vec<String>> = want
+            .iter()
             .map(|c| c.iter().map(|s| s.to_string()).collect())
-            .collect()
+            .collect();
+        for chunk in 1..=input.len() {
+            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
+        }
     }
 
     #[test]
     fn multibulk_pipelined_and_split_anywhere() {
         let input = b"*1\r\n$4\r\nPING\r\n*3\r\n$9\r\nRL.REDUCE\r\n$0\r\n\r\n$2\r\n\r\n\r\n*0\r\n*-1\r\n*2\r\n$4\r\nECHO\r\n$3\r\na b\r\n";
-        let want = cmds(&[&["PING"], &["RL.REDUCE", "", "\r\n"], &["ECHO", "a b"]]);
-        for chunk in 1..=input.len() {
-            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
-        }
+        parses_in_any_chunks(
+            input,
+            &[&["PING"], &["RL.REDUCE", "", "\r\n"], &["ECHO", "a b"]],
+        );
     }
 
     #[test]
@@ -440,10 +445,10 @@ mod tests {
     #[test]
     fn inline_commands_with_quotes() {
         let input = b"PING\r\n\r\n  set  \"a b\\x41\\n\" 'it\\'s'  \nECHO \"\\\"q\\\"\"\r\n";
-        let want = cmds(&[&["PING"], &["set", "a bA\n", "it's"], &["ECHO", "\"q\""]]);
-        for chunk in 1..=input.len() {
-            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
-        }
+        parses_in_any_chunks(
+            input,
+            &[&["PING"], &["set", "a bA\n", "it's"], &["ECHO", "\"q\""]],
+        );
         for bad in [&b"ECHO \"abc\r\n"[..], b"ECHO 'abc\n", b"ECHO \"a\"b\n"] {
             assert_eq!(parse(bad), Err(ProtocolError::UnbalancedQuotes));
         }
