@@ -10,6 +10,7 @@
 //! nothing else is logged, the last count stays unreported (the metrics still count every
 //! rejection).
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
@@ -61,6 +62,14 @@ impl LogBudget {
                 Ok(_) => return Some(self.suppressed.swap(0, Ordering::Relaxed)),
                 Err(actual) => seen = actual,
             }
+        }
+    }
+
+    /// Writes `line` at info level if the budget lets a line through at `now`, saying how
+    /// many it suppressed before it; formats nothing otherwise.
+    pub fn info(&self, now: Nanos, line: fmt::Arguments<'_>) {
+        if let Some(suppressed) = self.admit(now) {
+            log::info!("{line}{}", suppressed_note(suppressed));
         }
     }
 }

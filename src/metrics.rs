@@ -22,10 +22,11 @@ pub const UNMATCHED_ORIGIN: &str = "_unmatched";
 /// (`crate::runtime::collector`) and the limiter API's ad-hoc buckets (`origin="_api"`,
 /// `kind="adhoc_bucket"`) alike, so one alert rule and one dashboard panel cover both.
 pub const LIMIT_EVICTIONS: &str = "tollgate_limit_evictions_total";
-/// The help text of [`LIMIT_EVICTIONS`]: both writers must give the same one.
-pub const LIMIT_EVICTIONS_HELP: &str = "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).";
+/// The help text of [`LIMIT_EVICTIONS`]: both writers give this one
+/// ([`Families::limit_evictions`]).
+const LIMIT_EVICTIONS_HELP: &str = "Keys evicted while their state was live because the limit's table was full; each starts again as new, which only ever admits more (raise max_keys, or a key flood is under way).";
 /// The labels of [`LIMIT_EVICTIONS`].
-pub const LIMIT_EVICTIONS_LABELS: [&str; 3] = ["origin", "limit", "kind"];
+const LIMIT_EVICTIONS_LABELS: [&str; 3] = ["origin", "limit", "kind"];
 
 /// Every metric family tollgate exports, registered in one private registry.
 #[derive(Clone)]
@@ -404,6 +405,16 @@ impl<'a> Families<'a> {
     /// An `IntCounterVec` named `name` with `labels`.
     pub fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> Made<IntCounterVec> {
         self.registered(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    /// The [`LIMIT_EVICTIONS`] family, with the help text and labels every writer of it
+    /// gives.
+    pub fn limit_evictions(&self) -> Made<IntCounterVec> {
+        self.counter_vec(
+            LIMIT_EVICTIONS,
+            LIMIT_EVICTIONS_HELP,
+            &LIMIT_EVICTIONS_LABELS,
+        )
     }
 
     /// An `IntGaugeVec` named `name` with `labels`.

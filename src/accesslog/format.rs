@@ -11,68 +11,54 @@ use crate::accesslog::record::Record;
 pub fn json(rec: &Record<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"time\":\"");
     rfc3339(rec.time, out);
-    out.extend_from_slice(b"\",\"request_id\":");
-    text(rec.request_id, out);
-    out.extend_from_slice(b",\"client_ip\":");
-    display(rec.client_ip, out);
-    out.extend_from_slice(b",\"peer\":");
-    display(rec.peer, out);
-    out.extend_from_slice(b",\"customer\":");
-    text(rec.customer, out);
-    out.extend_from_slice(b",\"method\":");
-    text(rec.method, out);
-    out.extend_from_slice(b",\"host\":");
-    text(rec.host, out);
-    out.extend_from_slice(b",\"path\":");
-    text(rec.path, out);
-    out.extend_from_slice(b",\"protocol\":\"");
-    out.extend_from_slice(rec.protocol.name().as_bytes());
-    out.extend_from_slice(b"\",\"tls\":");
-    text(rec.tls, out);
-    out.extend_from_slice(b",\"sni\":");
-    text(rec.sni, out);
-    out.extend_from_slice(b",\"status\":");
-    number(u64::from(rec.status), out);
-    out.extend_from_slice(b",\"bytes_in\":");
-    number(rec.bytes_in, out);
-    out.extend_from_slice(b",\"bytes_out\":");
-    number(rec.bytes_out, out);
-    out.extend_from_slice(b",\"duration\":");
-    seconds(rec.duration, out);
-    out.extend_from_slice(b",\"upstream\":");
-    display(rec.upstream, out);
-    out.extend_from_slice(b",\"upstream_status\":");
+    out.push(b'"');
+    text(rec.request_id, field(out, "request_id"));
+    display(rec.client_ip, field(out, "client_ip"));
+    display(rec.peer, field(out, "peer"));
+    text(rec.customer, field(out, "customer"));
+    text(rec.method, field(out, "method"));
+    text(rec.host, field(out, "host"));
+    text(rec.path, field(out, "path"));
+    text(rec.protocol.name().as_bytes(), field(out, "protocol"));
+    text(rec.tls, field(out, "tls"));
+    text(rec.sni, field(out, "sni"));
+    number(u64::from(rec.status), field(out, "status"));
+    number(rec.bytes_in, field(out, "bytes_in"));
+    number(rec.bytes_out, field(out, "bytes_out"));
+    seconds(rec.duration, field(out, "duration"));
+    display(rec.upstream, field(out, "upstream"));
+    field(out, "upstream_status");
     match rec.upstream_status {
         0 => out.extend_from_slice(b"null"),
         s => number(u64::from(s), out),
     }
-    out.extend_from_slice(b",\"upstream_ttfb\":");
+    field(out, "upstream_ttfb");
     match rec.upstream_ttfb {
         None => out.extend_from_slice(b"null"),
         Some(t) => seconds(t, out),
     }
-    out.extend_from_slice(b",\"origin\":");
-    text(rec.origin, out);
-    out.extend_from_slice(b",\"rejected_by\":");
+    text(rec.origin, field(out, "origin"));
+    field(out, "rejected_by");
     if rec.rejected_limit.is_empty() {
         out.extend_from_slice(b"null");
     } else {
         out.extend_from_slice(b"{\"limit\":");
         text(rec.rejected_limit, out);
-        out.extend_from_slice(b",\"kind\":");
-        text(rec.rejected_kind, out);
+        text(rec.rejected_kind, field(out, "kind"));
         out.push(b'}');
     }
-    out.extend_from_slice(b",\"shadow_rejected\":[");
+    field(out, "shadow_rejected");
+    out.push(b'[');
     for (i, s) in rec.shadow_rejected.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         text(s, out);
     }
-    out.extend_from_slice(b"],\"source\":");
-    text(rec.source, out);
-    out.extend_from_slice(b",\"headers\":{");
+    out.push(b']');
+    text(rec.source, field(out, "source"));
+    field(out, "headers");
+    out.push(b'{');
     for (i, (name, value)) in rec.headers.iter().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -82,6 +68,14 @@ pub fn json(rec: &Record<'_>, out: &mut Vec<u8>) {
         text(value, out);
     }
     out.extend_from_slice(b"}}\n");
+}
+
+/// Appends `,"name":`, a field after an object's first; hands `out` on for its value.
+fn field<'o>(out: &'o mut Vec<u8>, name: &str) -> &'o mut Vec<u8> {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+    out
 }
 
 /// Appends `rec` as one line of nginx's `combined` format: `$remote_addr - - [$time_local]
@@ -223,41 +217,12 @@ fn time_local(nanos: u64, out: &mut Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
-    use smallvec::SmallVec;
-
     use super::*;
-    use crate::accesslog::record::Protocol;
-
-    fn rec<'a>() -> Record<'a> {
-        Record {
-            time: 1_795_784_701_123_456_789,
-            duration: 1_234_567,
-            status: 429,
-            bytes_in: 10,
-            bytes_out: 200,
-            client_ip: Some("2001:db8::1".parse().unwrap()),
-            peer: Some("127.0.0.1:5555".parse().unwrap()),
-            protocol: Protocol::H2,
-            request_id: b"id-1",
-            customer: b"acme",
-            method: b"GET",
-            host: b"shop.test",
-            path: b"/a\"b\xff\n",
-            tls: b"TLSv1.3",
-            sni: b"shop.test",
-            origin: b"shop",
-            rejected_limit: b"per_ip",
-            rejected_kind: b"rate",
-            shadow_rejected: SmallVec::from_slice(&[b"new".as_slice()]),
-            headers: SmallVec::from_slice(&[(b"user-agent".as_slice(), b"curl/8".as_slice())]),
-            ..Record::default()
-        }
-    }
 
     #[test]
     fn json_has_every_field_and_is_valid() {
         let mut out = Vec::new();
-        json(&rec(), &mut out);
+        json(&Record::sample(), &mut out);
         assert_eq!(out.last(), Some(&b'\n'));
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["time"], "2026-11-27T13:05:01.123456Z");
@@ -280,7 +245,7 @@ mod tests {
     #[test]
     fn combined_is_nginx_s() {
         let mut out = Vec::new();
-        combined(&rec(), &mut out);
+        combined(&Record::sample(), &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "2001:db8::1 - - [27/Nov/2026:13:05:01 +0000] \"GET /a\\x22b\\xFF\\x0A HTTP/2.0\" 429 200 \"-\" \"curl/8\"\n"

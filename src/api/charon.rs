@@ -311,20 +311,36 @@ fn unknown_resource(cx: &mut Ctx<'_>, name: &[u8]) -> Outcome {
     ))
 }
 
+/// The live runtime and its resource `name`. `Ok(None)`: there is no such resource and
+/// `api.allow_unconfigured` grants it (counted as allowed under `_unconfigured`); `Err`:
+/// the reply refusing it.
+fn resource<'a>(
+    cx: &mut Ctx<'a>,
+    name: &[u8],
+) -> Result<Option<(&'a Runtime, &'a ResourceRt)>, Outcome> {
+    let found = cx
+        .runtime
+        .and_then(|rt| Some((rt, rt.resources.get(name)?)));
+    if found.is_none() {
+        if !cx.service.allow_unconfigured(cx.runtime) {
+            return Err(unknown_resource(cx, name));
+        }
+        cx.service.unconfigured().counters.allowed.inc();
+    }
+    Ok(found)
+}
+
 /// `CH.REQUEST resource domain copies [MIN n]`.
 pub fn request(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let ask = match parse_ask(args, "CH.REQUEST") {
         Ok(ask) => ask,
         Err(e) => return cx.error(format_args!("{e}")),
     };
-    let found = cx
-        .runtime
-        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let found = match resource(cx, ask.resource) {
+        Ok(found) => found,
+        Err(refused) => return refused,
+    };
     let Some((rt, r)) = found else {
-        if !cx.service.allow_unconfigured(cx.runtime) {
-            return unknown_resource(cx, ask.resource);
-        }
-        cx.service.unconfigured().counters.allowed.inc();
         let mut f = Fields::default();
         f.int("granted", ask.copies)
             .opt("remaining", None)
@@ -478,15 +494,12 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
         Ok(slot) => slot,
         Err(e) => return ledger_error(cx, &e, &ask, None),
     };
-    let found = cx
-        .runtime
-        .and_then(|rt| Some((rt, rt.resources.get(ask.resource)?)));
+    let found = match resource(cx, ask.resource) {
+        Ok(found) => found,
+        Err(refused) => return refused,
+    };
     let Some((rt, r)) = found else {
-        if !cx.service.allow_unconfigured(cx.runtime) {
-            return unknown_resource(cx, ask.resource);
-        }
         let u = cx.service.unconfigured();
-        u.counters.allowed.inc();
         let name: Arc<str> = Arc::from(String::from_utf8_lossy(ask.resource).as_ref());
         let held = Reservation::new(
             NewReservation {
@@ -539,37 +552,19 @@ pub fn reserve(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
     let reserved = state.reserve(key, mask, ask.copies, ask.min);
     let (taken, forced, rejection) = counted(rt, r, variant, now, reserved, ask.copies);
-    let taken = taken.unwrap_or(0);
-    let granted = taken + forced;
-    if granted > 0 {
-        let resource: Arc<str> = Arc::from(r.name());
-        let held = Reservation::new(
-            NewReservation {
-                resource: &resource,
-                domain: ask.domain,
-                groups: mask,
-                counted: Some(Counted {
-                    counter: Counter::Local(Arc::clone(state)),
-                    names: Arc::clone(&names),
-                }),
-                key,
-                taken,
-                forced,
-                gauge: &r.holds,
-            },
-            slot,
-        );
-        cx.session.ledger.add(held);
-    }
-    let groups = group_names(&names, mask);
-    let holding = cx.session.ledger.holding(ask.resource, ask.domain, None);
     let decided = Reserved {
-        granted,
+        taken: taken.unwrap_or(0),
         forced,
         rejection: rejection.as_ref(),
         mask,
         names: &names,
     };
+    let counter = Counter::Local(Arc::clone(state));
+    if let Some(held) = decided.hold(r, ask.domain, Some(counter), key, slot) {
+        cx.session.ledger.add(held);
+    }
+    let groups = group_names(&names, mask);
+    let holding = cx.session.ledger.holding(ask.resource, ask.domain, None);
     let (f, outcome) = decided.reply(c, groups, holding, state.held(key), None);
     f.write(&mut cx.out);
     outcome
@@ -643,40 +638,19 @@ async fn reserve_in_store(
     let names: Arc<[String]> = c.groups.iter().map(|g| g.name.clone()).collect();
     let outcome = shared.limiter.acquire_range(key, mask, min, copies).await;
     let (guard, forced, rejection) = counted(rt, r, variant, now, outcome.value, copies);
-    let taken = guard.as_ref().map_or(0, |g| g.copies());
-    let granted = taken + forced;
-    let resource: Arc<str> = Arc::from(r.name());
-    let held = (granted > 0).then(|| {
-        Reservation::new(
-            NewReservation {
-                resource: &resource,
-                domain,
-                // Forced copies took nothing from any group.
-                groups: if guard.is_some() { mask } else { 0 },
-                counted: guard.map(|g| Counted {
-                    counter: Counter::Shared(g),
-                    names: Arc::clone(&names),
-                }),
-                key,
-                taken,
-                forced,
-                gauge: &r.holds,
-            },
-            slot,
-        )
-    });
+    let decided = Reserved {
+        taken: guard.as_ref().map_or(0, |g| g.copies()),
+        forced,
+        rejection: rejection.as_ref(),
+        mask,
+        names: &names,
+    };
+    let held = decided.hold(r, domain, guard.map(Counter::Shared), key, slot);
     // Forced copies took nothing from any group.
     let groups = if forced == 0 {
         group_names(&names, mask)
     } else {
         Vec::new()
-    };
-    let decided = Reserved {
-        granted,
-        forced,
-        rejection: rejection.as_ref(),
-        mask,
-        names: &names,
     };
     let in_use = shared.limiter.held(key);
     let (f, outcome) = decided.reply(c, groups, 0, in_use, Some(outcome.source));
@@ -695,19 +669,55 @@ fn group_names(names: &[String], mask: u64) -> Vec<String> {
 
 /// A `CH.RESERVE` decision, in process or in a store, ready to be replied.
 struct Reserved<'a> {
-    /// Copies granted: taken, or forced by shadow or the kill switch.
-    granted: u64,
-    /// Of them, the forced ones (which took nothing).
+    /// Copies the limiter took.
+    taken: u64,
+    /// Copies granted without taking anything, by shadow or the kill switch.
     forced: u64,
     /// Why the limiter refused, if it did.
     rejection: Option<&'a ConcurrencyRejection>,
     /// The request's groups.
     mask: u64,
     /// Every group's name, in bit order.
-    names: &'a [String],
+    names: &'a Arc<[String]>,
 }
 
 impl Reserved<'_> {
+    /// Copies granted: taken or forced.
+    fn granted(&self) -> u64 {
+        self.taken + self.forced
+    }
+
+    /// The connection's hold of the granted copies of resource `r` for `domain`, if any
+    /// were granted; `counter` counts the taken ones (`None`: nothing was taken, and the
+    /// forced copies took nothing from any group).
+    fn hold(
+        &self,
+        r: &ResourceRt,
+        domain: &[u8],
+        counter: Option<Counter>,
+        key: u64,
+        slot: Slots,
+    ) -> Option<Reservation> {
+        if self.granted() == 0 {
+            return None;
+        }
+        let resource: Arc<str> = Arc::from(r.name());
+        let new = NewReservation {
+            resource: &resource,
+            domain,
+            groups: if counter.is_some() { self.mask } else { 0 },
+            counted: counter.map(|counter| Counted {
+                counter,
+                names: Arc::clone(self.names),
+            }),
+            key,
+            taken: self.taken,
+            forced: self.forced,
+            gauge: &r.holds,
+        };
+        Some(Reservation::new(new, slot))
+    }
+
     /// The reply's fields (`groups`: the groups the copies came from; `held`: this
     /// connection's copies; `in_use`: the domain's; `source`: who decided, in a store)
     /// and the command's outcome.
@@ -719,7 +729,7 @@ impl Reserved<'_> {
         in_use: u64,
         source: Option<Source>,
     ) -> (Fields, Outcome) {
-        let granted = self.granted;
+        let granted = self.granted();
         let retry = match (self.rejection, self.forced) {
             (Some(rej), 0) => millis(c.params.refusal(rej, self.mask).retry_after),
             (Some(_), _) | (None, _) => 0,

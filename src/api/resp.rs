@@ -265,42 +265,21 @@ fn split_inline(
             return Ok(());
         }
         let start = data.len();
-        let (mut double, mut single) = (false, false);
+        // The quote the argument is inside, if any.
+        let mut quote = None;
         loop {
             let c = line.get(i).copied();
-            if double {
+            if let Some(q) = quote {
                 let c = c.ok_or(ProtocolError::UnbalancedQuotes)?;
-                let hex = |j: usize| line.get(j).and_then(|&h| (h as char).to_digit(16));
-                if c == b'\\' && line.get(i + 1) == Some(&b'x') {
-                    if let (Some(hi), Some(lo)) = (hex(i + 2), hex(i + 3)) {
-                        data.push((hi * 16 + lo) as u8);
-                        i += 4;
-                        continue;
-                    }
-                }
-                if c == b'\\' && i + 1 < line.len() {
-                    data.push(match line[i + 1] {
-                        b'n' => b'\n',
-                        b'r' => b'\r',
-                        b't' => b'\t',
-                        b'b' => 0x08,
-                        b'a' => 0x07,
-                        other => other,
-                    });
-                    i += 2;
-                } else if c == b'"' {
-                    i = closed(line, i)?;
-                    break;
+                let escape = if q == b'"' {
+                    double_quoted_escape(line, i)
                 } else {
-                    data.push(c);
-                    i += 1;
-                }
-            } else if single {
-                let c = c.ok_or(ProtocolError::UnbalancedQuotes)?;
-                if c == b'\\' && line.get(i + 1) == Some(&b'\'') {
-                    data.push(b'\'');
-                    i += 2;
-                } else if c == b'\'' {
+                    single_quoted_escape(line, i)
+                };
+                if let Some((byte, len)) = escape {
+                    data.push(byte);
+                    i += len;
+                } else if c == q {
                     i = closed(line, i)?;
                     break;
                 } else {
@@ -311,8 +290,7 @@ fn split_inline(
                 match c {
                     None => break,
                     Some(c) if blank(c) => break,
-                    Some(b'"') => double = true,
-                    Some(b'\'') => single = true,
+                    Some(q @ (b'"' | b'\'')) => quote = Some(q),
                     Some(c) => data.push(c),
                 }
                 i += 1;
@@ -323,6 +301,35 @@ fn split_inline(
         }
         args.push((start, data.len()));
     }
+}
+
+/// The escape at `line[i]` inside double quotes, if one starts there: `\xHH`, `\n`, `\r`,
+/// `\t`, `\b`, `\a`, or a backslash before any other byte (that byte); the byte it
+/// stands for and its length.
+fn double_quoted_escape(line: &[u8], i: usize) -> Option<(u8, usize)> {
+    if line.get(i) != Some(&b'\\') || i + 1 >= line.len() {
+        return None;
+    }
+    let hex = |j: usize| line.get(j).and_then(|&h| (h as char).to_digit(16));
+    if line[i + 1] == b'x' {
+        if let (Some(hi), Some(lo)) = (hex(i + 2), hex(i + 3)) {
+            return Some(((hi * 16 + lo) as u8, 4));
+        }
+    }
+    let byte = match line[i + 1] {
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        b'b' => 0x08,
+        b'a' => 0x07,
+        other => other,
+    };
+    Some((byte, 2))
+}
+
+/// The escape at `line[i]` inside single quotes, if one starts there: only `\'`.
+fn single_quoted_escape(line: &[u8], i: usize) -> Option<(u8, usize)> {
+    (line.get(i) == Some(&b'\\') && line.get(i + 1) == Some(&b'\'')).then_some((b'\'', 2))
 }
 
 impl<'a> Args<'a> {
@@ -399,19 +406,24 @@ mod tests {
         parse_chunked(input, input.len())
     }
 
-    fn cmds(list: &[&[&str]]) -> Vec<Vec<String>> {
-        list.iter()
+    /// Asserts that `input` parses to the commands `want` however it is split into chunks.
+    fn parses_in_any_chunks(input: &[u8], want: &[&[&str]]) {
+        let want: Vec<Vec<String>> = want
+            .iter()
             .map(|c| c.iter().map(|s| s.to_string()).collect())
-            .collect()
+            .collect();
+        for chunk in 1..=input.len() {
+            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
+        }
     }
 
     #[test]
     fn multibulk_pipelined_and_split_anywhere() {
         let input = b"*1\r\n$4\r\nPING\r\n*3\r\n$9\r\nRL.REDUCE\r\n$0\r\n\r\n$2\r\n\r\n\r\n*0\r\n*-1\r\n*2\r\n$4\r\nECHO\r\n$3\r\na b\r\n";
-        let want = cmds(&[&["PING"], &["RL.REDUCE", "", "\r\n"], &["ECHO", "a b"]]);
-        for chunk in 1..=input.len() {
-            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
-        }
+        parses_in_any_chunks(
+            input,
+            &[&["PING"], &["RL.REDUCE", "", "\r\n"], &["ECHO", "a b"]],
+        );
     }
 
     #[test]
@@ -433,10 +445,10 @@ mod tests {
     #[test]
     fn inline_commands_with_quotes() {
         let input = b"PING\r\n\r\n  set  \"a b\\x41\\n\" 'it\\'s'  \nECHO \"\\\"q\\\"\"\r\n";
-        let want = cmds(&[&["PING"], &["set", "a bA\n", "it's"], &["ECHO", "\"q\""]]);
-        for chunk in 1..=input.len() {
-            assert_eq!(parse_chunked(input, chunk).unwrap(), want, "chunk {chunk}");
-        }
+        parses_in_any_chunks(
+            input,
+            &[&["PING"], &["set", "a bA\n", "it's"], &["ECHO", "\"q\""]],
+        );
         for bad in [&b"ECHO \"abc\r\n"[..], b"ECHO 'abc\n", b"ECHO \"a\"b\n"] {
             assert_eq!(parse(bad), Err(ProtocolError::UnbalancedQuotes));
         }

@@ -47,10 +47,7 @@ use super::ledger::{ReservationBudget, Transfers};
 use super::resp::ProtocolError;
 use crate::config::{Secret, API_ORIGIN, UNCONFIGURED};
 use crate::limits::{AdhocBuckets, AdhocParams, Clock, MonotonicClock, Nanos};
-use crate::metrics::{
-    DecisionCounters, Families, Metrics, MetricsError, LIMIT_EVICTIONS, LIMIT_EVICTIONS_HELP,
-    LIMIT_EVICTIONS_LABELS,
-};
+use crate::metrics::{DecisionCounters, Families, Metrics, MetricsError};
 use crate::runtime::Runtime;
 
 /// How the limiter API runs: the `api` section of the config, plus bounds that tests and
@@ -568,11 +565,7 @@ struct BucketCollector {
 impl BucketCollector {
     fn new(buckets: &Arc<AdhocBuckets>) -> Result<Self, prometheus::Error> {
         let f = Families::unregistered();
-        let family = f.counter_vec(
-            LIMIT_EVICTIONS,
-            LIMIT_EVICTIONS_HELP,
-            &LIMIT_EVICTIONS_LABELS,
-        )?;
+        let family = f.limit_evictions()?;
         let evictions = family.with_label_values(&[API_ORIGIN, "adhoc", "adhoc_bucket"]);
         let held = f.gauge(
             "tollgate_api_buckets",

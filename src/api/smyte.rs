@@ -540,17 +540,30 @@ pub fn pget(cx: &mut Ctx<'_>, args: &Args<'_>) -> Outcome {
     read(cx, args, Unit::Millis)
 }
 
-/// `RL.REDUCE` or `RL.PREDUCE`.
-fn take(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
-    let call = match parse(args, true, unit) {
-        Ok(call) => call,
-        Err(e) => return cx.error(format_args!("{e}")),
-    };
+/// An `RL.*` bucket command (`reduce`: `RL.REDUCE` or `RL.PREDUCE`; otherwise `RL.GET` or
+/// `RL.PGET`) parsed, with its time and its key in the in-process table; or its outcome
+/// already: a refusal of its arguments, or the API's store answered it.
+fn in_process<'a>(
+    cx: &mut Ctx<'_>,
+    args: &Args<'a>,
+    reduce: bool,
+    unit: Unit,
+) -> Result<(BucketCall<'a>, Nanos, u64), Outcome> {
+    let call = parse(args, reduce, unit).map_err(|e| cx.error(format_args!("{e}")))?;
     let now = call.at.unwrap_or_else(unix_nanos);
     if let Some(store) = api_store(cx) {
-        return on_store(cx, store, &call, now, false);
+        return Err(on_store(cx, store, &call, now, !reduce));
     }
     let key = cx.service.bucket_key(call.key, &call.params);
+    Ok((call, now, key))
+}
+
+/// `RL.REDUCE` or `RL.PREDUCE`.
+fn take(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
+    let (call, now, key) = match in_process(cx, args, true, unit) {
+        Ok(local) => local,
+        Err(outcome) => return outcome,
+    };
     let v = cx
         .service
         .buckets()
@@ -571,15 +584,10 @@ fn take(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
 
 /// `RL.GET` or `RL.PGET`.
 fn read(cx: &mut Ctx<'_>, args: &Args<'_>, unit: Unit) -> Outcome {
-    let call = match parse(args, false, unit) {
-        Ok(call) => call,
-        Err(e) => return cx.error(format_args!("{e}")),
+    let (call, now, key) = match in_process(cx, args, false, unit) {
+        Ok(local) => local,
+        Err(outcome) => return outcome,
     };
-    let now = call.at.unwrap_or_else(unix_nanos);
-    if let Some(store) = api_store(cx) {
-        return on_store(cx, store, &call, now, true);
-    }
-    let key = cx.service.bucket_key(call.key, &call.params);
     let tokens = cx.service.buckets().state(key, call.params, now);
     cx.out.int(tokens as i64);
     Outcome::Ok

@@ -79,14 +79,16 @@ pub enum RedisEndpoint {
     Cluster(Vec<String>),
 }
 
-/// What decides while a shared store cannot answer within its budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What decides while a shared store cannot answer within its budget (`fallback`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Fallback {
-    /// An in-process limiter of the same kind at `max / instances` (the default).
+    /// An in-process limiter of the same kind at this instance's share of the limit:
+    /// `max / instances` (capacity and refill for buckets), rounded up. The default.
+    #[default]
     Local,
-    /// Admit.
+    /// Admit everything (fail open).
     Allow,
-    /// Reject.
+    /// Reject everything (fail closed).
     Deny,
 }
 

@@ -385,7 +385,8 @@ fn read_file(
         window: rls.window,
     };
     if let Some(node) = descriptors_node {
-        descriptors = read_list(r, node, "descriptors", &name, 1, &at, count);
+        let mut walk = Walk { r, at, count };
+        descriptors = walk.list(node, "descriptors", &name, 1);
     }
     Some(RlsDomain { name, descriptors })
 }
@@ -397,122 +398,127 @@ struct Place<'a> {
     window: RateWindow,
 }
 
-fn read_list(
-    r: &mut Report,
-    node: &Node,
-    path: &str,
-    parent: &str,
-    depth: usize,
-    at: &Place<'_>,
-    count: &mut usize,
-) -> Vec<RlsDescriptor> {
-    if scalar::is_null(node) {
-        return Vec::new();
-    }
-    let Some(items) = scalar::seq(r, node, path) else {
-        return Vec::new();
-    };
-    if depth > MAX_DEPTH {
-        let message = format!("descriptors nest at most {MAX_DEPTH} deep");
-        r.error(node.pos, path, message);
-        return Vec::new();
-    }
-    let mut out: Vec<RlsDescriptor> = Vec::with_capacity(items.len());
-    let mut keys = HashSet::new();
-    for (i, n) in items.iter().enumerate() {
-        *count += 1;
-        let p = item(path, i);
-        let Some(d) = read_descriptor(r, n, &p, parent, depth, at, count) else {
-            continue;
-        };
-        let composite = match &d.value {
-            Some(v) => format!("{}_{v}", d.key),
-            None => d.key.clone(),
-        };
-        if !keys.insert(composite) {
-            let message = format!("duplicate descriptor composite key `{}`", d.path);
-            r.error(n.pos, &p, message);
-            continue;
-        }
-        out.push(d);
-    }
-    out
+/// A walk over one ratelimit file's descriptors: its report, what building a rule's limit
+/// needs, and the descriptors counted so far (over every file).
+struct Walk<'a> {
+    r: &'a mut Report,
+    at: Place<'a>,
+    count: &'a mut usize,
 }
 
-fn read_descriptor(
-    r: &mut Report,
-    node: &Node,
-    path: &str,
-    parent: &str,
-    depth: usize,
-    at: &Place<'_>,
-    count: &mut usize,
-) -> Option<RlsDescriptor> {
-    let entries = scalar::map(r, node, path)?;
-    let mut key = None;
-    let mut value = None;
-    let mut rule_node = None;
-    let mut nested = None;
-    let (mut shadow_mode, mut detailed_metric, mut share_threshold) = (false, false, false);
-    for e in entries {
-        let p = child(path, &e.key);
-        let v = &e.value;
-        match e.key.as_str() {
-            "key" => key = scalar::text(r, v, &p).map(str::to_string),
-            "value" => {
-                if !scalar::is_null(v) {
-                    value = scalar::text(r, v, &p)
-                        .filter(|t| !t.is_empty())
-                        .map(str::to_string);
-                }
-            }
-            "rate_limit" => rule_node = Some((v, p)),
-            "descriptors" => nested = Some((v, p)),
-            "shadow_mode" => shadow_mode = scalar::boolean(r, v, &p).unwrap_or(false),
-            "detailed_metric" => detailed_metric = scalar::boolean(r, v, &p).unwrap_or(false),
-            "share_threshold" => share_threshold = scalar::boolean(r, v, &p).unwrap_or(false),
-            "value_to_metric" => {
-                let _ = scalar::boolean(r, v, &p);
-            }
-            other => r.error(
-                e.key_pos,
-                &p,
-                suggest::unknown("key", other, &DESCRIPTOR_KEYS),
-            ),
-        }
-    }
-    let Some(key) = key.filter(|k| !k.is_empty()) else {
-        r.error(node.pos, &child(path, "key"), "descriptor has empty key");
-        return None;
-    };
-    if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
-        r.error(
-            node.pos,
-            &child(path, "share_threshold"),
-            "share_threshold can only be used with wildcard values (containing `*`)",
-        );
-    }
-    let own = match &value {
+/// A descriptor's composite key: `KEY_VALUE`, or `KEY` when it matches any value.
+fn composite(key: &str, value: Option<&str>) -> String {
+    match value {
         Some(v) => format!("{key}_{v}"),
-        None => key.clone(),
-    };
-    let full = format!("{parent}.{own}");
-    let flags = (shadow_mode, detailed_metric);
-    let rule = rule_node.and_then(|(v, p)| read_rule(r, v, &p, &full, flags, at));
-    let descriptors = match nested {
-        Some((v, p)) => read_list(r, v, &p, &full, depth + 1, at, count),
-        None => Vec::new(),
-    };
-    Some(RlsDescriptor {
-        key,
-        value,
-        path: full,
-        rule,
-        shadow_mode,
-        detailed_metric,
-        share_threshold,
-        descriptors,
-    })
+        None => key.to_string(),
+    }
+}
+
+impl Walk<'_> {
+    fn list(&mut self, node: &Node, path: &str, parent: &str, depth: usize) -> Vec<RlsDescriptor> {
+        if scalar::is_null(node) {
+            return Vec::new();
+        }
+        let Some(items) = scalar::seq(self.r, node, path) else {
+            return Vec::new();
+        };
+        if depth > MAX_DEPTH {
+            let message = format!("descriptors nest at most {MAX_DEPTH} deep");
+            self.r.error(node.pos, path, message);
+            return Vec::new();
+        }
+        let mut out: Vec<RlsDescriptor> = Vec::with_capacity(items.len());
+        let mut keys = HashSet::new();
+        for (i, n) in items.iter().enumerate() {
+            *self.count += 1;
+            let p = item(path, i);
+            let Some(d) = self.descriptor(n, &p, parent, depth) else {
+                continue;
+            };
+            if !keys.insert(composite(&d.key, d.value.as_deref())) {
+                let message = format!("duplicate descriptor composite key `{}`", d.path);
+                self.r.error(n.pos, &p, message);
+                continue;
+            }
+            out.push(d);
+        }
+        out
+    }
+
+    fn descriptor(
+        &mut self,
+        node: &Node,
+        path: &str,
+        parent: &str,
+        depth: usize,
+    ) -> Option<RlsDescriptor> {
+        let entries = scalar::map(self.r, node, path)?;
+        let mut key = None;
+        let mut value = None;
+        let mut rule_node = None;
+        let mut nested = None;
+        let (mut shadow_mode, mut detailed_metric, mut share_threshold) = (false, false, false);
+        for e in entries {
+            let p = child(path, &e.key);
+            let v = &e.value;
+            match e.key.as_str() {
+                "key" => key = scalar::text(self.r, v, &p).map(str::to_string),
+                "value" => {
+                    if !scalar::is_null(v) {
+                        value = scalar::text(self.r, v, &p)
+                            .filter(|t| !t.is_empty())
+                            .map(str::to_string);
+                    }
+                }
+                "rate_limit" => rule_node = Some((v, p)),
+                "descriptors" => nested = Some((v, p)),
+                "shadow_mode" => shadow_mode = scalar::boolean(self.r, v, &p).unwrap_or(false),
+                "detailed_metric" => {
+                    detailed_metric = scalar::boolean(self.r, v, &p).unwrap_or(false)
+                }
+                "share_threshold" => {
+                    share_threshold = scalar::boolean(self.r, v, &p).unwrap_or(false)
+                }
+                "value_to_metric" => {
+                    let _ = scalar::boolean(self.r, v, &p);
+                }
+                other => self.r.error(
+                    e.key_pos,
+                    &p,
+                    suggest::unknown("key", other, &DESCRIPTOR_KEYS),
+                ),
+            }
+        }
+        let Some(key) = key.filter(|k| !k.is_empty()) else {
+            self.r
+                .error(node.pos, &child(path, "key"), "descriptor has empty key");
+            return None;
+        };
+        if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            self.r.error(
+                node.pos,
+                &child(path, "share_threshold"),
+                "share_threshold can only be used with wildcard values (containing `*`)",
+            );
+        }
+        let full = format!("{parent}.{}", composite(&key, value.as_deref()));
+        let flags = (shadow_mode, detailed_metric);
+        let rule = rule_node.and_then(|(v, p)| read_rule(self.r, v, &p, &full, flags, &self.at));
+        let descriptors = match nested {
+            Some((v, p)) => self.list(v, &p, &full, depth + 1),
+            None => Vec::new(),
+        };
+        Some(RlsDescriptor {
+            key,
+            value,
+            path: full,
+            rule,
+            shadow_mode,
+            detailed_metric,
+            share_threshold,
+            descriptors,
+        })
+    }
 }
 
 fn read_rule(

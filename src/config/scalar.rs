@@ -207,36 +207,17 @@ pub(crate) fn duration(
         mismatch(r, node, path, "a duration such as `1s`");
         return None;
     }
-    let d = match humantime::parse_duration(t) {
-        Ok(d) => d,
+    let (lo_name, hi_name) = names;
+    let message = match humantime::parse_duration(t) {
+        Ok(d) if (lo..=hi).contains(&d) => return Some(d),
+        Ok(_) => format!("duration `{t}` is out of range: must be between {lo_name} and {hi_name}"),
         Err(humantime::DurationError::NumberOverflow) => {
-            let (_, hi) = names;
-            r.error(
-                node.pos,
-                path,
-                format!("duration `{t}` is too large: must be at most {hi}"),
-            );
-            return None;
+            format!("duration `{t}` is too large: must be at most {hi_name}")
         }
-        Err(_) => {
-            r.error(
-                node.pos,
-                path,
-                format!("`{t}` is not a duration; write e.g. `250ms`, `1s`, `5m`, `1h` or `1d`"),
-            );
-            return None;
-        }
+        Err(_) => format!("`{t}` is not a duration; write e.g. `250ms`, `1s`, `5m`, `1h` or `1d`"),
     };
-    if d < lo || d > hi {
-        let (lo, hi) = names;
-        r.error(
-            node.pos,
-            path,
-            format!("duration `{t}` is out of range: must be between {lo} and {hi}"),
-        );
-        return None;
-    }
-    Some(d)
+    r.error(node.pos, path, message);
+    None
 }
 
 /// One of `options`, as an index; `what` names the choice in the message.

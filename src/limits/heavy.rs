@@ -478,29 +478,22 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::limits::testing::mixed;
 
     const SEC: Nanos = 1_000_000_000;
-
-    /// Keys as the limiters see them: well-mixed 64-bit hashes.
-    fn h(i: u64) -> u64 {
-        let mut x = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
-    }
 
     #[test]
     fn the_heaviest_key_comes_first_in_each_ranking() {
         let hh = HeavyHitters::new(3, 30 * SEC);
         for i in 0..100u64 {
-            hh.record(h(i), false, SEC, || format!("k{i}"));
+            hh.record(mixed(i), false, SEC, || format!("k{i}"));
         }
         for _ in 0..50 {
-            hh.record(h(7), false, SEC, || "k7".into());
-            hh.record(h(9), true, SEC, || "k9".into());
+            hh.record(mixed(7), false, SEC, || "k7".into());
+            hh.record(mixed(9), true, SEC, || "k9".into());
         }
         for _ in 0..20 {
-            hh.record(h(8), false, SEC, || "k8".into());
+            hh.record(mixed(8), false, SEC, || "k8".into());
         }
         let top = hh.top(Ranking::Admitted, 2, SEC);
         assert_eq!(top[0].key, "k7");
@@ -516,17 +509,17 @@ mod tests {
         let hh = HeavyHitters::new(2, 30 * SEC);
         let mut built = 0;
         for _ in 0..1000 {
-            hh.record(h(1), false, SEC, || {
+            hh.record(mixed(1), false, SEC, || {
                 built += 1;
                 "one".into()
             });
         }
         assert_eq!(built, 1);
         // Light keys cannot beat a full list of heavy ones.
-        hh.record(h(2), false, SEC, || "two".into());
+        hh.record(mixed(2), false, SEC, || "two".into());
         // Few enough light keys that none collides with others in all four rows.
         for i in 3..100 {
-            hh.record(h(i), false, SEC, || {
+            hh.record(mixed(i), false, SEC, || {
                 built += 1;
                 String::new()
             });
@@ -538,34 +531,34 @@ mod tests {
     fn counts_age_out_after_two_epochs() {
         let hh = HeavyHitters::new(2, 10 * SEC);
         for _ in 0..10 {
-            hh.record(h(1), true, 5 * SEC, || "old".into());
+            hh.record(mixed(1), true, 5 * SEC, || "old".into());
         }
-        assert_eq!(hh.estimate(h(1), 5 * SEC), (0, 10));
+        assert_eq!(hh.estimate(mixed(1), 5 * SEC), (0, 10));
         // The next epoch still sees it (the previous epoch counts) ...
-        assert_eq!(hh.estimate(h(1), 15 * SEC), (0, 10));
-        hh.record(h(2), true, 15 * SEC, || "new".into());
-        assert_eq!(hh.estimate(h(1), 15 * SEC), (0, 10));
+        assert_eq!(hh.estimate(mixed(1), 15 * SEC), (0, 10));
+        hh.record(mixed(2), true, 15 * SEC, || "new".into());
+        assert_eq!(hh.estimate(mixed(1), 15 * SEC), (0, 10));
         // ... the one after does not, whether or not a decision moved the epoch.
-        assert_eq!(hh.estimate(h(1), 25 * SEC), (0, 0));
-        hh.record(h(2), true, 25 * SEC, || "new".into());
-        assert_eq!(hh.estimate(h(1), 25 * SEC), (0, 0));
+        assert_eq!(hh.estimate(mixed(1), 25 * SEC), (0, 0));
+        hh.record(mixed(2), true, 25 * SEC, || "new".into());
+        assert_eq!(hh.estimate(mixed(1), 25 * SEC), (0, 0));
         let top = hh.top(Ranking::Rejected, 5, 25 * SEC);
         assert_eq!(top.len(), 1);
         assert_eq!((top[0].key.as_str(), top[0].rejected), ("new", 2));
         // A long silence clears both epochs.
-        hh.record(h(3), false, 500 * SEC, || "late".into());
-        assert_eq!(hh.estimate(h(2), 500 * SEC), (0, 0));
+        hh.record(mixed(3), false, 500 * SEC, || "late".into());
+        assert_eq!(hh.estimate(mixed(2), 500 * SEC), (0, 0));
     }
 
     #[test]
     fn a_new_heavy_key_displaces_the_lightest_member() {
         let hh = HeavyHitters::new(2, 30 * SEC);
         for _ in 0..5 {
-            hh.record(h(1), false, 0, || "a".into());
+            hh.record(mixed(1), false, 0, || "a".into());
         }
-        hh.record(h(2), false, 0, || "b".into());
+        hh.record(mixed(2), false, 0, || "b".into());
         for _ in 0..3 {
-            hh.record(h(3), false, 0, || "c".into());
+            hh.record(mixed(3), false, 0, || "c".into());
         }
         let top = hh.top(Ranking::Admitted, 2, 0);
         let keys: Vec<&str> = top.iter().map(|t| t.key.as_str()).collect();
@@ -573,7 +566,7 @@ mod tests {
         // The filter still finds the members after many replacements (rebuilds).
         for round in 0..200u64 {
             for _ in 0..(round + 10) {
-                hh.record(h(1000 + round), false, 0, || format!("r{round}"));
+                hh.record(mixed(1000 + round), false, 0, || format!("r{round}"));
             }
         }
         let top = hh.top(Ranking::Admitted, 1, 0);
@@ -609,12 +602,12 @@ mod tests {
             // Skew: key i appears with weight ~1/(i+1).
             for (i, rejected) in stream {
                 let key = i * i / 60;
-                hh.record(h(key), rejected, SEC, || key.to_string());
+                hh.record(mixed(key), rejected, SEC, || key.to_string());
                 let e = exact.entry(key).or_default();
                 if rejected { e.1 += 1 } else { e.0 += 1 }
             }
             for (&key, &(a, r)) in &exact {
-                let (ea, er) = hh.estimate(h(key), SEC);
+                let (ea, er) = hh.estimate(mixed(key), SEC);
                 prop_assert!(ea >= a && er >= r, "{key}: ({ea},{er}) < ({a},{r})");
             }
             for ranking in [Ranking::Admitted, Ranking::Rejected] {

@@ -325,6 +325,7 @@ impl<V: Copy + Default, H> Table<V, H> {
 mod tests {
     use super::*;
     use crate::limits::clock::{Clock, ManualClock, Nanos};
+    use crate::limits::testing::mixed;
     use crate::limits::victim::Score;
 
     /// A toy kind: a key holds `hits` until `until`; it equals a new key from then on.
@@ -351,14 +352,6 @@ mod tests {
         hits
     }
 
-    /// SplitMix64's finaliser: keys that look like uniform 64-bit hashes.
-    fn spread(i: u64) -> u64 {
-        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     #[test]
     fn sets_slots_and_bytes() {
         assert_eq!(Table::<Hold>::sets_for(0), 1);
@@ -377,7 +370,7 @@ mod tests {
         let t = Table::<Hold>::new(8 * 10, ());
         let mut per = [0u32; 10];
         for i in 0..100_000 {
-            per[t.index(stored(spread(i)))] += 1;
+            per[t.index(stored(mixed(i)))] += 1;
         }
         assert!(per.iter().all(|&n| (9_000..11_000).contains(&n)), "{per:?}");
         assert_eq!(t.index(u64::MAX), 9);
@@ -452,13 +445,13 @@ mod tests {
         let t = Table::<Hold>::new(max_keys, ());
         let mut per = vec![0u64; t.sets()];
         for i in 0..(max_keys as u64 / 2) {
-            per[t.index(stored(spread(i)))] += 1;
+            per[t.index(stored(mixed(i)))] += 1;
         }
         let beyond = |per: &[u64]| -> u64 { per.iter().map(|&n| n.saturating_sub(8)).sum() };
         let share = beyond(&per) as f64 / (max_keys / 2) as f64;
         assert!((0.006..0.011).contains(&share), "{share}");
         for i in (max_keys as u64 / 2)..max_keys as u64 {
-            per[t.index(stored(spread(i)))] += 1;
+            per[t.index(stored(mixed(i)))] += 1;
         }
         let share = beyond(&per) as f64 / max_keys as f64;
         assert!((0.13..0.15).contains(&share), "{share}");

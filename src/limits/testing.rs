@@ -1,11 +1,48 @@
 //! Helpers the limiters' unit tests share (test builds only): spreading small keys over a
-//! table's sets, filling a table past its slots and flooding it with fresh keys.
+//! table's sets or mixing them into hash-like keys, racing threads on one key or on fresh
+//! keys, filling a table past its slots and flooding it with fresh keys.
 
 use crate::limits::clock::Nanos;
 
 /// Spreads small test keys over the sets, as real (hashed) keys are.
 pub(crate) fn spread(i: u64) -> u64 {
     i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Keys as the limiters see them, well-mixed 64-bit hashes: SplitMix64's finaliser of `i`
+/// (every bit of the key depends on every bit of `i`, unlike [`spread`]'s).
+pub(crate) fn mixed(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Runs `threads` threads at once, thread `t` making the attempts `admit(t, i)` for `i` in
+/// `0..tries`; returns how many were admitted over all of them.
+pub(crate) fn admitted_on_threads(
+    threads: u64,
+    tries: u64,
+    admit: impl Fn(u64, u64) -> bool + Sync,
+) -> u64 {
+    let admit = &admit;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || (0..tries).filter(|&i| admit(t, i)).count() as u64))
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).sum()
+    })
+}
+
+/// Four threads at once each send 20 000 fresh keys (`admit(key, at)`, key `i` at `i`
+/// ns), every one of which must be admitted: a small table evicts all along.
+pub(crate) fn fresh_keys_on_threads(admit: impl Fn(u64, Nanos) -> bool + Sync) {
+    let admit = &admit;
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            s.spawn(move || assert!((0..20_000).all(|i| admit(spread(t << 20 | i), i))));
+        }
+    });
 }
 
 /// Admits 200 000 fresh keys (`admit(key)` must allow each) into a table of `max_keys`

@@ -18,12 +18,13 @@ use pingora::protocols::{Stream, ALPN};
 
 use crate::config::Listener;
 use crate::limits::{Clock, MonotonicClock};
-use crate::log_budget::{suppressed_note, LogBudget};
+use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
 use crate::proxy::identity::is_trusted;
 use crate::proxy::listeners::ListenerTable;
 use crate::proxy::proxy_protocol::{self, ProxyHeaderError};
 use crate::proxy::tls_accept::Handshakes;
+use crate::proxy::Peer;
 use crate::runtime::Runtime;
 
 pub use crate::proxy::h2::PREFACE;
@@ -174,12 +175,10 @@ impl Edge {
     }
 
     fn note(&self, peer: Option<IpAddr>, what: &str) {
-        if let Some(suppressed) = self.log.admit(self.clock.now()) {
-            let from = peer.map_or_else(|| "an unknown peer".to_string(), |ip| ip.to_string());
-            log::info!(
-                "connection from {from} on a proxy_protocol listener: {what}{}",
-                suppressed_note(suppressed)
-            );
-        }
+        let from = Peer(peer);
+        self.log.info(
+            self.clock.now(),
+            format_args!("connection from {from} on a proxy_protocol listener: {what}"),
+        );
     }
 }

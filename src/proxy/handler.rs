@@ -59,13 +59,14 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::limits::{Clock, MonotonicClock};
-use crate::log_budget::{suppressed_note, LogBudget};
+use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
 use crate::proxy::conn_caps::Connections;
 use crate::proxy::conn_state::{Conn, ConnState};
 use crate::proxy::edge::{Edge, Protocol, PREFACE};
 use crate::proxy::h2::{self, Ended};
 use crate::proxy::service::Tollgate;
+use crate::proxy::Peer;
 use crate::runtime::Runtime;
 
 /// The proxy service's application: connection handling around Pingora's `HttpProxy`.
@@ -295,42 +296,35 @@ impl Handler {
 
     fn header_timed_out(&self, peer: Option<IpAddr>, timeout: Duration) {
         self.header_timeouts.inc();
-        if let Some(suppressed) = self.header_log.admit(self.clock.now()) {
-            log::info!(
-                "closed a connection from {}: request header not complete within {timeout:?} (server.header_timeout){}",
-                show(peer),
-                suppressed_note(suppressed)
-            );
-        }
+        let from = Peer(peer);
+        self.header_log.info(
+            self.clock.now(),
+            format_args!("closed a connection from {from}: request header not complete within {timeout:?} (server.header_timeout)"),
+        );
     }
 
     fn refused_h2(&self, peer: Option<IpAddr>, max: u32) {
-        if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
-            log::info!(
-                "closed an HTTP/2 connection from {}: more than {max} stream resets in {:?} (server.h2_max_resets; rapid reset){}",
-                show(peer),
-                crate::config::Connections::H2_RESET_WINDOW,
-                suppressed_note(suppressed)
-            );
-        }
+        let (from, window) = (Peer(peer), crate::config::Connections::H2_RESET_WINDOW);
+        self.refused_log.info(
+            self.clock.now(),
+            format_args!("closed an HTTP/2 connection from {from}: more than {max} stream resets in {window:?} (server.h2_max_resets; rapid reset)"),
+        );
     }
 
     /// Counts a response Pingora wrote without any hook: a header its parser refused
     /// (400) or a `CONNECT` (405).
     fn refused(&self, peer: Option<IpAddr>, code: u16) {
         self.runtime.load().unmatched.inc(code);
-        if let Some(suppressed) = self.refused_log.admit(self.clock.now()) {
-            let what = if code == 405 {
-                "refused a CONNECT request"
-            } else {
-                "Pingora's HTTP parser refused a request"
-            };
-            log::info!(
-                "{what} from {} with {code}, before routing (RUST_LOG=pingora_proxy=debug says why){}",
-                show(peer),
-                suppressed_note(suppressed)
-            );
-        }
+        let what = if code == 405 {
+            "refused a CONNECT request"
+        } else {
+            "Pingora's HTTP parser refused a request"
+        };
+        let from = Peer(peer);
+        self.refused_log.info(
+            self.clock.now(),
+            format_args!("{what} from {from} with {code}, before routing (RUST_LOG=pingora_proxy=debug says why)"),
+        );
     }
 }
 
@@ -350,10 +344,6 @@ async fn starts_with_preface(stream: &mut Stream, deadline: Instant) -> bool {
 /// Polls `fut` once.
 async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
-}
-
-fn show(peer: Option<IpAddr>) -> String {
-    peer.map_or_else(|| "an unknown peer".to_string(), |ip| ip.to_string())
 }
 
 #[async_trait]

@@ -38,7 +38,40 @@ pub mod service;
 pub mod tls_accept;
 pub mod watched;
 
+use std::fmt;
+use std::net::IpAddr;
+
+/// A downstream peer as log lines name it: its address, or `an unknown peer`.
+pub struct Peer(pub Option<IpAddr>);
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(ip) => fmt::Display::fmt(&ip, f),
+            None => f.write_str("an unknown peer"),
+        }
+    }
+}
+
 pub use service::Tollgate;
 
 /// The problem+json responses, shared with the admin API (see [`crate::problem`]).
 pub use crate::problem;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_its_address_or_unknown() {
+        assert_eq!(Peer(None).to_string(), "an unknown peer");
+        assert_eq!(
+            Peer(Some("10.0.0.1".parse().unwrap())).to_string(),
+            "10.0.0.1"
+        );
+        assert_eq!(
+            Peer(Some("2001:db8::1".parse().unwrap())).to_string(),
+            "2001:db8::1"
+        );
+    }
+}

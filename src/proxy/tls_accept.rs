@@ -27,8 +27,9 @@ use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::limits::{Clock, MonotonicClock};
-use crate::log_budget::{suppressed_note, LogBudget};
+use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
+use crate::proxy::Peer;
 use crate::tls::acceptor::is_acme_validation;
 
 /// The handshake counters, resolved once, and the failures' log budget.
@@ -112,12 +113,10 @@ impl Handshakes {
     }
 
     fn note(&self, peer: Option<IpAddr>, what: &str) {
-        if let Some(suppressed) = self.log.admit(self.clock.now()) {
-            let from = peer.map_or_else(|| "an unknown peer".to_string(), |ip| ip.to_string());
-            log::info!(
-                "closed a connection from {from}: {what}{}",
-                suppressed_note(suppressed)
-            );
-        }
+        let from = Peer(peer);
+        self.log.info(
+            self.clock.now(),
+            format_args!("closed a connection from {from}: {what}"),
+        );
     }
 }

@@ -38,7 +38,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec};
 
-use crate::metrics::{Families, LIMIT_EVICTIONS, LIMIT_EVICTIONS_HELP, LIMIT_EVICTIONS_LABELS};
+use crate::metrics::Families;
 
 use crate::config::API_ORIGIN;
 use crate::runtime::limiter::{Limiter, Place};
@@ -70,11 +70,7 @@ impl RuntimeCollector {
     /// A collector over `runtime`, whichever config it holds at each scrape.
     pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Result<Self, prometheus::Error> {
         let f = Families::unregistered();
-        let limit_evictions = f.counter_vec(
-            LIMIT_EVICTIONS,
-            LIMIT_EVICTIONS_HELP,
-            &LIMIT_EVICTIONS_LABELS,
-        )?;
+        let limit_evictions = f.limit_evictions()?;
         let tier_entries = f.counter_vec(
             "tollgate_tier_entries_total",
             "Entries into each tier of a tiered limit (bursts; tier 1 also counts new keys).",

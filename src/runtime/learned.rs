@@ -272,29 +272,25 @@ mod tests {
         list.iter().map(|a| a.parse().unwrap()).collect()
     }
 
+    /// A `max: auto` limit with `share` over `servers`, keyed by `key`, after `previous`.
+    fn learned_limit(
+        share: u8,
+        servers: &[SocketAddr],
+        key: &KeySpec,
+        previous: Option<&Learned>,
+    ) -> Learned {
+        Learned::new(auto(share), LearnCtx { servers, key }, previous)
+    }
+
     #[test]
     fn one_estimator_per_server_ip_with_share_and_origin_total() {
         let servers = addrs(&["10.0.0.1:80", "10.0.0.1:81", "10.0.0.2:80"]);
         let per_server = KeySpec::new(vec![KeyPart::Customer, KeyPart::ServerIp]);
-        let l = Learned::new(
-            auto(50),
-            LearnCtx {
-                servers: &servers,
-                key: &per_server,
-            },
-            None,
-        );
+        let l = learned_limit(50, &servers, &per_server, None);
         assert_eq!(l.servers().count(), 2, "two ports of one IP are one server");
         assert_eq!(l.max_for(Some("10.0.0.1".parse().unwrap())), 5);
         let whole = KeySpec::new(vec![KeyPart::Customer]);
-        let l = Learned::new(
-            auto(50),
-            LearnCtx {
-                servers: &servers,
-                key: &whole,
-            },
-            None,
-        );
+        let l = learned_limit(50, &servers, &whole, None);
         assert_eq!(
             l.max_for(Some("10.0.0.1".parse().unwrap())),
             10,
@@ -306,14 +302,7 @@ mod tests {
     fn a_reload_keeps_listed_servers_and_forgets_the_rest() {
         let key = KeySpec::new(vec![KeyPart::ServerIp]);
         let before = addrs(&["10.0.0.1:80", "10.0.0.2:80"]);
-        let old = Learned::new(
-            auto(100),
-            LearnCtx {
-                servers: &before,
-                key: &key,
-            },
-            None,
-        );
+        let old = learned_limit(100, &before, &key, None);
         let ip1: IpAddr = "10.0.0.1".parse().unwrap();
         // Enough slow-then-fast samples for a few windows on server 1.
         let mut now = 1;
@@ -325,14 +314,7 @@ mod tests {
         let learned = old.server(ip1).unwrap().state();
         assert_ne!(learned.long_secs, 0.0);
         let after = addrs(&["10.0.0.1:80", "10.0.0.3:80"]);
-        let new = Learned::new(
-            auto(100),
-            LearnCtx {
-                servers: &after,
-                key: &key,
-            },
-            Some(&old),
-        );
+        let new = learned_limit(100, &after, &key, Some(&old));
         assert_eq!(new.server(ip1).unwrap().state(), learned);
         assert!(new.server("10.0.0.2".parse().unwrap()).is_none());
         assert_eq!(

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{secret, Config, Fallback, RedisEndpoint, StoreSpec};
+use crate::config::{secret, Config, RedisEndpoint, StoreSpec};
 use crate::metrics::Metrics;
 use crate::store::{self, Endpoint, RedisStore, RedisStoreConfig, StoreError};
 
@@ -77,18 +77,5 @@ fn store_config(spec: &StoreSpec, instance: &str) -> RedisStoreConfig {
         RedisEndpoint::Standalone(u) => Endpoint::Standalone(url(u)),
         RedisEndpoint::Cluster(urls) => Endpoint::Cluster(urls.iter().map(url).collect()),
     };
-    let mut c = RedisStoreConfig::new(spec.name.clone(), endpoint);
-    c.timeout = r.timeout;
-    c.failures = r.failures;
-    c.probe_every = r.probe_every;
-    c.fallback = match r.fallback {
-        Fallback::Local => store::Fallback::Local,
-        Fallback::Allow => store::Fallback::Allow,
-        Fallback::Deny => store::Fallback::Deny,
-    };
-    c.instances = r.instances;
-    c.prefix.clone_from(&r.prefix);
-    c.instance = instance.to_string();
-    c.lease = r.lease;
-    c
+    RedisStoreConfig::of(spec.name.clone(), endpoint, r, instance.to_string())
 }

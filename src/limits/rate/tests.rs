@@ -1,7 +1,9 @@
 //! The rate limiter's tests, beside its file (`rate.rs`) to keep it one job long.
 
 use super::*;
-use crate::limits::testing::{fill_past_the_slots, spread};
+use crate::limits::testing::{
+    admitted_on_threads, fill_past_the_slots, fresh_keys_on_threads, spread,
+};
 use proptest::prelude::*;
 
 const SEC: Nanos = 1_000_000_000;
@@ -210,18 +212,7 @@ fn cost_above_max_never_passes() {
 fn threads_never_overshoot_by_more_than_the_racers() {
     const THREADS: u64 = 8;
     let l = limiter(SEC);
-    let admitted: u64 = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..THREADS)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..100)
-                        .filter(|_| l.acquire(1, 50, 1, false, 0).allowed)
-                        .count() as u64
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("thread")).sum()
-    });
+    let admitted = admitted_on_threads(THREADS, 100, |_, _| l.acquire(1, 50, 1, false, 0).allowed);
     assert!(
         (1..=50 + THREADS).contains(&admitted),
         "admitted {admitted}"
@@ -398,18 +389,7 @@ fn a_key_flood_rejects_no_new_key_and_still_limits_the_abuser() {
 #[test]
 fn threads_share_one_window_exactly() {
     let l = limiter(SEC);
-    let admitted: usize = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..100)
-                        .filter(|_| l.acquire(9, 50, 1, false, 0).allowed)
-                        .count()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("thread")).sum()
-    });
+    let admitted = admitted_on_threads(8, 100, |_, _| l.acquire(9, 50, 1, false, 0).allowed);
     assert_eq!(admitted, 50);
     assert_eq!(l.estimate(9, 0), 50.0);
 }
@@ -417,15 +397,7 @@ fn threads_share_one_window_exactly() {
 #[test]
 fn threads_on_many_keys_keep_the_bound() {
     let l = RateLimiter::new(SEC, 64);
-    std::thread::scope(|s| {
-        for t in 0..4 {
-            let l = &l;
-            s.spawn(move || {
-                let key = |i| spread(t << 20 | i);
-                assert!((0..20_000).all(|i| l.acquire(key(i), 1, 1, false, i).allowed))
-            });
-        }
-    });
+    fresh_keys_on_threads(|key, at| l.acquire(key, 1, 1, false, at).allowed);
     assert!(l.len() <= 64 && l.evictions() > 0, "len {}", l.len());
 }
 

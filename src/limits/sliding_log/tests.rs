@@ -395,19 +395,7 @@ fn a_late_thread_records_at_its_own_instant() {
 #[test]
 fn threads_share_one_log_exactly() {
     let log = SlidingLog::new(&[w(1_000, DAY), w(5_000, WEEK)], 100).unwrap();
-    let admitted: usize = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|t| {
-                let log = &log;
-                s.spawn(move || {
-                    (0..500)
-                        .filter(|i| allowed(log, 9, 1, t * 1_000 + i))
-                        .count()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).sum()
-    });
+    let admitted = testing::admitted_on_threads(8, 500, |t, i| allowed(&log, 9, 1, t * 1_000 + i));
     assert_eq!(admitted, 1_000);
     assert_eq!(log.count(9, 1, 10_000), 1_000);
 }
@@ -415,14 +403,7 @@ fn threads_share_one_log_exactly() {
 #[test]
 fn threads_on_many_keys_keep_the_bound() {
     let log = SlidingLog::new(&[w(2, SEC)], 64).unwrap();
-    std::thread::scope(|s| {
-        for t in 0..4 {
-            let log = &log;
-            s.spawn(move || {
-                assert!((0..20_000).all(|i| allowed(log, spread(t << 20 | i), 1, i)));
-            });
-        }
-    });
+    testing::fresh_keys_on_threads(|key, at| allowed(&log, key, 1, at));
     assert!(log.len() <= 64 && log.evictions() > 0, "len {}", log.len());
 }
 

@@ -816,19 +816,8 @@ fn normalize_rejects_unusable_parameters() {
 fn threads_share_one_key_exactly() {
     let tiers = [tier(600, DAY, DAY, 0), tier(400, DAY, DAY, 0)];
     let l = TieredLimiter::new(&params(&tiers, None, Some(5_000)), 64).unwrap();
-    let admitted: u64 = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|t| {
-                let l = &l;
-                s.spawn(move || {
-                    (0..500)
-                        .filter(|i| l.acquire(9, t * 1_000 + i).verdict.allowed)
-                        .count() as u64
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("thread")).sum()
-    });
+    let admitted =
+        testing::admitted_on_threads(8, 500, |t, i| l.acquire(9, t * 1_000 + i).verdict.allowed);
     assert_eq!(admitted, 1_000);
     assert_eq!((l.current_tier(9, 10_000), l.available(9, 10_000)), (2, 0));
 }
@@ -837,14 +826,7 @@ fn threads_share_one_key_exactly() {
 fn threads_on_many_keys_keep_the_bound() {
     let tiers = [tier(2, SEC, 10 * SEC, 0), tier(2, SEC, 10 * SEC, 0)];
     let l = TieredLimiter::new(&params(&tiers, Some(3), Some(1 << 30)), 64).unwrap();
-    std::thread::scope(|s| {
-        for t in 0..4 {
-            let l = &l;
-            s.spawn(move || {
-                assert!((0..20_000).all(|i| l.acquire(spread(t << 20 | i), i).verdict.allowed))
-            });
-        }
-    });
+    testing::fresh_keys_on_threads(|key, at| l.acquire(key, at).verdict.allowed);
     assert!(l.len(20_000) <= 64 && l.evictions() > 0);
 }
 

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::limits::table::WAYS;
-use crate::limits::testing::{fill_past_the_slots, spread};
+use crate::limits::testing::{
+    admitted_on_threads, fill_past_the_slots, fresh_keys_on_threads, spread,
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -252,12 +254,7 @@ fn retry_after_is_exact() {
 #[test]
 fn threads_share_one_bucket_exactly() {
     let b = TokenBucket::new(params(1_000, 1, Nanos::MAX / 2, false), 100);
-    let admitted: usize = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| s.spawn(|| (0..500).filter(|_| b.acquire(9, 1, 0).allowed).count()))
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("thread")).sum()
-    });
+    let admitted = admitted_on_threads(8, 500, |_, _| b.acquire(9, 1, 0).allowed);
     assert_eq!(admitted, 1_000);
     assert_eq!(b.tokens(9, 0), 0);
 }
@@ -265,14 +262,7 @@ fn threads_share_one_bucket_exactly() {
 #[test]
 fn threads_on_many_keys_keep_the_bound() {
     let b = TokenBucket::new(params(10, 1, SEC, false), 64);
-    std::thread::scope(|s| {
-        for t in 0..4 {
-            let b = &b;
-            s.spawn(move || {
-                assert!((0..20_000).all(|i| b.acquire(spread(t << 20 | i), 1, i).allowed))
-            });
-        }
-    });
+    fresh_keys_on_threads(|key, at| b.acquire(key, 1, at).allowed);
     assert!(b.len() <= 64 && b.evictions() > 0, "len {}", b.len());
 }
 

@@ -72,6 +72,8 @@ use redis::IntoConnectionInfo;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
+pub use crate::config::Fallback;
+use crate::config::RedisStoreSpec;
 use crate::limits::clock::Nanos;
 use crate::limits::verdict::{Grant, Verdict};
 use crate::log_budget::LogBudget;
@@ -98,19 +100,6 @@ pub enum Endpoint {
     Standalone(String),
     /// Redis Cluster, from any of its nodes (config keys `urls` and `cluster: true`).
     Cluster(Vec<String>),
-}
-
-/// What decides while the store cannot (config key `fallback`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Fallback {
-    /// A local limiter of the same kind at this instance's share of the limit:
-    /// `max / instances` (capacity and refill for buckets), rounded up.
-    #[default]
-    Local,
-    /// Admit everything (fail open).
-    Allow,
-    /// Reject everything (fail closed).
-    Deny,
 }
 
 /// A Redis store's settings: the `stores:` entry of the config, normalized.
@@ -142,19 +131,36 @@ pub struct RedisStoreConfig {
 }
 
 impl RedisStoreConfig {
-    /// The defaults for a store called `name` at `endpoint`.
+    /// The defaults (the config's, [`RedisStoreSpec::default`]) for a store called `name` at
+    /// `endpoint`, this process named [`default_instance`].
     pub fn new(name: impl Into<String>, endpoint: Endpoint) -> Self {
+        Self::of(
+            name,
+            endpoint,
+            &RedisStoreSpec::default(),
+            default_instance(),
+        )
+    }
+
+    /// The settings `spec` gives a store called `name` at `endpoint` (`spec`'s URLs, as
+    /// the caller resolved them), this process named `instance`.
+    pub fn of(
+        name: impl Into<String>,
+        endpoint: Endpoint,
+        spec: &RedisStoreSpec,
+        instance: String,
+    ) -> Self {
         Self {
             name: name.into(),
             endpoint,
-            timeout: Duration::from_millis(5),
-            failures: 5,
-            probe_every: Duration::from_millis(500),
-            fallback: Fallback::Local,
-            instances: 1,
-            prefix: "tollgate:".to_string(),
-            instance: default_instance(),
-            lease: Duration::from_secs(10),
+            timeout: spec.timeout,
+            failures: spec.failures,
+            probe_every: spec.probe_every,
+            fallback: spec.fallback,
+            instances: spec.instances,
+            prefix: spec.prefix.clone(),
+            instance,
+            lease: spec.lease,
         }
     }
 }

@@ -228,6 +228,18 @@ pub fn int_list(value: &Value, limit: usize) -> Result<Vec<i64>, StoreError> {
     items.iter().map(int).collect()
 }
 
+/// An array reply of exactly `n` counts (see [`count`]).
+pub fn counts(value: &Value, n: usize) -> Result<Vec<u64>, StoreError> {
+    let counts = int_list(value, n)?;
+    if counts.len() != n {
+        return Err(StoreError::Reply(format!(
+            "expected {n} counts, got {}",
+            counts.len()
+        )));
+    }
+    Ok(counts.into_iter().map(count).collect())
+}
+
 /// A non-negative integer reply as `u64` (negative values, which the scripts never
 /// return, read as 0).
 pub fn count(n: i64) -> u64 {
@@ -254,6 +266,8 @@ mod tests {
         assert_eq!(int_list(&v, 2).unwrap(), vec![1, -2]);
         assert!(int_list(&v, 1).is_err());
         assert!(int_list(&Value::Int(1), 4).is_err());
+        assert_eq!(counts(&v, 2).unwrap(), vec![1, 0]);
+        assert!(counts(&v, 3).is_err());
         assert!(int(&Value::Nil).is_err());
         assert_eq!((count(-2), count(7)), (0, 7));
     }

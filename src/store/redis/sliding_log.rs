@@ -81,15 +81,7 @@ impl RedisStore {
         args.extend(windows.iter().map(|w| Arg::U(log_per(w.per))));
         let s = &self.inner.scripts.sliding_log_get;
         let v = self.eval(s, &[&key], &args, None, self.budget()).await?;
-        let counts = scripts::int_list(&v, windows.len())?;
-        if counts.len() != windows.len() {
-            return Err(StoreError::Reply(format!(
-                "expected {} counts, got {}",
-                windows.len(),
-                counts.len()
-            )));
-        }
-        Ok(counts.into_iter().map(scripts::count).collect())
+        scripts::counts(&v, windows.len())
     }
 
     /// Removes the `count` entries a [`RedisStore::sliding_log`] decision recorded under
