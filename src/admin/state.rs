@@ -284,7 +284,7 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
                     // The fleet's copies in the key's counter (live leases only).
                     "held": held,
                     // This instance's copies, whoever admitted them (store or fallback).
-                    "held_here": s.limiter.held(key),
+                    "held_here": s.limiter.holdings().in_use(key),
                     "max": rt.max,
                     "store": s.store,
                 })

@@ -652,7 +652,7 @@ async fn reserve_in_store(
     } else {
         Vec::new()
     };
-    let in_use = shared.limiter.held(key);
+    let in_use = shared.limiter.holdings().in_use(key);
     let (f, outcome) = decided.reply(c, groups, 0, in_use, Some(outcome.source));
     Ok((f, held, outcome))
 }

@@ -185,7 +185,7 @@ impl Limiter {
                 }
                 Place::Store(s) => match Box::pin(s.limiter.acquire(key)).await.value {
                     Ok(guard) => Decision::of(
-                        Verdict::allow(l.max.saturating_sub(s.limiter.held(key)), 0),
+                        Verdict::allow(l.max.saturating_sub(s.limiter.holdings().in_use(key)), 0),
                         Some(Hold::Inflight(HoldIn::Store(guard))),
                     ),
                     Err(estimate) => inflight_refused(l.max, estimate),

@@ -66,34 +66,31 @@ pub trait InStoreLimiter {
     fn store(&self) -> &RedisStore;
 
     /// How its hot keys lease (`None`: not leased, or a kind that never leases).
-    fn lease_params(&self) -> Option<LeaseParams> {
-        None
-    }
+    fn lease_params(&self) -> Option<LeaseParams>;
 }
 
 macro_rules! in_store {
-    ($($t:ty),*; leased: $($l:ty),*) => {
+    ($($t:ty => |$s:ident| $lease:expr),* $(,)?) => {
         $(impl InStoreLimiter for $t {
             fn store(&self) -> &RedisStore {
                 <$t>::store(self)
             }
-        })*
-        $(impl InStoreLimiter for $l {
-            fn store(&self) -> &RedisStore {
-                <$l>::store(self)
-            }
 
             fn lease_params(&self) -> Option<LeaseParams> {
-                <$l>::lease_params(self)
+                let $s = self;
+                $lease
             }
         })*
     };
 }
 
 in_store!(
-    SharedTiered,
-    SharedSlidingLog;
-    leased: SharedInflight, SharedRate, SharedTokenBucket, SharedConcurrency
+    SharedTiered => |_s| None,
+    SharedSlidingLog => |_s| None,
+    SharedRate => |s| s.lease_params(),
+    SharedTokenBucket => |s| s.lease_params(),
+    SharedInflight => |s| s.holdings().lease_params(),
+    SharedConcurrency => |s| s.holdings().lease_params(),
 );
 
 /// The state of a variant: `previous`'s when it is in the same place (in process, or in

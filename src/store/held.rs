@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 /// Units this instance holds per key: 16 shards of maps behind their own locks, so that
 /// concurrent requests rarely share a lock (module doc).
-pub(crate) struct Held {
+pub struct Held {
     shards: Box<[Mutex<HashMap<u64, Units, ahash::RandomState>>]>,
 }
 

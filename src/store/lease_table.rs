@@ -316,6 +316,14 @@ impl<K: LeaseKind> LeaseTable<K> {
         self.inner.sweep(now)
     }
 
+    /// Quota the key's slice holds unspent (0 without a slice).
+    pub(crate) fn available(&self, key: u64) -> u64 {
+        let key = slot_key(key);
+        self.inner
+            .find(key)
+            .map_or(0, |i| self.inner.entries[i].slice.available())
+    }
+
     /// Quota held unspent in all slices.
     pub(crate) fn held(&self) -> u64 {
         self.inner.held()

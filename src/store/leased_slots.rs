@@ -20,10 +20,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::limits::clock::Nanos;
+use crate::limits::lease::LeaseParams;
 use crate::metrics::LeaseCalls;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
-use crate::store::lease_table::LeaseKind;
+use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseKind, LeaseTable};
 use crate::store::redis::{CounterKeys, LeaseGrant, RedisStore};
 use crate::store::StoreError;
 
@@ -111,5 +112,91 @@ impl LeaseKind for Slots {
 
     fn calls(&self) -> &LeaseCalls {
         &self.store.metrics().lease_calls
+    }
+}
+
+/// What a holding kind in a store holds per key on this instance: the local truth its
+/// renewals write ([`Held`]: in use here plus the free slots of blocks) and, with
+/// `lease:`, its hot keys' blocks. It reads as the [`Held`] it keeps.
+pub struct Holdings {
+    held: Arc<Held>,
+    lease: Option<LeaseTable<Slots>>,
+}
+
+impl Holdings {
+    /// The holdings of a limit of `max` per key whose key counters `counter` names, under
+    /// `holder` in `store`, leasing as `lease` says (`None`: every acquisition and release
+    /// is a call).
+    pub(crate) fn new(
+        store: &RedisStore,
+        names: &Arc<KeyNames>,
+        holder: &str,
+        counter: fn(&KeyNames, u64) -> CounterKeys,
+        max: u64,
+        lease: Option<LeaseCtx>,
+    ) -> Self {
+        let held = Arc::new(Held::new());
+        let lease = lease.map(|ctx| {
+            let slots = Slots {
+                store: store.clone(),
+                names: Arc::clone(names),
+                holder: Arc::from(holder),
+                counter,
+                max,
+                held: Arc::clone(&held),
+            };
+            let instances = u64::from(store.config().instances);
+            LeaseTable::started(slots, ctx, max, instances)
+        });
+        Self { held, lease }
+    }
+
+    /// Takes `n` slots of the key's block with no call (already counted here and in
+    /// Redis): the room left as far as this instance knows (the block's free slots and the
+    /// shared remainder Redis last reported), or `None` to decide exactly.
+    pub(crate) fn take_slots(&self, key: u64, n: u64) -> Option<u64> {
+        let table = self.lease.as_ref()?;
+        match table.acquire(key, n, table.now()) {
+            FromSlice::Admitted { held, remaining } => Some(held.saturating_add(remaining)),
+            FromSlice::Exact => None,
+        }
+    }
+
+    /// Puts back `n` slots the store counts for this instance (`from_block`: taken with
+    /// [`Holdings::take_slots`]) into the key's block, with no call; false when the key has
+    /// no block (the caller releases to the store).
+    pub(crate) fn put_slots(&self, key: u64, n: u64, from_block: bool) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|table| table.release(key, n, from_block, table.now()))
+    }
+
+    /// Units of `key` in use here, whoever admitted them (not the free slots of its block).
+    pub fn in_use(&self, key: u64) -> u64 {
+        let free = self.lease.as_ref().map_or(0, |t| t.available(key));
+        self.held.get(key).saturating_sub(free)
+    }
+
+    /// Units in use here across every key.
+    pub fn in_use_total(&self) -> u64 {
+        self.held.total().saturating_sub(self.leased())
+    }
+
+    /// The lease settings (`None`: not leased).
+    pub fn lease_params(&self) -> Option<LeaseParams> {
+        self.lease.as_ref().map(LeaseTable::params)
+    }
+
+    /// Free slots held in blocks (`tollgate_store_leased`).
+    pub fn leased(&self) -> u64 {
+        self.lease.as_ref().map_or(0, LeaseTable::held)
+    }
+}
+
+impl std::ops::Deref for Holdings {
+    type Target = Held;
+
+    fn deref(&self) -> &Held {
+        &self.held
     }
 }

@@ -53,6 +53,7 @@ pub use self::redis::{
 pub use deny_cache::DenyCache;
 pub use key::{stable_key_hash, KeyNames, LimitState, StateKind, Variant};
 pub use lease_table::LeaseCtx;
+pub use leased_slots::Holdings;
 pub use remote::{Source, Sourced};
 pub use shared::{SharedInflight, SharedInflightGuard, SharedRate, SharedTokenBucket};
 pub use shared_concurrency::{SharedConcurrency, SharedConcurrencyGuard};

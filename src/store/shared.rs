@@ -59,7 +59,7 @@ use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
 use crate::store::leased::{bucket_quota, InRedis};
-use crate::store::leased_slots::Slots;
+use crate::store::leased_slots::Holdings;
 use crate::store::redis::{Fallback, LeaseGrant, Micros, RateCounts, RedisStore};
 use crate::store::remote::{renew_every_third, share, Leased, Remote, Source, Sourced};
 use crate::store::StoreError;
@@ -439,14 +439,13 @@ struct InflightShared {
     max: u64,
     local_max: u64,
     local: InflightLimiter,
-    held: Arc<Held>,
-    /// Hot keys' blocks of slots (`lease:`; `crate::store::leased_slots`).
-    lease: Option<LeaseTable<Slots>>,
+    /// Units held per key, and hot keys' blocks of slots (`crate::store::leased_slots`).
+    held: Holdings,
 }
 
 impl Leased for InflightShared {
     fn lessee(&self) -> (&Remote, &Held) {
-        (&self.remote, &*self.held)
+        (&self.remote, &self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
@@ -509,19 +508,15 @@ impl SharedInflight {
             },
         };
         let names = Arc::new(names);
-        let held = Arc::new(Held::new());
-        let lease = lease.map(|ctx| {
-            let slots = Slots {
-                store: store.clone(),
-                names: Arc::clone(&names),
-                holder: Arc::from(store.config().instance.as_str()),
-                counter: RedisStore::inflight_counter,
-                max,
-                held: Arc::clone(&held),
-            };
-            let instances = u64::from(store.config().instances);
-            LeaseTable::started(slots, ctx, max, instances)
-        });
+        let instance = store.config().instance.as_str();
+        let held = Holdings::new(
+            store,
+            &names,
+            instance,
+            RedisStore::inflight_counter,
+            max,
+            lease,
+        );
         let shared = Arc::new(InflightShared {
             local_max: remote.share(max),
             remote,
@@ -529,7 +524,6 @@ impl SharedInflight {
             max,
             local: InflightLimiter::new(sketch),
             held,
-            lease,
         });
         renew_every_third(store, &shared);
         Self { shared }
@@ -540,18 +534,15 @@ impl SharedInflight {
     /// estimate that was over `max`.
     pub async fn acquire(&self, key: u64) -> Sourced<Result<SharedInflightGuard, u64>> {
         let s = &self.shared;
-        if let Some(table) = &s.lease {
-            // A slot of the key's block: already counted here and in Redis.
-            if let FromSlice::Admitted { .. } = table.acquire(key, 1, table.now()) {
-                let guard = SharedInflightGuard {
-                    shared: Arc::clone(s),
-                    key,
-                    source: Source::Store,
-                    from_block: true,
-                    _local: None,
-                };
-                return Sourced::new(Ok(guard), Source::Store);
-            }
+        if s.held.take_slots(key, 1).is_some() {
+            let guard = SharedInflightGuard {
+                shared: Arc::clone(s),
+                key,
+                source: Source::Store,
+                from_block: true,
+                _local: None,
+            };
+            return Sourced::new(Ok(guard), Source::Store);
         }
         let guard = |source, local| {
             s.held.add(key, 1, source != Source::Store);
@@ -576,20 +567,9 @@ impl SharedInflight {
         s.remote.call(call, stored, fallback).await
     }
 
-    /// Units this instance holds for the key, whoever admitted them, with the free slots
-    /// of its block (what Redis counts for this instance).
-    pub fn held(&self, key: u64) -> u64 {
-        self.shared.held.get(key)
-    }
-
-    /// The lease settings (`None`: not leased).
-    pub fn lease_params(&self) -> Option<LeaseParams> {
-        self.shared.lease.as_ref().map(LeaseTable::params)
-    }
-
-    /// Free slots this instance holds in blocks.
-    pub fn leased(&self) -> u64 {
-        self.shared.lease.as_ref().map_or(0, LeaseTable::held)
+    /// What this instance holds per key, whoever admitted it, and its blocks.
+    pub fn holdings(&self) -> &Holdings {
+        &self.shared.held
     }
 
     /// The fleet's limit.
@@ -613,11 +593,9 @@ impl SharedInflightGuard {
 impl Drop for SharedInflightGuard {
     fn drop(&mut self) {
         let s = &self.shared;
-        if let Some(table) = s.lease.as_ref().filter(|_| self.source == Source::Store) {
-            // Into the key's block, if it has one: no call.
-            if table.release(self.key, 1, self.from_block, table.now()) {
-                return;
-            }
+        // Into the key's block, if it has one: no call.
+        if self.source == Source::Store && s.held.put_slots(self.key, 1, self.from_block) {
+            return;
         }
         if s.give_back(self.key, 1, self.source) {
             let (shared, key) = (Arc::clone(s), self.key);

@@ -57,11 +57,10 @@ use std::sync::Arc;
 use crate::limits::concurrency::{
     ConcurrencyError, ConcurrencyLimiter, ConcurrencyParams, Copies, Limit, Rejection, MAX_GROUPS,
 };
-use crate::limits::lease::LeaseParams;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
-use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
-use crate::store::leased_slots::Slots;
+use crate::store::lease_table::LeaseCtx;
+use crate::store::leased_slots::Holdings;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
 use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
@@ -86,11 +85,9 @@ struct ConcShared {
     global: Option<CounterKeys>,
     groups: Vec<CounterKeys>,
     local: ConcurrencyLimiter,
-    /// Copies held per key (with the free slots of its block).
-    held: Arc<Held>,
-    /// Hot keys' blocks of slots (`lease:`, only without a global or group counter:
-    /// `crate::store::leased_slots`).
-    lease: Option<LeaseTable<Slots>>,
+    /// Copies held per key, and hot keys' blocks of slots (`lease:`, only without a global
+    /// or group counter: `crate::store::leased_slots`).
+    held: Holdings,
     /// Copies held in the global counter (index 0) and each group's (1 + i).
     counts: Box<[Count]>,
     /// Releases sent to the store and not answered yet.
@@ -190,21 +187,15 @@ impl SharedConcurrency {
             .collect();
         let holder = format!("{}#{incarnation}", store.config().instance);
         let names = Arc::new(names);
-        let held = Arc::new(Held::new());
-        let lease = lease
-            .filter(|_| params.global.is_none() && n == 0)
-            .map(|ctx| {
-                let slots = Slots {
-                    store: store.clone(),
-                    names: Arc::clone(&names),
-                    holder: Arc::from(holder.as_str()),
-                    counter: CounterKeys::of_key,
-                    max: params.max,
-                    held: Arc::clone(&held),
-                };
-                let instances = u64::from(store.config().instances);
-                LeaseTable::started(slots, ctx, params.max, instances)
-            });
+        let lease = lease.filter(|_| params.global.is_none() && n == 0);
+        let held = Holdings::new(
+            store,
+            &names,
+            &holder,
+            CounterKeys::of_key,
+            params.max,
+            lease,
+        );
         let shared = Arc::new(ConcShared {
             remote,
             holder,
@@ -214,7 +205,6 @@ impl SharedConcurrency {
             valid: u64::MAX.checked_shr(64 - n as u32).unwrap_or(0),
             local: ConcurrencyLimiter::new(local_params, local_keys)?,
             held,
-            lease,
             counts: (0..=n).map(|_| Count::default()).collect(),
             releases: Releases::default(),
             params,
@@ -265,24 +255,23 @@ impl SharedConcurrency {
                 Source::Store,
             );
         }
-        if let Some(table) = s.lease.as_ref().filter(|_| min == copies) {
-            // Slots of the key's block: already counted here and in Redis.
-            if let FromSlice::Admitted { held, remaining } = table.acquire(key, copies, table.now())
-            {
-                let held = Copies {
-                    key,
-                    groups,
-                    copies,
-                    remaining: remaining.saturating_add(held),
-                };
-                let guard = SharedConcurrencyGuard {
-                    shared: Arc::clone(s),
-                    held,
-                    source: Source::Store,
-                    from_block: true,
-                };
-                return Sourced::new(Ok(guard), Source::Store);
-            }
+        if let Some(remaining) = (min == copies)
+            .then(|| s.held.take_slots(key, copies))
+            .flatten()
+        {
+            let held = Copies {
+                key,
+                groups,
+                copies,
+                remaining,
+            };
+            let guard = SharedConcurrencyGuard {
+                shared: Arc::clone(s),
+                held,
+                source: Source::Store,
+                from_block: true,
+            };
+            return Sourced::new(Ok(guard), Source::Store);
         }
         let call = async {
             // Releases sent before this request that had not landed when it was sent:
@@ -339,20 +328,9 @@ impl SharedConcurrency {
         s.remote.call(call, stored, fallback).await
     }
 
-    /// Copies this instance holds for the key, whoever admitted them, with the free slots
-    /// of its block (what Redis counts for this instance).
-    pub fn held(&self, key: u64) -> u64 {
-        self.shared.held.get(key)
-    }
-
-    /// The lease settings (`None`: not leased).
-    pub fn lease_params(&self) -> Option<LeaseParams> {
-        self.shared.lease.as_ref().map(LeaseTable::params)
-    }
-
-    /// Free slots this instance holds in blocks.
-    pub fn leased(&self) -> u64 {
-        self.shared.lease.as_ref().map_or(0, LeaseTable::held)
+    /// What this instance holds per key, whoever admitted it, and its blocks.
+    pub fn holdings(&self) -> &Holdings {
+        &self.shared.held
     }
 
     /// Copies of the key held across the fleet now (holders with a live lease), read from
@@ -366,8 +344,7 @@ impl SharedConcurrency {
 
     /// Copies this instance holds across every key of the limit.
     pub fn in_use_here(&self) -> u64 {
-        // Free slots of blocks are held, not in use.
-        self.shared.held.total().saturating_sub(self.leased())
+        self.shared.held.in_use_total()
     }
 
     /// Copies this instance holds in group `group` (0 for one that does not exist).
@@ -585,11 +562,9 @@ impl ConcShared {
         if copies == 0 {
             return;
         }
-        if let Some(table) = self.lease.as_ref().filter(|_| source == Source::Store) {
-            // Into the key's block, if it has one: no call.
-            if table.release(key, copies, g.from_block, table.now()) {
-                return;
-            }
+        // Into the key's block, if it has one: no call.
+        if source == Source::Store && self.held.put_slots(key, copies, g.from_block) {
+            return;
         }
         if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
             let _ = self.local.release(key, groups, copies);
@@ -701,7 +676,7 @@ impl Drop for SharedConcurrencyGuard {
 
 impl Leased for ConcShared {
     fn lessee(&self) -> (&Remote, &Held) {
-        (&self.remote, &*self.held)
+        (&self.remote, &self.held)
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {

@@ -1282,7 +1282,7 @@ async fn renewals_repair_redis_from_the_local_count() {
     let during = l.acquire(9).await;
     assert_eq!(during.source, Source::Fallback);
     let during = during.value.unwrap();
-    assert_eq!(l.held(9), 5);
+    assert_eq!(l.holdings().in_use(9), 5);
     redis.restart();
     assert!(store.wait_up(Duration::from_secs(3)).await);
     // Within a renewal interval (200 ms) Redis holds the local truth again: 4 + 1.
@@ -1297,7 +1297,7 @@ async fn renewals_repair_redis_from_the_local_count() {
     // A request admitted before Redis went away is never failed: dropping works as usual.
     drop(during);
     drop(guards);
-    assert_eq!(l.held(9), 0);
+    assert_eq!(l.holdings().in_use(9), 0);
     let started = Instant::now();
     while store.inflight_total(&n, 9).await.unwrap() != 0 {
         assert!(

@@ -153,7 +153,7 @@ async fn every_holding_kind_admits_exactly_its_max_local_exact_and_leased() {
         if place != Place::Local {
             // Releases land in the background: then Redis counts only the free slots of
             // this instance's block (none deciding exactly).
-            let blocks = || shared.leased();
+            let blocks = || shared.holdings().leased();
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let total = shared.peek(1).await.unwrap_or(u64::MAX);
@@ -209,7 +209,7 @@ async fn every_holding_kind_admits_exactly_its_max_local_exact_and_leased() {
         local_held.clear();
         shared_held.clear();
         if place != Place::Local {
-            let blocks = || shared.leased();
+            let blocks = || shared.holdings().leased();
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 let total = shared.peek(1).await.unwrap_or(u64::MAX);
