@@ -45,6 +45,7 @@ pub mod shared;
 pub mod shared_concurrency;
 pub mod shared_log;
 pub mod shared_tiered;
+mod variant_counts;
 
 pub use self::redis::{
     default_instance, CounterKeys, CountersOutcome, Endpoint, EntryId, Fallback, GlobalArg,

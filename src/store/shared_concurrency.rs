@@ -14,27 +14,15 @@
 //! crashed instance's copies are gone after one lease. A guard's drop gives its copies
 //! back locally at once and to Redis in the background, never waiting.
 //!
-//! **Global and group counters span keys.** They live under the limit variant's own hash
-//! tag (`KeyNames::limit_key`), a key's counter under the key's:
-//! - on a standalone Redis one script takes from all of a request's counters at once (key,
-//!   global, its groups), all or nothing: exactly the in-process semantics;
-//! - on a Cluster the key's counter and the variant's counters are two scripts, sent
-//!   together (one round trip, in parallel to their nodes). Each takes all or nothing from
-//!   its own counters; the grant is the smaller of the two, and what one side took beyond
-//!   it (everything, if the other side was full) is given back in the background. No
-//!   counter ever exceeds its max; copies taken and given back can, for that round trip,
-//!   make a racing request see a counter fuller than it ends up: a transient wrong denial,
-//!   bounded by the requests deciding at that instant (`docs/architecture.md`).
+//! **Global and group counters span keys** (`crate::store::variant_counts`): on one Redis
+//! one script takes from the key's, the global and the request's groups' counters at
+//! once, all or nothing; on a Cluster the key's and the variant's counters are two
+//! scripts sent together, the grant the smaller, the excess given back (a transient wrong
+//! denial for that round trip at most; `docs/architecture.md`, "Cross-slot state").
 //!
-//! **A release is seen by the next reserve.** A guard's release goes to Redis in the
-//! background, after its holder was told the copies are back (`CH.RELEASE` answers at
-//! once, a response has been sent), so a reserve that follows at once could reach Redis
-//! first and be refused for copies that are no longer held (Charon's rule: never deny
-//! wrongly). Each limiter numbers the releases it sends and knows which have not been
-//! answered yet; a reserve that Redis refuses while a release sent before the reserve
-//! began was still on its way when the reserve was sent waits for those releases to land
-//! (within what is left of its budget) and asks once more. A release acknowledged by another instance is not
-//! covered: it is sent at once, and can lose that race for one round trip.
+//! **A release is seen by the next reserve** (Charon's rule: never deny wrongly): a
+//! reserve Redis refuses while releases sent before it were still on their way waits for
+//! them (within its budget) and asks once more (`crate::store::releases`).
 //!
 //! **Reloads.** A guard keeps its limiter's state alive and gives its copies back to the
 //! counters it took them from, with the group mask it was admitted with: a reload that
@@ -51,7 +39,7 @@
 //! **Metrics.** `tollgate_concurrency_in_use` reports the copies this instance holds
 //! (exact, local): summed over the fleet, the copies in use.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::limits::concurrency::{
@@ -64,6 +52,7 @@ use crate::store::leased_slots::Holdings;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
 use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
+use crate::store::variant_counts::VariantCounts;
 use crate::store::StoreError;
 
 /// Incarnations of shared concurrency limiters in this process.
@@ -82,14 +71,12 @@ struct ConcShared {
     params: ConcurrencyParams,
     /// Bits of the configured groups.
     valid: u64,
-    global: Option<CounterKeys>,
-    groups: Vec<CounterKeys>,
+    /// Copies held in the global and group counters.
+    variant: VariantCounts,
     local: ConcurrencyLimiter,
     /// Copies held per key, and hot keys' blocks of slots (`lease:`, only without a global
     /// or group counter: `crate::store::leased_slots`).
     held: Holdings,
-    /// Copies held in the global counter (index 0) and each group's (1 + i).
-    counts: Box<[Count]>,
     /// Releases sent to the store and not answered yet.
     releases: Releases,
 }
@@ -113,13 +100,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.shared.releases.landed(self.n);
     }
-}
-
-/// Copies this limiter holds in one variant-wide counter, and whether Redis may disagree.
-#[derive(Default)]
-struct Count {
-    copies: AtomicU64,
-    dirty: AtomicBool,
 }
 
 /// Copies of a key (and of its global and group counters) held across the fleet. Dropping
@@ -179,15 +159,10 @@ impl SharedConcurrency {
         };
         let local_keys = remote.local_keys(max_keys);
         let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
-        let groups = (0..n)
-            .map(|i| {
-                let name = group_names.get(i).copied().unwrap_or("");
-                CounterKeys::group(&names, name)
-            })
-            .collect();
+        let variant = VariantCounts::new(&names, &params, group_names);
         let holder = format!("{}#{incarnation}", store.config().instance);
         let names = Arc::new(names);
-        let lease = lease.filter(|_| params.global.is_none() && n == 0);
+        let lease = lease.filter(|_| variant.is_empty());
         let held = Holdings::new(
             store,
             &names,
@@ -199,13 +174,11 @@ impl SharedConcurrency {
         let shared = Arc::new(ConcShared {
             remote,
             holder,
-            global: params.global.map(|_| CounterKeys::global(&names)),
-            groups,
+            variant,
             names,
             valid: u64::MAX.checked_shr(64 - n as u32).unwrap_or(0),
             local: ConcurrencyLimiter::new(local_params, local_keys)?,
             held,
-            counts: (0..=n).map(|_| Count::default()).collect(),
             releases: Releases::default(),
             params,
         });
@@ -298,7 +271,7 @@ impl SharedConcurrency {
                 Err(_) => {
                     // The retry may still run in Redis: the next renewal writes the truth.
                     s.held.mark_dirty(key);
-                    s.mark_dirty(groups);
+                    s.variant.mark_dirty(groups);
                     decided
                 }
             }
@@ -310,7 +283,7 @@ impl SharedConcurrency {
         let fallback = |f| {
             // The call may still run in Redis: the next renewal writes the truth.
             s.held.mark_dirty(key);
-            s.mark_dirty(groups);
+            s.variant.mark_dirty(groups);
             match f {
                 Fallback::Local => s
                     .local
@@ -349,10 +322,7 @@ impl SharedConcurrency {
 
     /// Copies this instance holds in group `group` (0 for one that does not exist).
     pub fn group_in_use_here(&self, group: usize) -> u64 {
-        self.shared
-            .counts
-            .get(group + 1)
-            .map_or(0, |c| c.copies.load(Ordering::Relaxed))
+        self.shared.variant.group(group)
     }
 
     /// Copies of the global counter and every group's, across the fleet (instances with a
@@ -360,19 +330,7 @@ impl SharedConcurrency {
     /// holds), for tests and tools.
     pub async fn fleet_totals(&self) -> Result<Vec<u64>, StoreError> {
         let s = &self.shared;
-        let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-        if counters.is_empty() {
-            return Ok(Vec::new());
-        }
-        // This limiter's copies in each, written as Redis may already hold them.
-        let first = usize::from(s.global.is_none());
-        let counts: Vec<(u64, bool)> = (s.counts.iter().skip(first))
-            .map(|c| (c.copies.load(Ordering::Relaxed), false))
-            .collect();
-        s.remote
-            .store()
-            .counters_renew(&s.holder, &counters, &counts)
-            .await
+        s.variant.totals(s.remote.store(), &s.holder).await
     }
 
     /// Keys the local fallback admitted untracked (its table was full).
@@ -382,23 +340,6 @@ impl SharedConcurrency {
 }
 
 impl ConcShared {
-    /// The variant-wide counters a request in `groups` touches, with their maxes and the
-    /// limits they are: global, then groups by index.
-    fn variant_counters(&self, groups: u64) -> Vec<(&CounterKeys, u64, Limit)> {
-        let global = self.global.as_ref().zip(self.params.global);
-        let global = global.map(|(c, max)| (c, max, Limit::Global));
-        let groups = (0..self.groups.len())
-            .filter(move |i| groups & (1 << i) != 0)
-            .map(|i| {
-                (
-                    &self.groups[i],
-                    self.params.groups[i],
-                    Limit::Group(i as u8),
-                )
-            });
-        global.into_iter().chain(groups).collect()
-    }
-
     /// One decision in the store: `Ok(Ok((granted, remaining)))`, `Ok(Err(rejection))`,
     /// or the store's error (the caller falls back).
     async fn store_acquire(
@@ -409,7 +350,7 @@ impl ConcShared {
         copies: u64,
     ) -> Result<Result<(u64, u64), Rejection>, StoreError> {
         let own = CounterKeys::of_key(&self.names, key);
-        let shared = self.variant_counters(groups);
+        let shared = self.variant.of(groups);
         let reject = |limit, in_use, max| Rejection {
             limit,
             in_use,
@@ -502,24 +443,10 @@ impl ConcShared {
             {
                 match key {
                     Some(key) => s.held.mark_dirty(key),
-                    None => s.mark_dirty(groups),
+                    None => s.variant.mark_dirty(groups),
                 }
             }
         });
-    }
-
-    /// The local counts a request in `groups` touches: the global one, then its groups'.
-    fn counts_of(&self, groups: u64) -> impl Iterator<Item = &Count> + '_ {
-        let global = self.params.global.map(|_| 0);
-        let in_groups = (0..self.groups.len()).filter(move |i| groups & (1 << i) != 0);
-        let indices = global.into_iter().chain(in_groups.map(|i| i + 1));
-        indices.filter_map(|i| self.counts.get(i))
-    }
-
-    fn mark_dirty(&self, groups: u64) {
-        for c in self.counts_of(groups) {
-            c.dirty.store(true, Ordering::Relaxed);
-        }
     }
 
     /// A guard for `copies` now held (counted locally at once).
@@ -534,12 +461,7 @@ impl ConcShared {
         if copies > 0 {
             let dirty = source != Source::Store;
             self.held.add(key, copies, dirty);
-            for c in self.counts_of(groups) {
-                c.copies.fetch_add(copies, Ordering::Relaxed);
-                if dirty {
-                    c.dirty.store(true, Ordering::Relaxed);
-                }
-            }
+            self.variant.add(groups, copies, dirty);
         }
         let held = Copies {
             key,
@@ -570,15 +492,7 @@ impl ConcShared {
             let _ = self.local.release(key, groups, copies);
         }
         let send = self.give_back(key, copies, source);
-        for c in self.counts_of(groups) {
-            let less = |n: u64| Some(n.saturating_sub(copies));
-            let _ = c
-                .copies
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, less);
-            if !send {
-                c.dirty.store(true, Ordering::Relaxed);
-            }
-        }
+        self.variant.sub(groups, copies, !send);
         if !send {
             return;
         }
@@ -586,8 +500,7 @@ impl ConcShared {
         self.remote.store().handle().spawn(async move {
             let s = &flight.shared;
             let own = CounterKeys::of_key(&s.names, key);
-            let variant: Vec<&CounterKeys> =
-                s.variant_counters(groups).iter().map(|c| c.0).collect();
+            let variant: Vec<&CounterKeys> = s.variant.of(groups).iter().map(|c| c.0).collect();
             let ok = if variant.is_empty() || !s.remote.store().is_cluster() {
                 let mut all = vec![&own];
                 all.extend(variant);
@@ -610,7 +523,7 @@ impl ConcShared {
             };
             if !ok {
                 s.held.mark_dirty(key);
-                s.mark_dirty(groups);
+                s.variant.mark_dirty(groups);
             }
         });
     }
@@ -691,42 +604,9 @@ impl Leased for ConcShared {
     /// The global and group counters, when this limiter holds copies there or Redis may
     /// disagree about them, each repaired from the local truth (module doc).
     fn renew_more(self: &Arc<Self>, calls: &mut tokio::task::JoinSet<()>) {
-        let active = self
-            .counts
-            .iter()
-            .any(|c| c.copies.load(Ordering::Relaxed) > 0 || c.dirty.load(Ordering::Relaxed));
-        if !active {
-            return;
+        if self.variant.active() {
+            let s = Arc::clone(self);
+            calls.spawn(async move { s.variant.renew(s.remote.store(), &s.holder).await });
         }
-        let s = Arc::clone(self);
-        calls.spawn(async move {
-            let counters: Vec<&CounterKeys> = s.global.iter().chain(&s.groups).collect();
-            let first = usize::from(s.global.is_none());
-            let before: Vec<(u64, bool)> = s
-                .counts
-                .iter()
-                .map(|c| {
-                    (
-                        c.copies.load(Ordering::Relaxed),
-                        c.dirty.swap(false, Ordering::Relaxed),
-                    )
-                })
-                .collect();
-            let counts = &before[first..];
-            let written = !counters.is_empty()
-                && s.remote
-                    .store()
-                    .counters_renew(&s.holder, &counters, counts)
-                    .await
-                    .is_ok();
-            for (c, (count, dirty)) in s.counts.iter().zip(&before) {
-                // Not written, or written while the count moved: the next renewal writes
-                // it again.
-                let moved = c.copies.load(Ordering::Relaxed) != *count;
-                if *dirty && (!written || moved) {
-                    c.dirty.store(true, Ordering::Relaxed);
-                }
-            }
-        });
     }
 }
