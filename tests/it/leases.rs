@@ -36,14 +36,15 @@ async fn three_instances_on_one_hot_bucket_admit_at_most_its_limit_and_nearly_al
     // The refill is well under what three debug builds serve on a loaded 2-core machine
     // (about 200 requests a second in all), so the load stays past the limit for the
     // whole run and an unused refill never lowers what could be admitted. A slice is at
-    // most 2% of 300 = 6 tokens: what three instances can hold unspent (18) is well
-    // within the 15% the lower bound allows.
+    // most 1% of 300 = 3 tokens: what three instances can hold unspent (9) is under the
+    // 3% the lower bound allows of the ~400 the run admits (measured: 98.9-99.7%, beside
+    // `stress-ng --cpu 2` too).
     const CAPACITY: f64 = 300.0;
     const REFILL: f64 = 30.0; // a second
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let body = "        kind: token_bucket\n        capacity: 300\n        refill: { amount: 3, every: 100ms }\n";
-    let limits = limit("tokens", body, "{ max_share: 2% }");
+    let limits = limit("tokens", body, "{ max_share: 1% }");
     let text = config(up.addr, &redis.url(), ROOMY, &limits);
     let all = fleet(3, &text).await;
     let started = Instant::now();
@@ -91,8 +92,8 @@ async fn three_instances_on_one_hot_bucket_admit_at_most_its_limit_and_nearly_al
     );
     assert!(ok as f64 <= bound.ceil(), "admitted {ok} > {bound}");
     assert!(
-        ok as f64 >= 0.85 * bound,
-        "admitted {ok}, far below {bound}"
+        ok as f64 >= 0.97 * bound,
+        "admitted {ok}, below 97% of {bound}"
     );
     // Leases were taken and the decisions came from Redis, none from a fallback.
     for t in &all {
