@@ -27,23 +27,12 @@
 //! (`at`) always decide exactly, and so does a bucket's `acquire_many`; a rate's
 //! all-or-nothing `acquire_many` is paid by the slice as an `acquire` is.
 //!
-//! **Inflight leases** (`lease:`): a hot key leases a block of slots
-//! (`crate::store::leased_slots`); an acquisition takes a free slot of it with no call and
-//! a release (of a slot the store counts here) puts it back with no call.
-//!
-//! **Inflight** keeps, per key, the exact number of units this instance holds (whoever
-//! admitted them: the store or the fallback). A background task on the store's runtime
-//! renews this instance's lease every `lease / 3` for every key it holds, repairing Redis
-//! from the local truth: a key Redis may disagree about (*dirty*: units admitted by the
-//! fallback, a release lost while Redis was away) gets the local count written over
-//! Redis's; a clean key keeps Redis's count, which may already include an acquire or a
-//! release on its way back here (overwriting it would undo that one), and gets the local
-//! count only if Redis lost it (a restart, an expired lease). A guard's drop gives
-//! the unit back locally at once and sends the release in the background (only for units
-//! the store admitted, and only while the store is up): it never waits for Redis and never
-//! fails. A key whose units all went back with releases that landed costs no renewal. A
-//! dirty key's overwrite can race an operation in flight; the key then stays dirty and is
-//! written again at the next renewal: Redis is off by it for at most one interval.
+//! **Inflight** keeps, per key, the exact units this instance holds, whoever admitted
+//! them (`crate::store::held`: the local truth each lease renewal writes where Redis may
+//! disagree, `crate::store::remote::Leased`); a guard's drop gives its unit back locally at
+//! once and to Redis in the background, never waiting. With `lease:` a hot key leases a
+//! block of slots (`crate::store::leased_slots`): an acquisition takes a free slot with no
+//! call, a release puts it back with no call.
 
 use std::future::Future;
 use std::sync::Arc;
