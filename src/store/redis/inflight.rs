@@ -1,9 +1,10 @@
-//! Inflight counts in Redis: per key, each instance's units under a lease (a hash of
-//! counts and a sorted set of lease ends), taken, given back, renewed and read by one
-//! script each (`scripts/inflight_*.lua`).
+//! Inflight counts in Redis: per key, each instance's units under a lease, in a counter of
+//! the same shape as a concurrency limit's (`counters.rs`: a hash of counts per holder and
+//! a sorted set of lease ends), so one set of scripts takes, gives back, renews and reads
+//! both kinds. The holder is the instance's name; the keys are the inflight limit's own.
 
 use crate::store::key::{KeyNames, StateKind};
-use crate::store::redis::{scripts, Arg, RedisStore, SCRIPT_MAX};
+use crate::store::redis::{CounterKeys, CountersOutcome, RedisStore};
 use crate::store::StoreError;
 
 impl RedisStore {
@@ -16,35 +17,26 @@ impl RedisStore {
         hash: u64,
         max: u64,
     ) -> Result<Result<u64, u64>, StoreError> {
-        let (counts, leases) = inflight_keys(names, hash);
-        let args = [
-            Arg::S(&self.inner.config.instance),
-            Arg::U(max.min(SCRIPT_MAX)),
-            Arg::U(self.lease_micros()),
-        ];
-        let s = &self.inner.scripts.inflight_acquire;
-        let v = self
-            .eval(s, &[&counts, &leases], &args, None, self.budget())
-            .await?;
-        let [admitted, total] = scripts::ints::<2>(&v)?;
-        let total = scripts::count(total);
-        Ok(if admitted == 1 { Ok(total) } else { Err(total) })
+        let counter = Self::inflight_counter(names, hash);
+        let me = &self.inner.config.instance;
+        Ok(
+            match self.counters_acquire(me, &[&counter], &[max], 1, 1).await? {
+                CountersOutcome::Granted { remaining, .. } => Ok(max.saturating_sub(remaining)),
+                CountersOutcome::Full { in_use, .. } => Err(in_use.saturating_add(1)),
+            },
+        )
     }
 
     /// Gives back one unit this instance holds; returns the units it still holds.
     pub async fn inflight_release(&self, names: &KeyNames, hash: u64) -> Result<u64, StoreError> {
-        let (counts, leases) = inflight_keys(names, hash);
-        let args = [Arg::S(&self.inner.config.instance)];
-        let s = &self.inner.scripts.inflight_release;
-        let v = self
-            .eval(s, &[&counts, &leases], &args, None, self.background())
-            .await?;
-        Ok(scripts::count(scripts::int(&v)?))
+        let counter = Self::inflight_counter(names, hash);
+        let me = &self.inner.config.instance;
+        self.counters_release(me, &[&counter], 1).await
     }
 
     /// Renews this instance's lease on the key and repairs its count from `count` (the
     /// local truth): written over Redis's when `dirty` (Redis may disagree), else only if
-    /// Redis lost it (see inflight_renew.lua). Returns the fleet's total.
+    /// Redis lost it (see counters_renew.lua). Returns the fleet's total.
     pub async fn inflight_renew(
         &self,
         names: &KeyNames,
@@ -52,34 +44,26 @@ impl RedisStore {
         count: u64,
         dirty: bool,
     ) -> Result<u64, StoreError> {
-        let (counts, leases) = inflight_keys(names, hash);
-        let args = [
-            Arg::S(&self.inner.config.instance),
-            Arg::U(count.min(SCRIPT_MAX)),
-            Arg::U(self.lease_micros()),
-            Arg::U(u64::from(dirty)),
-        ];
-        let s = &self.inner.scripts.inflight_renew;
-        let v = self
-            .eval(s, &[&counts, &leases], &args, None, self.background())
+        let counter = Self::inflight_counter(names, hash);
+        let me = &self.inner.config.instance;
+        let totals = self
+            .counters_renew(me, &[&counter], &[(count, dirty)])
             .await?;
-        Ok(scripts::count(scripts::int(&v)?))
+        Ok(totals.first().copied().unwrap_or(0))
     }
 
     /// The fleet's units in flight for the key (instances with a live lease only).
     pub async fn inflight_total(&self, names: &KeyNames, hash: u64) -> Result<u64, StoreError> {
-        let (counts, leases) = inflight_keys(names, hash);
-        let s = &self.inner.scripts.inflight_total;
-        let v = self
-            .eval(s, &[&counts, &leases], &[], None, self.background())
-            .await?;
-        Ok(scripts::count(scripts::int(&v)?))
+        let counter = Self::inflight_counter(names, hash);
+        let totals = self.counters_total(&[&counter]).await?;
+        Ok(totals.first().copied().unwrap_or(0))
     }
-}
 
-pub(super) fn inflight_keys(names: &KeyNames, hash: u64) -> (String, String) {
-    (
-        names.key(hash, StateKind::InflightCounts),
-        names.key(hash, StateKind::InflightLeases),
-    )
+    /// The counter of an inflight limit's key: the keys its units are counted under.
+    pub fn inflight_counter(names: &KeyNames, hash: u64) -> CounterKeys {
+        CounterKeys {
+            counts: names.key(hash, StateKind::InflightCounts),
+            leases: names.key(hash, StateKind::InflightLeases),
+        }
+    }
 }

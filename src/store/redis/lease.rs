@@ -17,7 +17,6 @@ use crate::limits::clock::Nanos;
 use crate::limits::rate::RateParams;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::store::key::{KeyNames, StateKind};
-use crate::store::redis::inflight::inflight_keys;
 use crate::store::redis::rate::rate_window;
 use crate::store::redis::token_bucket::BucketArgs;
 use crate::store::redis::{
@@ -168,12 +167,5 @@ impl RedisStore {
         n: u64,
     ) -> Result<u64, StoreError> {
         self.counters_release(holder, counters, n).await
-    }
-
-    /// The counter of an inflight limit's key, for [`RedisStore::lease_slots_take`]: the
-    /// same keys as the exact path's (`inflight_acquire.lua`).
-    pub fn inflight_counter(names: &KeyNames, hash: u64) -> CounterKeys {
-        let (counts, leases) = inflight_keys(names, hash);
-        CounterKeys { counts, leases }
     }
 }

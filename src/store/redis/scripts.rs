@@ -67,14 +67,6 @@ pub struct Scripts {
     pub fixed_window: LuaScript,
     /// Sliding-window rate counts (read only).
     pub rate_get: LuaScript,
-    /// Inflight acquire.
-    pub inflight_acquire: LuaScript,
-    /// Inflight release.
-    pub inflight_release: LuaScript,
-    /// Inflight lease renewal and repair.
-    pub inflight_renew: LuaScript,
-    /// Inflight fleet total (read only).
-    pub inflight_total: LuaScript,
     /// Sliding log acquire (several windows, partial grants).
     pub sliding_log: LuaScript,
     /// Sliding log refund (exactly one admission's entries).
@@ -120,10 +112,6 @@ impl Scripts {
             rate_refund: script!("rate_refund.lua"),
             fixed_window: script!("fixed_window.lua"),
             rate_get: script!("rate_get.lua"),
-            inflight_acquire: script!("inflight_acquire.lua"),
-            inflight_release: script!("inflight_release.lua"),
-            inflight_renew: script!("inflight_renew.lua"),
-            inflight_total: script!("inflight_total.lua"),
             sliding_log: script!("sliding_log.lua"),
             sliding_log_refund: script!("sliding_log_refund.lua"),
             sliding_log_get: script!("sliding_log_get.lua"),
@@ -144,7 +132,7 @@ impl Scripts {
     }
 
     /// Every script, for `SCRIPT LOAD`.
-    pub fn all(&self) -> [&LuaScript; 27] {
+    pub fn all(&self) -> [&LuaScript; 23] {
         [
             &self.token_bucket,
             &self.token_bucket_get,
@@ -153,10 +141,6 @@ impl Scripts {
             &self.rate_refund,
             &self.fixed_window,
             &self.rate_get,
-            &self.inflight_acquire,
-            &self.inflight_release,
-            &self.inflight_renew,
-            &self.inflight_total,
             &self.sliding_log,
             &self.sliding_log_refund,
             &self.sliding_log_get,
@@ -254,7 +238,7 @@ mod tests {
     fn scripts_hash_to_sha1_and_decode_replies() {
         let s = Scripts::new();
         let shas: std::collections::HashSet<_> = s.all().iter().map(|s| s.sha.clone()).collect();
-        assert_eq!(shas.len(), 27, "distinct scripts");
+        assert_eq!(shas.len(), 23, "distinct scripts");
         assert!(s.all().iter().all(|s| s.sha.len() == 40));
         assert_eq!(
             redis::Script::new("return 1").get_hash(),

@@ -5,7 +5,7 @@
 --          leases_i (sorted set {field = end of its lease, µs}); see counters_acquire.lua
 -- ARGV     field, lease (µs), want, max_1, ..., max_N
 --
--- The counters are those of counters_acquire.lua and inflight_acquire.lua, so holders
+-- The counters are those of counters_acquire.lua (concurrency and inflight), so holders
 -- deciding exactly and holders leasing blocks share them; a leasing holder uses a field of
 -- its own. Holders whose lease ended are dropped first. The block is the largest
 -- g <= want that every counter has room for (total_i + g <= max_i), taken from all of
