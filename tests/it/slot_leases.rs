@@ -10,6 +10,8 @@
 //!   leases (a release puts its slot back into the block), two with `lease: off`.
 //! - An instance killed (SIGKILL) while holding a block: the survivor reaches the whole
 //!   limit again within one store lease.
+//! - A reload that changes the lease, and SIGTERM, give a block's free slots back at once
+//!   (the store lease is a minute: only the give-back empties Redis's count).
 
 // Tests unwrap: a failed unwrap is a failed test (the crate denies it elsewhere).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -216,4 +218,86 @@ async fn an_instance_killed_holding_a_block_loses_it_after_one_lease() {
     for h in holds {
         assert_eq!(h.await.unwrap(), Some(200));
     }
+}
+
+/// The slots Redis counts for the inflight limit `held` of customer `acme`: the sum of
+/// every holder's field in the key's counter (its one `...:ic` hash).
+fn counted_slots(redis: &RedisServer) -> u64 {
+    let keys = match redis.cmd(&["KEYS", "tollgate:app:held:*:ic"]) {
+        redis::Value::Array(v) => v,
+        other => panic!("KEYS: {other:?}"),
+    };
+    let mut total = 0;
+    for key in keys {
+        let key = match key {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).to_string(),
+            other => panic!("{other:?}"),
+        };
+        if let redis::Value::Array(vals) = redis.cmd(&["HVALS", &key]) {
+            for v in vals {
+                if let redis::Value::BulkString(b) = v {
+                    total += String::from_utf8_lossy(&b).parse::<u64>().unwrap();
+                }
+            }
+        }
+    }
+    total
+}
+
+/// A store whose lease outlives the test (a minute): only a give-back empties a block.
+const LONG_LEASE: &str =
+    "timeout: 1s\n    breaker: { failures: 1000, probe_every: 50ms }\n    lease: 60s";
+
+/// One instance whose hot key holds a block of free slots (never idle), then `end`:
+/// Redis must count no slot afterwards, long before the store lease would lapse.
+async fn the_block_goes_back(end: impl AsyncFnOnce(&Tollgate, &RedisServer, &str)) {
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let lease = "{ hot_above: 5/s, max_share: 50%, idle: 1h }";
+    let text = config(
+        up.addr,
+        &redis.url(),
+        LONG_LEASE,
+        &holding("inflight", MAX, lease),
+    );
+    let t = Tollgate::start(&text).await;
+    wait_up(&t).await;
+    let s = tokio::task::block_in_place(|| slow_as_acme(&t, 400, 4));
+    assert_eq!((s.ok, s.done), (400, 400), "{}", s.text);
+    let gauge = "tollgate_store_leased{limit=\"held\",origin=\"app\",store=\"shared\"}";
+    // Nothing in use: Redis counts exactly the block's free slots (the gauge follows
+    // within a sweep).
+    eventually("a block held and counted in Redis", 500, || async {
+        let free = t.metric(gauge).await as u64;
+        free > 0 && counted_slots(&redis) == free
+    })
+    .await;
+    end(&t, &redis, &text).await;
+    eventually("the block is back in Redis", 500, || async {
+        counted_slots(&redis) == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reload_that_changes_the_lease_gives_the_block_back() {
+    the_block_goes_back(async |t, _, text| {
+        let reloads = "tollgate_config_reloads_total{result=\"success\"}";
+        let before = t.metric(reloads).await;
+        t.write_config(&text.replace("idle: 1h }", "idle: 1h, renew_every: 50ms }"));
+        t.signal(libc::SIGHUP);
+        eventually("reloaded", 500, || async {
+            t.metric(reloads).await > before
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_gives_the_block_back() {
+    the_block_goes_back(async |t, _, _| {
+        t.signal(libc::SIGTERM);
+    })
+    .await;
 }
