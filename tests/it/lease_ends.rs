@@ -6,7 +6,8 @@
 //!   would have refilled them, so the fleet admits a full bucket again within the bound
 //!   the config gives (the bucket's refill time plus one idle sweep).
 //! - A 70/10/10/10 split of the offered load over four instances: at most capacity +
-//!   refill × elapsed, and at least 95% of it.
+//!   refill × elapsed, and at least 95% of it; on a rate, at most its max in the period
+//!   and at least 95% of it.
 //! - Graceful shutdown (SIGTERM) and an upgrade's exit (SIGQUIT) give the slice back:
 //!   Redis's bucket holds the unused tokens again.
 
@@ -238,4 +239,38 @@ async fn an_upgrade_gives_the_old_process_slice_back() {
     let mut new = new.unwrap();
     let _ = new.kill();
     let _ = new.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_70_10_10_10_split_on_a_rate_admits_at_most_its_max_and_at_least_95_percent() {
+    // One period a day: the max is what the period admits, 6000 offered for 1000. A slice
+    // is at most 1% of 1000 = 10 counts, and near the max each is the remainder over the
+    // instances: what the light instances can hold unspent is a few percent at most.
+    const MAX: u64 = 1_000;
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      per_day:\n        key: [customer]\n        kind: rate\n        max: 1000\n        per: 1d\n        store: shared\n        lease: { max_share: 1% }\n";
+    let all = fleet(4, &config(up.addr, &redis.url(), ROOMY, limits)).await;
+    let each = [4_200, 600, 600, 600];
+    let conns = [7, 1, 1, 1];
+    let runs: Vec<_> = all
+        .iter()
+        .zip(each.iter().zip(conns))
+        .map(|(t, (&n, c))| {
+            let url = t.url("/");
+            std::thread::spawn(move || h2load::as_acme(&url, n, c))
+        })
+        .collect();
+    let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    let (ok, _) = totals(&runs, &each);
+    let by: Vec<u64> = runs.iter().map(|s| s.ok).collect();
+    eprintln!(
+        "rate 70/10/10/10: admitted {ok} ({by:?}) of {MAX} ({:.1}%)",
+        100.0 * ok as f64 / MAX as f64
+    );
+    assert!(ok <= MAX, "admitted {ok} > {MAX}");
+    assert!(ok * 100 >= MAX * 95, "admitted {ok} < 95% of {MAX}");
+    for t in &all {
+        assert_eq!(t.metric(fleet::FALLBACK).await, 0.0, "{}", t.log_text());
+    }
 }
