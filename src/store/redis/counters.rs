@@ -154,15 +154,7 @@ impl RedisStore {
         let keys = pairs(counters);
         let s = &self.inner.scripts.counters_total;
         let v = self.eval(s, &keys, &[], None, self.budget()).await?;
-        let totals = scripts::int_list(&v, counters.len())?;
-        if totals.len() != counters.len() {
-            return Err(StoreError::Reply(format!(
-                "expected {} totals, got {}",
-                counters.len(),
-                totals.len()
-            )));
-        }
-        Ok(totals.into_iter().map(scripts::count).collect())
+        scripts::counts(&v, counters.len())
     }
 }
 
