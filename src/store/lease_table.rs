@@ -8,6 +8,12 @@
 //! for in the background, while the request that made it hot (and every request the slice
 //! cannot pay) takes the exact path. Nobody waits on a lease call.
 //!
+//! **Holding kinds** (inflight, concurrency) lease blocks of slots:
+//! [`LeaseTable::acquire`] takes slots of the key's block as an admission does, and
+//! [`LeaseTable::release`] puts a released slot back into it (no call), giving a surplus
+//! above twice the last block back at once; the sweep keeps an entry whose slots are in
+//! use (their releases come back to it) and gives only its free slots back.
+//!
 //! **Renewal.** The admission that leaves a slice at its low-water mark (or finds it short)
 //! holds the slice's renewal flag and spawns one take on the store's runtime, sized by
 //! [`SliceSizer`] from the slice's own rate since the last take and the shared remainder
