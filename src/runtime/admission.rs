@@ -121,6 +121,17 @@ pub struct Decision {
     pub policy: u8,
 }
 
+/// A local decision whose hold went where [`Limiter::decide_into`] was told to put it.
+#[derive(Debug, Clone, Copy)]
+pub struct Judged {
+    /// Admitted or rejected, with what the headers need.
+    pub verdict: Verdict,
+    /// As [`Decision::policy`].
+    pub policy: u8,
+    /// Whether the admission took a hold (handed to `put`).
+    pub held: bool,
+}
+
 impl Decision {
     fn of(verdict: Verdict, hold: Option<Hold>) -> Self {
         Self {
@@ -136,9 +147,15 @@ impl Decision {
         Self {
             verdict,
             hold,
-            policy: u8::try_from(tier.saturating_sub(1)).unwrap_or(0),
+            policy: tier_policy(tier),
         }
     }
+}
+
+/// The `RateLimit-Policy` member of a tiered decision in `tier` (tier 1 while none is
+/// active).
+fn tier_policy(tier: usize) -> u8 {
+    u8::try_from(tier.saturating_sub(1)).unwrap_or(0)
 }
 
 /// An inflight rejection: concurrency frees up as soon as any request ends, so one second
@@ -162,129 +179,264 @@ impl Limiter {
     /// undone if a later limit rejects. A rejection takes nothing (strict modes may still
     /// have counted it, as their semantics say; a tiered burst keeps the tiers it entered).
     ///
-    /// A local decision completes without waiting; a shared one makes one store call,
-    /// bounded by what is left of the phase's store budget (`crate::store::budget`; its
-    /// fallback decides past it).
+    /// A local decision completes without waiting ([`decide_here`](Self::decide_here)); a
+    /// shared one makes one store call, bounded by what is left of the phase's store budget
+    /// (`crate::store::budget`; its fallback decides past it).
     pub async fn decide<F: Facts + Sync + ?Sized>(
         &self,
         key: u64,
         facts: &F,
         now: Nanos,
     ) -> Result<Decision, BadCost> {
-        Ok(match self {
-            Limiter::Inflight(l) => match &l.state {
-                Place::Local(s) => {
-                    let max = learned::max_of(l.max, l.learned.as_deref(), facts);
-                    match s.acquire(key, max) {
-                        Ok((guard, estimate)) => Decision::of(
-                            Verdict::allow(max.saturating_sub(estimate), 0),
-                            Some(Hold::Inflight(HoldIn::Local(guard))),
-                        ),
-                        Err(estimate) => inflight_refused(max, estimate),
+        match self.decide_here(key, facts, now) {
+            Some(decided) => decided,
+            None => self.decide_in_store(key, facts, now).await,
+        }
+    }
+
+    /// Decides one request as [`decide`](Self::decide) does when the state lives in this
+    /// process, synchronously: no future, no store budget. `None` when the state lives in
+    /// a store.
+    #[inline]
+    pub fn decide_here<F: Facts + ?Sized>(
+        &self,
+        key: u64,
+        facts: &F,
+        now: Nanos,
+    ) -> Option<Result<Decision, BadCost>> {
+        let mut taken = None;
+        let judged = self.decide_into(key, facts, now, |hold| taken = Some(hold))?;
+        Some(judged.map(|j| Decision {
+            verdict: j.verdict,
+            hold: taken,
+            policy: j.policy,
+        }))
+    }
+
+    /// [`decide_here`](Self::decide_here) handing an admission's hold to `put` where it is
+    /// made (the request path pushes it straight into the request's holds, rather than
+    /// moving it through a [`Decision`]): `held` says whether `put` was called.
+    #[inline(always)]
+    pub fn decide_into<F: Facts + ?Sized>(
+        &self,
+        key: u64,
+        facts: &F,
+        now: Nanos,
+        put: impl FnOnce(Hold),
+    ) -> Option<Result<Judged, BadCost>> {
+        let judged = |verdict: Verdict, held: bool| Judged {
+            verdict,
+            policy: 0,
+            held,
+        };
+        Some(Ok(match self {
+            Limiter::Inflight(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let max = learned::max_of(l.max, l.learned.as_deref(), facts);
+                match s.acquire(key, max) {
+                    Ok((guard, estimate)) => {
+                        put(Hold::Inflight(HoldIn::Local(guard)));
+                        judged(Verdict::allow(max.saturating_sub(estimate), 0), true)
                     }
+                    Err(estimate) => judged(inflight_refused(max, estimate).verdict, false),
                 }
-                Place::Store(s) => match Box::pin(s.limiter.acquire(key)).await.value {
+            }
+            Limiter::Rate(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let v = s.acquire(key, l.rate.max, 1, l.rate.strict, now);
+                if v.allowed {
+                    put(Hold::Refund {
+                        key,
+                        cost: 1,
+                        source: None,
+                    });
+                }
+                judged(v, v.allowed)
+            }
+            Limiter::TokenBucket(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let cost = match l.cost.resolve(facts, l.params.capacity) {
+                    Ok(cost) => cost,
+                    Err(e) => return Some(Err(e)),
+                };
+                let v = s.acquire(key, cost, now);
+                if v.allowed {
+                    put(Hold::Refund {
+                        key,
+                        cost,
+                        source: None,
+                    });
+                }
+                judged(v, v.allowed)
+            }
+            Limiter::Tiered(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let d = s.acquire(key, now);
+                let allowed = d.verdict.allowed;
+                let policy = tier_policy(d.tier);
+                if allowed {
+                    put(Hold::Tiered {
+                        key,
+                        taken: HoldIn::Local(d),
+                    });
+                }
+                Judged {
+                    verdict: d.verdict,
+                    policy,
+                    held: allowed,
+                }
+            }
+            Limiter::Concurrency(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let mask = l.groups_of(facts);
+                match s.acquire(key, mask, 1) {
+                    Ok(guard) => {
+                        let verdict = guard.verdict();
+                        put(Hold::Concurrency(HoldIn::Local(guard)));
+                        judged(verdict, true)
+                    }
+                    Err(rejection) => judged(
+                        concurrency_refused(&rejection, &l.params, mask).verdict,
+                        false,
+                    ),
+                }
+            }
+            Limiter::SlidingLog(l) => {
+                let Place::Local(s) = &l.state else {
+                    return None;
+                };
+                let cap = l.windows.iter().map(|w| w.max).max().unwrap_or(0);
+                let cost = match l.cost.resolve(facts, cap) {
+                    Ok(cost) => cost,
+                    Err(e) => return Some(Err(e)),
+                };
+                // A window smaller than the cost (a `max: 0` block among them) never makes
+                // room: no retry is invited.
+                let v = s
+                    .acquire(key, cost, now)
+                    .never_if(never_fits(&l.windows, cost));
+                if v.allowed {
+                    put(Hold::Log {
+                        key,
+                        taken: HoldIn::Local((cost, now)),
+                    });
+                }
+                judged(v, v.allowed)
+            }
+        }))
+    }
+
+    /// The store half of [`decide`](Self::decide): one store call within the phase's
+    /// budget. A variant whose state lives in this process is decided here as well.
+    async fn decide_in_store<F: Facts + Sync + ?Sized>(
+        &self,
+        key: u64,
+        facts: &F,
+        now: Nanos,
+    ) -> Result<Decision, BadCost> {
+        Ok(match self {
+            Limiter::Inflight(l) => {
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
+                };
+                match Box::pin(s.limiter.acquire(key)).await.value {
                     Ok(guard) => Decision::of(
                         Verdict::allow(l.max.saturating_sub(s.limiter.holdings().in_use(key)), 0),
                         Some(Hold::Inflight(HoldIn::Store(guard))),
                     ),
                     Err(estimate) => inflight_refused(l.max, estimate),
-                },
-            },
+                }
+            }
             Limiter::Rate(l) => {
-                let (v, source) = match &l.state {
-                    Place::Local(s) => (s.acquire(key, l.rate.max, 1, l.rate.strict, now), None),
-                    Place::Store(s) => {
-                        let d = Box::pin(s.limiter.acquire(key, 1, now)).await;
-                        (d.value, Some(d.source))
-                    }
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
                 };
+                let d = Box::pin(s.limiter.acquire(key, 1, now)).await;
+                let v = d.value;
                 let hold = Hold::Refund {
                     key,
                     cost: 1,
-                    source,
+                    source: Some(d.source),
                 };
                 Decision::of(v, v.allowed.then_some(hold))
             }
             Limiter::TokenBucket(l) => {
-                let cost = l.cost.resolve(facts, l.params.capacity)?;
-                let (v, source) = match &l.state {
-                    Place::Local(s) => (s.acquire(key, cost, now), None),
-                    Place::Store(s) => {
-                        let d = Box::pin(s.limiter.acquire(key, cost, now)).await;
-                        (d.value, Some(d.source))
-                    }
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
                 };
-                let hold = Hold::Refund { key, cost, source };
+                let cost = l.cost.resolve(facts, l.params.capacity)?;
+                let d = Box::pin(s.limiter.acquire(key, cost, now)).await;
+                let v = d.value;
+                let hold = Hold::Refund {
+                    key,
+                    cost,
+                    source: Some(d.source),
+                };
                 Decision::of(v, v.allowed.then_some(hold))
             }
-            Limiter::Tiered(l) => match &l.state {
-                Place::Local(s) => {
-                    let d = s.acquire(key, now);
-                    let hold = d.verdict.allowed.then_some(Hold::Tiered {
-                        key,
-                        taken: HoldIn::Local(d),
-                    });
-                    Decision::tiered(d.verdict, hold, d.tier)
-                }
-                Place::Store(s) => {
-                    let d = Box::pin(s.limiter.acquire(key, now)).await;
-                    let (verdict, tier) = (d.decision.verdict, d.decision.tier);
-                    let hold = verdict.allowed.then(|| Hold::Tiered {
-                        key,
-                        taken: HoldIn::Store(Box::new(d)),
-                    });
-                    Decision::tiered(verdict, hold, tier)
-                }
-            },
+            Limiter::Tiered(l) => {
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
+                };
+                let d = Box::pin(s.limiter.acquire(key, now)).await;
+                let (verdict, tier) = (d.decision.verdict, d.decision.tier);
+                let hold = verdict.allowed.then(|| Hold::Tiered {
+                    key,
+                    taken: HoldIn::Store(Box::new(d)),
+                });
+                Decision::tiered(verdict, hold, tier)
+            }
             Limiter::Concurrency(l) => {
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
+                };
                 let mask = l.groups_of(facts);
-                match &l.state {
-                    Place::Local(s) => match s.acquire(key, mask, 1) {
-                        Ok(guard) => Decision::of(
-                            guard.verdict(),
-                            Some(Hold::Concurrency(HoldIn::Local(guard))),
-                        ),
-                        Err(rejection) => concurrency_refused(&rejection, &l.params, mask),
-                    },
-                    Place::Store(s) => {
-                        match Box::pin(s.limiter.acquire(key, mask, 1)).await.value {
-                            Ok(guard) => Decision::of(
-                                Verdict::allow(guard.remaining(), 0),
-                                Some(Hold::Concurrency(HoldIn::Store(guard))),
-                            ),
-                            Err(rejection) => concurrency_refused(&rejection, &l.params, mask),
-                        }
-                    }
+                match Box::pin(s.limiter.acquire(key, mask, 1)).await.value {
+                    Ok(guard) => Decision::of(
+                        Verdict::allow(guard.remaining(), 0),
+                        Some(Hold::Concurrency(HoldIn::Store(guard))),
+                    ),
+                    Err(rejection) => concurrency_refused(&rejection, &l.params, mask),
                 }
             }
             Limiter::SlidingLog(l) => {
+                let Place::Store(s) = &l.state else {
+                    return self.local_anyway(key, facts, now);
+                };
                 let cap = l.windows.iter().map(|w| w.max).max().unwrap_or(0);
                 let cost = l.cost.resolve(facts, cap)?;
-                match &l.state {
-                    Place::Local(s) => {
-                        // A window smaller than the cost (a `max: 0` block among them) never
-                        // makes room: no retry is invited.
-                        let v = s
-                            .acquire(key, cost, now)
-                            .never_if(never_fits(&l.windows, cost));
-                        let hold = v.allowed.then_some(Hold::Log {
-                            key,
-                            taken: HoldIn::Local((cost, now)),
-                        });
-                        Decision::of(v, hold)
-                    }
-                    Place::Store(s) => {
-                        let d = Box::pin(s.limiter.acquire(key, cost, now)).await;
-                        let v = d.verdict;
-                        let hold = v.allowed.then(|| Hold::Log {
-                            key,
-                            taken: HoldIn::Store(Box::new(d)),
-                        });
-                        Decision::of(v, hold)
-                    }
-                }
+                let d = Box::pin(s.limiter.acquire(key, cost, now)).await;
+                let v = d.verdict;
+                let hold = v.allowed.then(|| Hold::Log {
+                    key,
+                    taken: HoldIn::Store(Box::new(d)),
+                });
+                Decision::of(v, hold)
             }
+        })
+    }
+
+    /// A variant in this process reached [`decide_in_store`](Self::decide_in_store)
+    /// (`decide` never sends one there): decided where its state lives.
+    fn local_anyway<F: Facts + ?Sized>(
+        &self,
+        key: u64,
+        facts: &F,
+        now: Nanos,
+    ) -> Result<Decision, BadCost> {
+        self.decide_here(key, facts, now).unwrap_or_else(|| {
+            // Both halves refused it: impossible, since a place is local or in a store.
+            Ok(Decision::of(Verdict::allow(0, 0), None))
         })
     }
 

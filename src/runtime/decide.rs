@@ -43,6 +43,7 @@ use smallvec::SmallVec;
 use crate::config::{HeadersMode, Mode};
 use crate::limits::{Facts, Nanos, Verdict};
 use crate::log_budget::suppressed_note;
+use crate::runtime::admission::Judged;
 use crate::runtime::limit::{LimitRt, Variant};
 use crate::runtime::limiter::{BadCost, Decision, Hold};
 use crate::runtime::OriginRt;
@@ -125,20 +126,61 @@ pub async fn run<F: Facts + Sync + ?Sized>(
     holds: &mut Holds,
     notes: &mut Notes,
 ) -> Result<Option<Decided>, BadCost> {
-    // One store budget for every shared limit of the phase (docs/architecture.md).
-    budget::phase(async move {
+    let at = At {
+        origin,
+        phase,
+        // The kill switch turns every rejection into a grant, counted as shadow_rejected.
+        kill: origin.kill.on(),
+        now,
+    };
+    let noted = notes.len();
+    let mut shared = Deferred::new();
+    // The local limits decide synchronously: no future, no store budget.
+    if let Some(end) = at.local(facts, holds, notes, &mut shared) {
+        return end;
+    }
+    if shared.is_empty() {
+        return Ok(None);
+    }
+    // One store budget for every shared limit of the phase (docs/architecture.md): only
+    // store calls use it, so it is opened once a shared limit remains.
+    let out = budget::phase(at.shared(&shared, facts, holds, notes)).await;
+    // Shared limits were noted after the local ones: config order again (the phase's
+    // indexes are distinct, so an unstable sort is exact, and it does not allocate).
+    if let Some(tail) = notes.get_mut(noted..) {
+        tail.sort_unstable_by_key(|d| d.limit);
+    }
+    out
+}
+
+/// What every decision of one phase of one request shares.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    origin: &'a OriginRt,
+    phase: Phase,
+    kill: bool,
+    now: Nanos,
+}
+
+/// The variant `v` of `limit` (`select` returns an index in range).
+fn variant_of(limit: &LimitRt, v: usize) -> &Variant {
+    &limit.variants[v]
+}
+
+type Ended = Result<Option<Decided>, BadCost>;
+
+impl At<'_> {
+    /// Decides the phase's local limits in config order, synchronously, and leaves its
+    /// shared limits in `shared`; `Some` when the phase ends here (see [`At::take`]).
+    fn local<F: Facts + ?Sized>(
+        self,
+        facts: &F,
+        holds: &mut Holds,
+        notes: &mut Notes,
+        shared: &mut Deferred,
+    ) -> Option<Ended> {
         let mut keys = KeyCache::default();
-        let mut shared = Deferred::new();
-        let at = At {
-            origin,
-            phase,
-            // The kill switch turns every rejection into a grant, counted as
-            // shadow_rejected.
-            kill: origin.kill.on(),
-            now,
-        };
-        let noted = notes.len();
-        for (index, limit) in origin.limits(phase).iter().enumerate() {
+        for (index, limit) in self.origin.limits(self.phase).iter().enumerate() {
             // State shared through a store is named by the portable hash every instance
             // computes alike; in-process state by the fast one, shared between limits.
             let key = if limit.shared {
@@ -160,42 +202,30 @@ pub async fn run<F: Facts + Sync + ?Sized>(
                 shared.push(met);
                 continue;
             }
-            let decision = variant_of(limit, v).limiter.decide(key, facts, now).await;
-            if let Some(end) = at.take(limit, met, decision, facts, holds, notes) {
+            // An admission's hold goes straight into `holds`.
+            let put = |hold| holds.push(self.taken(met, hold));
+            let judged = variant_of(limit, v)
+                .limiter
+                .decide_into(key, facts, self.now, put);
+            // A limit in a store (every variant of it is) is decided with the others.
+            let Some(judged) = judged else {
+                shared.push(met);
+                continue;
+            };
+            let end = match judged {
+                Ok(j) => self.judge(limit, met, j, facts, holds, notes),
+                Err(e) => {
+                    undo(self.origin, holds, self.now);
+                    Some(Err(e))
+                }
+            };
+            if end.is_some() {
                 return end;
             }
         }
-        if shared.is_empty() {
-            return Ok(None);
-        }
-        let out = at.shared(&shared, facts, holds, notes).await;
-        // Shared limits were noted after the local ones: config order again (the phase's
-        // indexes are distinct, so an unstable sort is exact, and it does not allocate).
-        if let Some(tail) = notes.get_mut(noted..) {
-            tail.sort_unstable_by_key(|d| d.limit);
-        }
-        out
-    })
-    .await
-}
+        None
+    }
 
-/// What every decision of one phase of one request shares.
-#[derive(Clone, Copy)]
-struct At<'a> {
-    origin: &'a OriginRt,
-    phase: Phase,
-    kill: bool,
-    now: Nanos,
-}
-
-/// The variant `v` of `limit` (`select` returns an index in range).
-fn variant_of(limit: &LimitRt, v: usize) -> &Variant {
-    &limit.variants[v]
-}
-
-type Ended = Result<Option<Decided>, BadCost>;
-
-impl At<'_> {
     /// Decides the phase's shared limits together and takes their answers in config order.
     async fn shared<F: Facts + Sync + ?Sized>(
         self,
@@ -249,16 +279,51 @@ impl At<'_> {
         holds: &mut Holds,
         notes: &mut Notes,
     ) -> Option<Ended> {
-        let (origin, now) = (self.origin, self.now);
         let decision = match decision {
             Ok(decision) => decision,
             Err(e) => {
-                undo(origin, holds, now);
+                undo(self.origin, holds, self.now);
                 return Some(Err(e));
             }
         };
-        let variant = variant_of(limit, usize::from(at.variant));
-        let verdict = decision.verdict;
+        let held = decision.hold.is_some();
+        if let Some(hold) = decision.hold {
+            holds.push(self.taken(at, hold));
+        }
+        let judged = Judged {
+            verdict: decision.verdict,
+            policy: decision.policy,
+            held,
+        };
+        self.judge(limit, at, judged, facts, holds, notes)
+    }
+
+    /// What `holds` records of an admission of limit `at`.
+    #[inline(always)]
+    fn taken(self, at: Met, hold: Hold) -> Taken {
+        Taken {
+            phase: self.phase,
+            limit: at.limit,
+            variant: at.variant,
+            hold,
+        }
+    }
+
+    /// [`take`](Self::take) once the admission's hold, if any, is in `holds`: counts a
+    /// rejection, notes what the headers and the access log need, and returns `Some` on an
+    /// enforced rejection, after undoing `holds`.
+    #[inline(always)]
+    fn judge<F: Facts + ?Sized>(
+        self,
+        limit: &LimitRt,
+        at: Met,
+        judged: Judged,
+        facts: &F,
+        holds: &mut Holds,
+        notes: &mut Notes,
+    ) -> Option<Ended> {
+        let (origin, now) = (self.origin, self.now);
+        let verdict = judged.verdict;
         if let Some(top) = &limit.top {
             // Off (`None`) by default; the key's text is built only when it enters a list.
             top.record(at.key, !verdict.allowed, now, || {
@@ -269,16 +334,12 @@ impl At<'_> {
             phase: self.phase,
             limit: at.limit,
             variant: at.variant,
-            policy: decision.policy,
+            policy: judged.policy,
             verdict,
         };
-        if let Some(hold) = decision.hold {
-            holds.push(Taken {
-                phase: self.phase,
-                limit: decided.limit,
-                variant: decided.variant,
-                hold,
-            });
+        let variant = variant_of(limit, usize::from(at.variant));
+        if judged.held {
+            // Admitted, its hold in `holds`.
         } else if !verdict.allowed && (variant.mode == Mode::Shadow || self.kill) {
             limit.counters.shadow_rejected.inc();
             if let Some(suppressed) = limit.log.admit(now) {
