@@ -239,7 +239,12 @@ impl LimitRt {
     }
 
     /// The variant that applies: the first override whose conditions all hold, else base.
+    #[inline]
     pub fn select<F: Facts + ?Sized>(&self, facts: &F) -> usize {
+        if self.conds.is_empty() {
+            // No overrides (most limits): the base, without a call on the request path.
+            return 0;
+        }
         self.conds
             .iter()
             .position(|cs| cs.iter().all(|c| c.holds(facts)))
