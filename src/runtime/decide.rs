@@ -6,7 +6,10 @@
 //! the request arrives, and the [`Phase::Upstream`] limits (the holding kinds: inflight,
 //! concurrency) once an upstream server is picked, because their key may name that server.
 //! Both phases run [`run`], one loop for all six kinds, whose state lives in this process or
-//! in a shared store alike: each limit is one [`Limiter::decide`](crate::runtime::limiter::Limiter::decide).
+//! in a shared store alike: each limit is one [`Limiter::decide`](crate::runtime::limiter::Limiter::decide),
+//! or, in this process, its synchronous half
+//! [`Limiter::decide_into`](crate::runtime::limiter::Limiter::decide_into) (no future, and
+//! the hold pushed straight into the request's holds).
 //!
 //! **Holds.** An admission records what it took (a [`Hold`], one per kind, saying whether
 //! this process or a store took it); an undo gives it back to the same place, and a hold
@@ -24,7 +27,8 @@
 //!
 //! **Store budget.** A phase's shared limits share one store budget ([`budget::phase`]):
 //! the first store call starts it, later calls get what is left, and a limit reached after
-//! it is spent is decided by its fallback at once.
+//! it is spent is decided by its fallback at once. A phase without shared limits opens no
+//! budget (nothing would read it).
 //!
 //! **Counting.** `allowed` is counted once the request has passed every limit
 //! ([`settle`]), so an admission that a later limit's rejection undid is counted as
