@@ -1,6 +1,6 @@
 //! The inflight limiter: how many events of one key are under way right now.
 //!
-//! A count-min sketch ([`Estimator`]) of `h` hashes × `w` slots holds one counter per
+//! A count-min sketch (`Sketch`, below) of `h` hashes × `w` slots holds one counter per
 //! (row, slot). Admission increments the key's `h` counters and reads their minimum; the
 //! [`InflightGuard`] decrements them when the event ends, whatever the end was, because
 //! the decrement lives in `Drop` (an early return, an error or a panic all drop it).
