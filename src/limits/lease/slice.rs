@@ -160,14 +160,11 @@ impl Slice {
     pub fn put_back(&self, n: u64, from_slice: bool, now: Nanos) {
         self.until.store(u64::MAX, Ordering::Release);
         if from_slice {
-            let _ = self
-                .in_use
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                    Some(u.saturating_sub(n))
-                });
+            self.release(n, now);
+        } else {
+            self.avail.fetch_add(n, Ordering::AcqRel);
+            self.last_use.fetch_max(now, Ordering::Relaxed);
         }
-        self.avail.fetch_add(n, Ordering::AcqRel);
-        self.last_use.fetch_max(now, Ordering::Relaxed);
     }
 
     /// The renewal's answer: `granted` more units for `epoch` (a rate period; 0 for the
