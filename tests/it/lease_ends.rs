@@ -140,6 +140,21 @@ async fn sigkill_of_a_slice_holder_costs_only_until_the_bucket_refills() {
     }
 }
 
+/// The requests each of four instances is offered in a 70/10/10/10 split.
+const SPLIT: [u64; 4] = [4_200, 600, 600, 600];
+
+/// One hot key offered to four instances in a 70/10/10/10 split (7, 1, 1 and 1
+/// connections), all at once; each instance's summary.
+fn split_70_10_10_10(all: &[Tollgate]) -> Vec<Summary> {
+    let runs: Vec<_> = (all.iter().zip(SPLIT.iter().zip([7, 1, 1, 1])))
+        .map(|(t, (&n, c))| {
+            let url = t.url("/");
+            std::thread::spawn(move || h2load::as_acme(&url, n, c))
+        })
+        .collect();
+    runs.into_iter().map(|r| r.join().unwrap()).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_70_10_10_10_split_over_four_instances_admits_at_least_95_percent() {
     // As in leases.rs: the refill is well under what four debug builds serve, so the load
@@ -151,20 +166,10 @@ async fn a_70_10_10_10_split_over_four_instances_admits_at_least_95_percent() {
     let up = Upstream::start("127.0.0.1", "up").await;
     let limits = bucket(300, "{ amount: 3, every: 100ms }", "{ max_share: 2% }");
     let all = fleet(4, &config(up.addr, &redis.url(), ROOMY, &limits)).await;
-    let each = [4_200, 600, 600, 600];
-    let conns = [7, 1, 1, 1];
     let started = Instant::now();
-    let runs: Vec<_> = all
-        .iter()
-        .zip(each.iter().zip(conns))
-        .map(|(t, (&n, c))| {
-            let url = t.url("/");
-            std::thread::spawn(move || h2load::as_acme(&url, n, c))
-        })
-        .collect();
-    let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+    let runs = split_70_10_10_10(&all);
     let elapsed = started.elapsed().as_secs_f64();
-    let (ok, too_many) = totals(&runs, &each);
+    let (ok, too_many) = totals(&runs, &SPLIT);
     let bound = CAPACITY + REFILL * elapsed;
     let offered = (ok + too_many) as f64;
     let by: Vec<u64> = runs.iter().map(|s| s.ok).collect();
@@ -251,18 +256,8 @@ async fn a_70_10_10_10_split_on_a_rate_admits_at_most_its_max_and_at_least_95_pe
     let up = Upstream::start("127.0.0.1", "up").await;
     let limits = "      per_day:\n        key: [customer]\n        kind: rate\n        max: 1000\n        per: 1d\n        store: shared\n        lease: { max_share: 1% }\n";
     let all = fleet(4, &config(up.addr, &redis.url(), ROOMY, limits)).await;
-    let each = [4_200, 600, 600, 600];
-    let conns = [7, 1, 1, 1];
-    let runs: Vec<_> = all
-        .iter()
-        .zip(each.iter().zip(conns))
-        .map(|(t, (&n, c))| {
-            let url = t.url("/");
-            std::thread::spawn(move || h2load::as_acme(&url, n, c))
-        })
-        .collect();
-    let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
-    let (ok, _) = totals(&runs, &each);
+    let runs = split_70_10_10_10(&all);
+    let (ok, _) = totals(&runs, &SPLIT);
     let by: Vec<u64> = runs.iter().map(|s| s.ok).collect();
     eprintln!(
         "rate 70/10/10/10: admitted {ok} ({by:?}) of {MAX} ({:.1}%)",

@@ -28,6 +28,9 @@ use crate::common::{eventually, Tollgate, Upstream};
 /// The limit all three instances share.
 const MAX: usize = 12;
 
+/// The free slots this instance holds in blocks of the limit `held`.
+const LEASED: &str = "tollgate_store_leased{limit=\"held\",origin=\"app\",store=\"shared\"}";
+
 /// A holding limit `held` of `kind` (`inflight` or `concurrency`) on the customer, `max`
 /// at most at once across the fleet, in the shared store, with `lease`.
 fn holding(kind: &str, max: usize, lease: &str) -> String {
@@ -38,19 +41,7 @@ fn holding(kind: &str, max: usize, lease: &str) -> String {
 
 /// `n` requests to `/slow` as customer `acme` over `c` connections of `t` (blocking).
 fn slow_as_acme(t: &Tollgate, n: u64, c: u64) -> Summary {
-    let url = t.url("/slow");
-    h2load::run(&[
-        "--h1",
-        "-n",
-        &n.to_string(),
-        "-c",
-        &c.to_string(),
-        "-H",
-        ":authority: app.test",
-        "-H",
-        "x-customer-id: acme",
-        &url,
-    ])
+    h2load::as_acme(&t.url("/slow"), n, c)
 }
 
 /// Samples `up.busy()` every 10 ms until told to stop; the most it saw.
@@ -80,20 +71,7 @@ async fn three_instances_never_hold_more_than_max(kind: &str) {
         .iter()
         .map(|t| {
             let url = t.url("/slow");
-            std::thread::spawn(move || {
-                h2load::run(&[
-                    "--h1",
-                    "-n",
-                    "1500",
-                    "-c",
-                    "12",
-                    "-H",
-                    ":authority: app.test",
-                    "-H",
-                    "x-customer-id: acme",
-                    &url,
-                ])
-            })
+            std::thread::spawn(move || h2load::as_acme(&url, 1500, 12))
         })
         .collect();
     let runs: Vec<Summary> = runs.into_iter().map(|r| r.join().unwrap()).collect();
@@ -182,38 +160,22 @@ async fn an_instance_killed_holding_a_block_loses_it_after_one_lease() {
         &holding("inflight", MAX, lease),
     );
     let mut all = fleet(2, &text).await;
-    let gauge = "tollgate_store_leased{limit=\"held\",origin=\"app\",store=\"shared\"}";
     let victim = all.pop().unwrap();
     let s = tokio::task::block_in_place(|| slow_as_acme(&victim, 400, 2));
     assert_eq!(s.done, 400, "{}", s.text);
     eventually("the victim holds free slots", 500, || async {
-        victim.metric(gauge).await > 0.0
+        victim.metric(LEASED).await > 0.0
     })
     .await;
-    drop(victim); // SIGKILL (the harness kills on drop): nothing is given back.
-                  // The survivor, holding requests open, reaches the whole limit once the dead
-                  // instance's lease (ROOMY: 1 s) has ended.
+    // SIGKILL (the harness kills on drop): nothing is given back. The survivor, holding
+    // requests open, reaches the whole limit once the dead instance's lease (ROOMY: 1 s)
+    // has ended.
+    drop(victim);
     let survivor = &all[0];
     let mut holds = Vec::new();
-    let mut refused = 0;
-    while holds.len() < MAX {
-        let want = holds.len() + 1;
-        let task = crate::common::fleet::hold(survivor, "acme");
-        let mut polls = 0;
-        while up.held() < want && !task.is_finished() {
-            polls += 1;
-            assert!(polls < 3_000, "neither held nor answered within 30 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if up.held() == want {
-            holds.push(task);
-        } else {
-            assert_eq!(task.await.unwrap(), Some(503), "refused, or held");
-            refused += 1;
-            assert!(refused < 3_000, "the dead instance's slots never came back");
-        }
+    for n in 1..=MAX {
+        holds.push(crate::common::fleet::hold_admitted(survivor, &up, "acme", n).await);
     }
-    eprintln!("refused {refused} times before the dead instance's lease ended");
     up.release();
     for h in holds {
         assert_eq!(h.await.unwrap(), Some(200));
@@ -250,7 +212,7 @@ const LONG_LEASE: &str =
 
 /// One instance whose hot key holds a block of free slots (never idle), then `end`:
 /// Redis must count no slot afterwards, long before the store lease would lapse.
-async fn the_block_goes_back(end: impl AsyncFnOnce(&Tollgate, &RedisServer, &str)) {
+async fn the_block_goes_back(end: impl AsyncFnOnce(&Tollgate, &str)) {
     let redis = RedisServer::start();
     let up = Upstream::start("127.0.0.1", "up").await;
     let lease = "{ hot_above: 5/s, max_share: 50%, idle: 1h }";
@@ -264,15 +226,14 @@ async fn the_block_goes_back(end: impl AsyncFnOnce(&Tollgate, &RedisServer, &str
     wait_up(&t).await;
     let s = tokio::task::block_in_place(|| slow_as_acme(&t, 400, 4));
     assert_eq!((s.ok, s.done), (400, 400), "{}", s.text);
-    let gauge = "tollgate_store_leased{limit=\"held\",origin=\"app\",store=\"shared\"}";
     // Nothing in use: Redis counts exactly the block's free slots (the gauge follows
     // within a sweep).
     eventually("a block held and counted in Redis", 500, || async {
-        let free = t.metric(gauge).await as u64;
+        let free = t.metric(LEASED).await as u64;
         free > 0 && counted_slots(&redis) == free
     })
     .await;
-    end(&t, &redis, &text).await;
+    end(&t, &text).await;
     eventually("the block is back in Redis", 500, || async {
         counted_slots(&redis) == 0
     })
@@ -281,7 +242,7 @@ async fn the_block_goes_back(end: impl AsyncFnOnce(&Tollgate, &RedisServer, &str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reload_that_changes_the_lease_gives_the_block_back() {
-    the_block_goes_back(async |t, _, text| {
+    the_block_goes_back(async |t, text| {
         let reloads = "tollgate_config_reloads_total{result=\"success\"}";
         let before = t.metric(reloads).await;
         t.write_config(&text.replace("idle: 1h }", "idle: 1h, renew_every: 50ms }"));
@@ -296,7 +257,7 @@ async fn a_reload_that_changes_the_lease_gives_the_block_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_gives_the_block_back() {
-    the_block_goes_back(async |t, _, _| {
+    the_block_goes_back(async |t, _| {
         t.signal(libc::SIGTERM);
     })
     .await;

@@ -297,14 +297,15 @@ pub fn hold(t: &Tollgate, who: &str) -> tokio::task::JoinHandle<Option<u16>> {
 /// A request to `/hold` as `who` through `t`, sent again while it is refused, until the
 /// upstream holds `n` requests. A limit in a store gets a finished request's copy back in
 /// the background, after its response: a request sent right after may still find it
-/// there, and be refused once.
+/// there, and be refused once; a dead instance's leased units stay counted until its
+/// lease ends (at most 3 000 tries).
 pub async fn hold_admitted(
     t: &Tollgate,
     up: &Upstream,
     who: &str,
     n: usize,
 ) -> tokio::task::JoinHandle<Option<u16>> {
-    for _ in 0..50 {
+    for _ in 0..3_000 {
         let task = hold(t, who);
         let mut tries = 0;
         while up.held() < n && !task.is_finished() {

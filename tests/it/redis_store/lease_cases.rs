@@ -68,6 +68,60 @@ where
     refused
 }
 
+/// A guard of any kind, held until dropped.
+type Guard = Box<dyn Send>;
+
+fn boxed(g: impl Send + 'static) -> Guard {
+    Box::new(g)
+}
+
+/// The holding kinds' waves through `acquire` (a guard, or `None` when refused): the
+/// limit taken, 3 released, 3 taken again, then everything released.
+async fn holding_waves<F, Fut>(place: Place, mut acquire: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<Guard>>,
+{
+    let held = std::sync::Mutex::new(Vec::new());
+    for wave in [LIMIT, 3] {
+        let held = &held;
+        admit_to_the_limit(place, wave, wave == LIMIT, || {
+            let got = acquire();
+            async move { got.await.map(|g| held.lock().unwrap().push(g)).is_some() }
+        })
+        .await;
+        let mut h = held.lock().unwrap();
+        let keep = h.len().saturating_sub(3);
+        h.truncate(keep);
+    }
+}
+
+/// Once the releases have landed (in the background), Redis counts for this instance only
+/// the free slots of its blocks (`blocks`), none deciding exactly: waited for, 30 s at
+/// most.
+async fn only_blocks_counted<P, Fut>(place: Place, peek: P, blocks: impl Fn() -> u64)
+where
+    P: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let total = peek().await.unwrap_or(u64::MAX);
+        if total == blocks() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{place:?}: Redis counts {total}, blocks hold {}",
+            blocks()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if place == Place::Exact {
+        assert_eq!(blocks(), 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_leased_kind_admits_exactly_its_limit_local_exact_and_leased() {
     let redis = RedisServer::start();
@@ -125,51 +179,20 @@ async fn every_holding_kind_admits_exactly_its_max_local_exact_and_leased() {
         let n = names(&store, &format!("inflight_{place:?}"));
         let shared =
             SharedInflight::new_leased(&store, n, LIMIT, sketch, lease(place, &store, "i"));
-        let mut local_held = Vec::new();
-        let mut shared_held = Vec::new();
-        for wave in [LIMIT, 3] {
-            let lh = std::sync::Mutex::new(&mut local_held);
-            let sh = std::sync::Mutex::new(&mut shared_held);
-            let (local, shared, lh, sh) = (&local, &shared, &lh, &sh);
-            admit_to_the_limit(place, wave, wave == LIMIT, move || async move {
-                match place {
-                    Place::Local => {
-                        let got = local.acquire(1, LIMIT);
-                        got.map(|(g, _)| lh.lock().unwrap().push(g)).is_ok()
-                    }
-                    Place::Exact | Place::Leased => {
-                        let got = shared.acquire(1).await;
-                        assert_eq!(got.source, Source::Store, "{place:?}");
-                        got.value.map(|g| sh.lock().unwrap().push(g)).is_ok()
-                    }
+        let (local, sh) = (&local, &shared);
+        holding_waves(place, move || async move {
+            match place {
+                Place::Local => local.acquire(1, LIMIT).ok().map(|(g, _)| boxed(g)),
+                Place::Exact | Place::Leased => {
+                    let got = sh.acquire(1).await;
+                    assert_eq!(got.source, Source::Store, "{place:?}");
+                    got.value.ok().map(boxed)
                 }
-            })
-            .await;
-            local_held.truncate(local_held.len().saturating_sub(3));
-            shared_held.truncate(shared_held.len().saturating_sub(3));
-        }
-        local_held.clear();
-        shared_held.clear();
+            }
+        })
+        .await;
         if place != Place::Local {
-            // Releases land in the background: then Redis counts only the free slots of
-            // this instance's block (none deciding exactly).
-            let blocks = || shared.holdings().leased();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let total = shared.peek(1).await.unwrap_or(u64::MAX);
-                if total == blocks() {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{place:?}: Redis counts {total}, blocks hold {}",
-                    blocks()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            if place == Place::Exact {
-                assert_eq!(blocks(), 0);
-            }
+            only_blocks_counted(place, || sh.peek(1), || sh.holdings().leased()).await;
         }
 
         // Concurrency (no global, no groups): the same waves.
@@ -183,46 +206,20 @@ async fn every_holding_kind_admits_exactly_its_max_local_exact_and_leased() {
         let shared =
             SharedConcurrency::new_leased(&store, n, params, &[], 64, lease(place, &store, "c"))
                 .unwrap();
-        let mut local_held = Vec::new();
-        let mut shared_held = Vec::new();
-        for wave in [LIMIT, 3] {
-            let lh = std::sync::Mutex::new(&mut local_held);
-            let sh = std::sync::Mutex::new(&mut shared_held);
-            let (local, shared, lh, sh) = (&local, &shared, &lh, &sh);
-            admit_to_the_limit(place, wave, wave == LIMIT, move || async move {
-                match place {
-                    Place::Local => {
-                        let got = local.acquire(1, 0, 1);
-                        got.map(|g| lh.lock().unwrap().push(g)).is_ok()
-                    }
-                    Place::Exact | Place::Leased => {
-                        let got = shared.acquire(1, 0, 1).await;
-                        assert_eq!(got.source, Source::Store, "{place:?}");
-                        got.value.map(|g| sh.lock().unwrap().push(g)).is_ok()
-                    }
+        let (local, sh) = (&local, &shared);
+        holding_waves(place, move || async move {
+            match place {
+                Place::Local => local.acquire(1, 0, 1).ok().map(boxed),
+                Place::Exact | Place::Leased => {
+                    let got = sh.acquire(1, 0, 1).await;
+                    assert_eq!(got.source, Source::Store, "{place:?}");
+                    got.value.ok().map(boxed)
                 }
-            })
-            .await;
-            local_held.truncate(local_held.len().saturating_sub(3));
-            shared_held.truncate(shared_held.len().saturating_sub(3));
-        }
-        local_held.clear();
-        shared_held.clear();
-        if place != Place::Local {
-            let blocks = || shared.holdings().leased();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let total = shared.peek(1).await.unwrap_or(u64::MAX);
-                if total == blocks() {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{place:?}: Redis counts {total}, blocks hold {}",
-                    blocks()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
             }
+        })
+        .await;
+        if place != Place::Local {
+            only_blocks_counted(place, || sh.peek(1), || sh.holdings().leased()).await;
         }
     }
     assert_eq!(metrics.fallback.get(), 0, "every decision was the store's");
