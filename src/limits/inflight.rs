@@ -158,16 +158,31 @@ impl InflightLimiter {
     /// Incrementing first and undoing on rejection costs one extra pass over the rows on a
     /// rejection, but keeps the admitted path to a single pass. `max == 0` always rejects.
     pub fn acquire(&self, key: u64, max: u64) -> Result<(InflightGuard, u64), u64> {
-        let estimate = clamp(self.estimator.incr(key, 1));
-        if estimate > max {
-            self.estimator.decr(key, 1);
-            return Err(estimate);
-        }
+        let estimate = self.take(key, 1, max)?;
         let guard = InflightGuard {
             estimator: Arc::clone(&self.estimator),
             key,
         };
         Ok((guard, estimate))
+    }
+
+    /// [`acquire`](Self::acquire) of `n` units with no guard: the caller gives them back
+    /// with [`put`](Self::put) (a fleet-wide limit's fallback, whose own guard owns them).
+    #[inline]
+    pub fn take(&self, key: u64, n: u64, max: u64) -> Result<u64, u64> {
+        let n = isize::try_from(n).unwrap_or(isize::MAX);
+        let estimate = clamp(self.estimator.incr(key, n));
+        if estimate > max {
+            self.estimator.decr(key, n);
+            return Err(estimate);
+        }
+        Ok(estimate)
+    }
+
+    /// Gives back `n` units [`take`](Self::take) took.
+    pub fn put(&self, key: u64, n: u64) {
+        self.estimator
+            .decr(key, isize::try_from(n).unwrap_or(isize::MAX));
     }
 
     /// The current estimate for `key`.

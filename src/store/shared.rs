@@ -1,10 +1,10 @@
-//! The shared token bucket, rate and inflight limits: each supplies its script calls and
+//! The shared token bucket and rate limits: each supplies its script calls and
 //! its fallback to the seam (`crate::store::remote`: deny cache, store within its budget,
 //! fallback), so that the runtime calls one async method and gets a decision and where it
 //! came from ([`Sourced`]). The token bucket and the rate are one limiter,
 //! [`SharedCounter`], over what each kind supplies ([`CounterKind`]).
 //!
-//! **Local share.** With `n = instances`: a rate's and an inflight limit's `max` become
+//! **Local share.** With `n = instances`: a rate's `max` becomes
 //! `⌈max / n⌉`; a bucket's capacity `⌈capacity / n⌉` and its refill `⌈amount / n⌉` tokens
 //! every `every · n · ⌈amount / n⌉ / amount`, so the fleet's refill rate is kept exactly
 //! while refills stay whole tokens (1 token a second across 3 instances becomes 1 token
@@ -26,31 +26,20 @@
 //! slice when it has one (no call); a rate's refund goes to the store as before. Replays
 //! (`at`) always decide exactly, and so does a bucket's `acquire_many`; a rate's
 //! all-or-nothing `acquire_many` is paid by the slice as an `acquire` is.
-//!
-//! **Inflight** keeps, per key, the exact units this instance holds, whoever admitted
-//! them (`crate::store::held`: the local truth each lease renewal writes where Redis may
-//! disagree, `crate::store::remote::Leased`); a guard's drop gives its unit back locally at
-//! once and to Redis in the background, never waiting. With `lease:` a hot key leases a
-//! block of slots (`crate::store::leased_slots`): an acquisition takes a free slot with no
-//! call, a release puts it back with no call.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use crate::limits::clock::Nanos;
-use crate::limits::inflight::{InflightGuard, InflightLimiter};
 use crate::limits::lease::LeaseParams;
 use crate::limits::rate::{RateLimiter, RateParams, RateWindow};
-use crate::limits::sketch::SketchSize;
 use crate::limits::token_bucket::{TokenBucket, TokenBucketParams};
 use crate::limits::verdict::{Grant, Verdict};
-use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
 use crate::store::leased::{bucket_quota, InRedis};
-use crate::store::leased_slots::Holdings;
 use crate::store::redis::{Fallback, LeaseGrant, Micros, RateCounts, RedisStore};
-use crate::store::remote::{renew_every_third, share, Leased, Remote, Source, Sourced};
+use crate::store::remote::{share, Remote, Source, Sourced};
 use crate::store::StoreError;
 
 /// What the seam reads of a counter kind's parameters, once.
@@ -414,192 +403,6 @@ impl SharedRate {
     pub async fn peek(&self, key: u64) -> Result<RateCounts, StoreError> {
         let s = &self.at;
         s.store.rate_get(&s.names, key, &s.params).await
-    }
-}
-
-/// An inflight limit counted across the fleet, per instance with a lease (module doc).
-pub struct SharedInflight {
-    shared: Arc<InflightShared>,
-}
-
-struct InflightShared {
-    remote: Remote,
-    names: Arc<KeyNames>,
-    max: u64,
-    local_max: u64,
-    local: InflightLimiter,
-    /// Units held per key, and hot keys' blocks of slots (`crate::store::leased_slots`).
-    held: Holdings,
-}
-
-impl Leased for InflightShared {
-    fn lessee(&self) -> (&Remote, &Held) {
-        (&self.remote, &self.held)
-    }
-
-    async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
-        self.remote
-            .store()
-            .inflight_renew(&self.names, key, count, dirty)
-            .await
-            .is_ok()
-    }
-}
-
-/// Holds one unit of a key's fleet-wide inflight count. Dropping it gives the unit back
-/// locally at once and to the store in the background (module doc).
-pub struct SharedInflightGuard {
-    shared: Arc<InflightShared>,
-    key: u64,
-    source: Source,
-    /// Whether the unit is a slot of the key's block (leases).
-    from_block: bool,
-    /// The fallback's unit, when the local limiter admitted it.
-    _local: Option<InflightGuard>,
-}
-
-impl SharedInflight {
-    /// The store this limiter decides in: a reload keeps the limiter only while the
-    /// runtime keeps this very store (same connection), not just one of the same name.
-    pub fn store(&self) -> &RedisStore {
-        self.shared.remote.store()
-    }
-
-    /// The fleet's units in flight for the key hashed to `key`, counting instances with a
-    /// live lease only: one read-only script call, bounded by the store's budget (the
-    /// admin API's `/state`).
-    pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
-        self.store().inflight_total(&self.shared.names, key).await
-    }
-
-    /// An inflight limit of `max` units per key across the fleet, in `store`, under
-    /// `names`; the local fallback uses a sketch of `sketch`. Starts the renewal task on
-    /// the store's runtime (it ends when this limiter and its last guard are gone).
-    pub fn new(store: &RedisStore, names: KeyNames, max: u64, sketch: SketchSize) -> Self {
-        Self::new_leased(store, names, max, sketch, None)
-    }
-
-    /// [`SharedInflight::new`] with hot keys leasing blocks of slots as `lease` says
-    /// (`None`: one call per acquisition and per release).
-    pub fn new_leased(
-        store: &RedisStore,
-        names: KeyNames,
-        max: u64,
-        sketch: SketchSize,
-        lease: Option<LeaseCtx>,
-    ) -> Self {
-        let remote = Remote::new(store, 0);
-        let sketch = match store.config().fallback {
-            Fallback::Local => sketch,
-            Fallback::Allow | Fallback::Deny => SketchSize {
-                hashes: 1,
-                slots: 1,
-            },
-        };
-        let names = Arc::new(names);
-        let instance = store.config().instance.as_str();
-        let held = Holdings::new(
-            store,
-            &names,
-            instance,
-            RedisStore::inflight_counter,
-            max,
-            lease,
-        );
-        let shared = Arc::new(InflightShared {
-            local_max: remote.share(max),
-            remote,
-            names,
-            max,
-            local: InflightLimiter::new(sketch),
-            held,
-        });
-        renew_every_third(store, &shared);
-        Self { shared }
-    }
-
-    /// Takes one unit for the key hashed to `key` if the fleet's total stays within `max`
-    /// (the fallback's share while the store cannot answer): the guard holding it, or the
-    /// estimate that was over `max`.
-    pub async fn acquire(&self, key: u64) -> Sourced<Result<SharedInflightGuard, u64>> {
-        let s = &self.shared;
-        if s.held.take_slots(key, 1).is_some() {
-            let guard = SharedInflightGuard {
-                shared: Arc::clone(s),
-                key,
-                source: Source::Store,
-                from_block: true,
-                _local: None,
-            };
-            return Sourced::new(Ok(guard), Source::Store);
-        }
-        let guard = |source, local| {
-            s.held.add(key, 1, source != Source::Store);
-            SharedInflightGuard {
-                shared: Arc::clone(s),
-                key,
-                source,
-                from_block: false,
-                _local: local,
-            }
-        };
-        let call = s.remote.store().inflight_acquire(&s.names, key, s.max);
-        let stored = |admitted: Result<u64, u64>| admitted.map(|_| guard(Source::Store, None));
-        let fallback = |f| match f {
-            Fallback::Local => s
-                .local
-                .acquire(key, s.local_max)
-                .map(|(g, _)| guard(Source::Fallback, Some(g))),
-            Fallback::Allow => Ok(guard(Source::Fallback, None)),
-            Fallback::Deny => Err(s.max.saturating_add(1)),
-        };
-        s.remote.call(call, stored, fallback).await
-    }
-
-    /// What this instance holds per key, whoever admitted it, and its blocks.
-    pub fn holdings(&self) -> &Holdings {
-        &self.shared.held
-    }
-
-    /// The fleet's limit.
-    pub fn max(&self) -> u64 {
-        self.shared.max
-    }
-}
-
-impl SharedInflightGuard {
-    /// The key whose unit this guard holds.
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
-    /// Who admitted the unit.
-    pub fn source(&self) -> Source {
-        self.source
-    }
-}
-
-impl Drop for SharedInflightGuard {
-    fn drop(&mut self) {
-        let s = &self.shared;
-        // Into the key's block, if it has one: no call.
-        if self.source == Source::Store && s.held.put_slots(self.key, 1, self.from_block) {
-            return;
-        }
-        if s.give_back(self.key, 1, self.source) {
-            let (shared, key) = (Arc::clone(s), self.key);
-            s.remote.spawn(async move {
-                if shared
-                    .remote
-                    .store()
-                    .inflight_release(&shared.names, key)
-                    .await
-                    .is_err()
-                {
-                    shared.held.mark_dirty(key);
-                }
-            });
-        }
     }
 }
 

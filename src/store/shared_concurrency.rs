@@ -49,11 +49,23 @@ use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::LeaseCtx;
 use crate::store::leased_slots::Holdings;
+use crate::store::local_holds::LocalHolds;
 use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
 use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
 use crate::store::variant_counts::VariantCounts;
 use crate::store::StoreError;
+
+/// How a holding limit is counted ([`SharedConcurrency::counted`]): its fallback, its
+/// field in the counters, and where a key's counter lives.
+pub(crate) struct Counting {
+    /// The fallback, at this instance's share.
+    pub(crate) local: LocalHolds,
+    /// This limiter's field in every counter.
+    pub(crate) holder: String,
+    /// The key's counter.
+    pub(crate) counter: fn(&KeyNames, u64) -> CounterKeys,
+}
 
 /// Incarnations of shared concurrency limiters in this process.
 static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
@@ -68,12 +80,14 @@ struct ConcShared {
     names: Arc<KeyNames>,
     /// This limiter's field in every counter: `instance#incarnation`.
     holder: String,
+    /// The key's counter.
+    counter: fn(&KeyNames, u64) -> CounterKeys,
     params: ConcurrencyParams,
     /// Bits of the configured groups.
     valid: u64,
     /// Copies held in the global and group counters.
     variant: VariantCounts,
-    local: ConcurrencyLimiter,
+    local: LocalHolds,
     /// Copies held per key, and hot keys' blocks of slots (`lease:`, only without a global
     /// or group counter: `crate::store::leased_slots`).
     held: Holdings,
@@ -158,32 +172,58 @@ impl SharedConcurrency {
             groups: params.groups.iter().map(|&g| remote.share(g)).collect(),
         };
         let local_keys = remote.local_keys(max_keys);
+        let local = LocalHolds::Table(ConcurrencyLimiter::new(local_params, local_keys)?);
         let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
+        let counting = Counting {
+            local,
+            holder: format!("{}#{incarnation}", store.config().instance),
+            counter: CounterKeys::of_key,
+        };
+        Ok(Self::counted(
+            store,
+            names,
+            params,
+            group_names,
+            counting,
+            lease,
+        ))
+    }
+
+    /// A holding limit of `params` counted as `counting` says: a concurrency limit
+    /// ([`Self::new_leased`]) or an inflight one (`crate::store::shared_inflight`). A
+    /// lease is taken only when the limit has no global or group counter.
+    pub(crate) fn counted(
+        store: &RedisStore,
+        names: KeyNames,
+        params: ConcurrencyParams,
+        group_names: &[&str],
+        counting: Counting,
+        lease: Option<LeaseCtx>,
+    ) -> Self {
+        let Counting {
+            local,
+            holder,
+            counter,
+        } = counting;
         let variant = VariantCounts::new(&names, &params, group_names);
-        let holder = format!("{}#{incarnation}", store.config().instance);
         let names = Arc::new(names);
         let lease = lease.filter(|_| variant.is_empty());
-        let held = Holdings::new(
-            store,
-            &names,
-            &holder,
-            CounterKeys::of_key,
-            params.max,
-            lease,
-        );
+        let held = Holdings::new(store, &names, &holder, counter, params.max, lease);
+        let groups = params.groups.len().min(MAX_GROUPS) as u32;
         let shared = Arc::new(ConcShared {
-            remote,
+            remote: Remote::new(store, 0),
             holder,
+            counter,
             variant,
             names,
-            valid: u64::MAX.checked_shr(64 - n as u32).unwrap_or(0),
-            local: ConcurrencyLimiter::new(local_params, local_keys)?,
+            valid: u64::MAX.checked_shr(64 - groups).unwrap_or(0),
+            local,
             held,
             releases: Releases::default(),
             params,
         });
         renew_every_third(store, &shared);
-        Ok(Self { shared })
+        Self { shared }
     }
 
     /// The store this limiter decides in.
@@ -310,7 +350,7 @@ impl SharedConcurrency {
     /// the key's counter without renewing or dropping anything: the admin API's `/state`.
     pub async fn peek(&self, key: u64) -> Result<u64, StoreError> {
         let s = &self.shared;
-        let counter = CounterKeys::of_key(&s.names, key);
+        let counter = (s.counter)(&s.names, key);
         let totals = s.remote.store().counters_total(&[&counter]).await?;
         Ok(totals.first().copied().unwrap_or(0))
     }
@@ -349,7 +389,7 @@ impl ConcShared {
         min: u64,
         copies: u64,
     ) -> Result<Result<(u64, u64), Rejection>, StoreError> {
-        let own = CounterKeys::of_key(&self.names, key);
+        let own = (self.counter)(&self.names, key);
         let shared = self.variant.of(groups);
         let reject = |limit, in_use, max| Rejection {
             limit,
@@ -489,7 +529,7 @@ impl ConcShared {
             return;
         }
         if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
-            let _ = self.local.release(key, groups, copies);
+            self.local.release(key, groups, copies);
         }
         let send = self.give_back(key, copies, source);
         self.variant.sub(groups, copies, !send);
@@ -499,7 +539,7 @@ impl ConcShared {
         let flight = InFlight::new(self);
         self.remote.store().handle().spawn(async move {
             let s = &flight.shared;
-            let own = CounterKeys::of_key(&s.names, key);
+            let own = (s.counter)(&s.names, key);
             let variant: Vec<&CounterKeys> = s.variant.of(groups).iter().map(|c| c.0).collect();
             let ok = if variant.is_empty() || !s.remote.store().is_cluster() {
                 let mut all = vec![&own];
@@ -593,7 +633,7 @@ impl Leased for ConcShared {
     }
 
     async fn renew_key(self: Arc<Self>, key: u64, count: u64, dirty: bool) -> bool {
-        let own = CounterKeys::of_key(&self.names, key);
+        let own = (self.counter)(&self.names, key);
         self.remote
             .store()
             .counters_renew(&self.holder, &[&own], &[(count, dirty)])
