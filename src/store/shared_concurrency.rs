@@ -14,11 +14,8 @@
 //! crashed instance's copies are gone after one lease. A guard's drop gives its copies
 //! back locally at once and to Redis in the background, never waiting.
 //!
-//! **Global and group counters span keys** (`crate::store::variant_counts`): on one Redis
-//! one script takes from the key's, the global and the request's groups' counters at
-//! once, all or nothing; on a Cluster the key's and the variant's counters are two
-//! scripts sent together, the grant the smaller, the excess given back (a transient wrong
-//! denial for that round trip at most; `docs/architecture.md`, "Cross-slot state").
+//! **Global and group counters span keys**: one script on one Redis, two on a Cluster
+//! (`crate::store::variant_counts`; `docs/architecture.md`, "Cross-slot state").
 //!
 //! **A release is seen by the next reserve** (Charon's rule: never deny wrongly): a
 //! reserve Redis refuses while releases sent before it were still on their way waits for
@@ -50,7 +47,7 @@ use crate::store::key::KeyNames;
 use crate::store::lease_table::LeaseCtx;
 use crate::store::leased_slots::Holdings;
 use crate::store::local_holds::LocalHolds;
-use crate::store::redis::{CounterKeys, CountersOutcome, Fallback, RedisStore};
+use crate::store::redis::{CounterKeys, Fallback, RedisStore};
 use crate::store::releases::Releases;
 use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
 use crate::store::variant_counts::VariantCounts;
@@ -381,7 +378,8 @@ impl SharedConcurrency {
 
 impl ConcShared {
     /// One decision in the store: `Ok(Ok((granted, remaining)))`, `Ok(Err(rejection))`,
-    /// or the store's error (the caller falls back).
+    /// or the store's error (the caller falls back). What a Cluster's split took beyond
+    /// the grant goes back in the background.
     async fn store_acquire(
         self: &Arc<Self>,
         key: u64,
@@ -390,73 +388,22 @@ impl ConcShared {
         copies: u64,
     ) -> Result<Result<(u64, u64), Rejection>, StoreError> {
         let own = (self.counter)(&self.names, key);
-        let shared = self.variant.of(groups);
-        let reject = |limit, in_use, max| Rejection {
-            limit,
-            in_use,
-            max,
-            wanted: min,
-        };
-        let limit_of = |index: usize| {
-            let variant = index.checked_sub(1).and_then(|i| shared.get(i));
-            variant.map_or((Limit::Key, self.params.max), |c| (c.2, c.1))
-        };
-        // Every counter the request takes from, the key's first.
-        let mut counters = vec![&own];
-        counters.extend(shared.iter().map(|c| c.0));
-        let mut maxes = vec![self.params.max];
-        maxes.extend(shared.iter().map(|c| c.1));
-        let store = self.remote.store();
-        if shared.is_empty() || !store.is_cluster() {
-            // One script over every counter: exact and atomic.
-            let outcome =
-                (store.counters_acquire(&self.holder, &counters, &maxes, min, copies)).await?;
-            return Ok(match outcome {
-                CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
-                CountersOutcome::Full { index, in_use } => {
-                    let (limit, max) = limit_of(index);
-                    Err(reject(limit, in_use, max))
-                }
-            });
+        let (store, max) = (self.remote.store(), self.params.max);
+        let taken = (self.variant)
+            .take(store, &self.holder, (&own, max), groups, [min, copies])
+            .await;
+        let [k, v] = taken.over;
+        self.give_back_later(vec![own], k, Some(key), 0);
+        if v > 0 {
+            let variant = self
+                .variant
+                .of(groups)
+                .iter()
+                .map(|c| c.0.clone())
+                .collect();
+            self.give_back_later(variant, v, None, groups);
         }
-        // Cluster: the key's slot and the variant's slot, in parallel.
-        let (own_list, variant) = counters.split_at(1);
-        let (own_max, variant_maxes) = maxes.split_at(1);
-        let (mine, theirs) = tokio::join!(
-            store.counters_acquire(&self.holder, own_list, own_max, min, copies),
-            store.counters_acquire(&self.holder, variant, variant_maxes, min, copies),
-        );
-        let taken = |r: &Result<CountersOutcome, StoreError>| match r {
-            Ok(CountersOutcome::Granted { granted, .. }) => *granted,
-            _ => 0,
-        };
-        let (k, v) = (taken(&mine), taken(&theirs));
-        let grant = match (&mine, &theirs) {
-            (Ok(CountersOutcome::Granted { .. }), Ok(CountersOutcome::Granted { .. })) => k.min(v),
-            _ => 0,
-        };
-        // Give back what one side took beyond the grant.
-        self.give_back_later(vec![own.clone()], k - grant, Some(key), 0);
-        let variant_owned: Vec<CounterKeys> = variant.iter().map(|c| (*c).clone()).collect();
-        self.give_back_later(variant_owned, v - grant, None, groups);
-        match (mine?, theirs?) {
-            (CountersOutcome::Full { in_use, .. }, _) => {
-                Ok(Err(reject(Limit::Key, in_use, self.params.max)))
-            }
-            (_, CountersOutcome::Full { index, in_use }) => {
-                let (limit, max) = limit_of(index + 1);
-                Ok(Err(reject(limit, in_use, max)))
-            }
-            (
-                CountersOutcome::Granted { remaining: a, .. },
-                CountersOutcome::Granted { remaining: b, .. },
-            ) => {
-                // Remaining as if only `grant` had been taken on each side.
-                let a = a + (k - grant);
-                let b = b + (v - grant);
-                Ok(Ok((grant, a.min(b))))
-            }
-        }
+        taken.outcome
     }
 
     /// Sends a release of `copies` to `counters` in the background; if it fails, the key
@@ -540,28 +487,12 @@ impl ConcShared {
         self.remote.store().handle().spawn(async move {
             let s = &flight.shared;
             let own = (s.counter)(&s.names, key);
-            let variant: Vec<&CounterKeys> = s.variant.of(groups).iter().map(|c| c.0).collect();
-            let ok = if variant.is_empty() || !s.remote.store().is_cluster() {
-                let mut all = vec![&own];
-                all.extend(variant);
-                s.remote
-                    .store()
-                    .counters_release(&s.holder, &all, copies)
-                    .await
-                    .is_ok()
-            } else {
-                let own_list = [&own];
-                let (a, b) = tokio::join!(
-                    s.remote
-                        .store()
-                        .counters_release(&s.holder, &own_list, copies),
-                    s.remote
-                        .store()
-                        .counters_release(&s.holder, &variant, copies),
-                );
-                a.is_ok() && b.is_ok()
-            };
-            if !ok {
+            let store = s.remote.store();
+            if !s
+                .variant
+                .release(store, &s.holder, &own, groups, copies)
+                .await
+            {
                 s.held.mark_dirty(key);
                 s.variant.mark_dirty(groups);
             }

@@ -6,13 +6,29 @@
 //! A count is *dirty* when Redis may disagree with it (copies the fallback admitted, a
 //! release that was not sent or failed, a decision that timed out but may have run): the
 //! next renewal writes it over Redis's; a clean one is only restored where Redis lost it.
+//!
+//! **Takes and releases span slots.** On one Redis one script takes from the key's, the
+//! global and the request's groups' counters at once, all or nothing; on a Cluster the
+//! key's and the variant's counters are two scripts sent together, the grant the smaller,
+//! the excess given back by the caller (a transient wrong denial for that round trip at
+//! most).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::limits::concurrency::{ConcurrencyParams, Limit};
+use crate::limits::concurrency::{ConcurrencyParams, Limit, Rejection};
 use crate::store::key::KeyNames;
-use crate::store::redis::{CounterKeys, RedisStore};
+use crate::store::redis::{CounterKeys, CountersOutcome, RedisStore};
 use crate::store::StoreError;
+
+/// What a take from a key's counter and its variant's gave ([`VariantCounts::take`]).
+pub(crate) struct Taken {
+    /// The grant and the room left, or the first limit that did not fit; or the store's
+    /// error.
+    pub(crate) outcome: Result<Result<(u64, u64), Rejection>, StoreError>,
+    /// What the key's side and the variant's side of a Cluster's split took beyond the
+    /// grant, for the caller to give back.
+    pub(crate) over: [u64; 2],
+}
 
 /// The variant-wide counters of one limit and the copies this instance holds in each.
 pub(crate) struct VariantCounts {
@@ -74,6 +90,91 @@ impl VariantCounts {
                     .map(|(c, max)| (c, *max, Limit::Group(g as u8))),
             })
             .collect()
+    }
+
+    /// Takes between `min` and `copies` for `holder` from the key's counter `own` (of its
+    /// max) and the counters of `groups` (module doc: one script, or a Cluster's two).
+    pub(crate) async fn take(
+        &self,
+        store: &RedisStore,
+        holder: &str,
+        (own, max): (&CounterKeys, u64),
+        groups: u64,
+        [min, copies]: [u64; 2],
+    ) -> Taken {
+        let variant = self.of(groups);
+        // Every counter the request takes from, the key's first.
+        let mut counters = vec![own];
+        counters.extend(variant.iter().map(|c| c.0));
+        let mut maxes = vec![max];
+        maxes.extend(variant.iter().map(|c| c.1));
+        let full = |index: usize, in_use| {
+            let of_variant = index.checked_sub(1).and_then(|i| variant.get(i));
+            let (limit, max) = of_variant.map_or((Limit::Key, max), |c| (c.2, c.1));
+            Rejection {
+                limit,
+                in_use,
+                max,
+                wanted: min,
+            }
+        };
+        let read = |outcome| match outcome {
+            CountersOutcome::Granted { granted, remaining } => Ok((granted, remaining)),
+            CountersOutcome::Full { index, in_use } => Err(full(index, in_use)),
+        };
+        if variant.is_empty() || !store.is_cluster() {
+            let outcome = store.counters_acquire(holder, &counters, &maxes, min, copies);
+            return Taken {
+                outcome: outcome.await.map(read),
+                over: [0, 0],
+            };
+        }
+        let (mine, theirs) = tokio::join!(
+            store.counters_acquire(holder, &counters[..1], &maxes[..1], min, copies),
+            store.counters_acquire(holder, &counters[1..], &maxes[1..], min, copies),
+        );
+        let taken = |r: &Result<CountersOutcome, StoreError>| match r {
+            Ok(CountersOutcome::Granted { granted, .. }) => Some(*granted),
+            _ => None,
+        };
+        let (k, v) = (taken(&mine), taken(&theirs));
+        let grant = k.zip(v).map_or(0, |(k, v)| k.min(v));
+        let over = [k.unwrap_or(0) - grant, v.unwrap_or(0) - grant];
+        let outcome = match (mine, theirs) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(CountersOutcome::Full { in_use, .. }), _) => Ok(Err(full(0, in_use))),
+            (_, Ok(CountersOutcome::Full { index, in_use })) => Ok(Err(full(index + 1, in_use))),
+            (
+                Ok(CountersOutcome::Granted { remaining: a, .. }),
+                Ok(CountersOutcome::Granted { remaining: b, .. }),
+            ) => {
+                // Remaining as if only `grant` had been taken on each side.
+                Ok(Ok((grant, (a + over[0]).min(b + over[1]))))
+            }
+        };
+        Taken { outcome, over }
+    }
+
+    /// Gives `copies` back for `holder` to the key's counter `own` and the counters of
+    /// `groups` (on a Cluster, the two slots' scripts together): whether all landed.
+    pub(crate) async fn release(
+        &self,
+        store: &RedisStore,
+        holder: &str,
+        own: &CounterKeys,
+        groups: u64,
+        copies: u64,
+    ) -> bool {
+        let mut all = vec![own];
+        all.extend(self.of(groups).iter().map(|c| c.0));
+        if all.len() == 1 || !store.is_cluster() {
+            return store.counters_release(holder, &all, copies).await.is_ok();
+        }
+        let (a, b) = tokio::join!(
+            store.counters_release(holder, &all[..1], copies),
+            store.counters_release(holder, &all[1..], copies),
+        );
+        a.is_ok() && b.is_ok()
     }
 
     /// `copies` more held in the counters of `groups` (`dirty`: Redis did not count them).
