@@ -82,8 +82,8 @@ use super::resp::Args;
 use crate::limits::clock::{Nanos, NANOS_PER_SEC};
 use crate::limits::{AdhocBuckets, AdhocParams, TokenBucketParams};
 use crate::store::key::STABLE_SEED;
+use crate::store::local_share::local_bucket_share;
 use crate::store::redis::SCRIPT_MAX;
-use crate::store::shared::local_bucket_share;
 use crate::store::{Fallback, KeyNames, RedisStore};
 
 /// The largest number of seconds whose nanoseconds fit a `u64`.

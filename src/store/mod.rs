@@ -39,6 +39,7 @@ pub mod lease_table;
 mod leased;
 mod leased_slots;
 mod local_holds;
+pub mod local_share;
 pub mod redis;
 mod releases;
 pub mod remote;

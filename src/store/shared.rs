@@ -4,12 +4,7 @@
 //! came from ([`Sourced`]). The token bucket and the rate are one limiter,
 //! [`SharedCounter`], over what each kind supplies ([`CounterKind`]).
 //!
-//! **Local share.** With `n = instances`: a rate's `max` becomes
-//! `⌈max / n⌉`; a bucket's capacity `⌈capacity / n⌉` and its refill `⌈amount / n⌉` tokens
-//! every `every · n · ⌈amount / n⌉ / amount`, so the fleet's refill rate is kept exactly
-//! while refills stay whole tokens (1 token a second across 3 instances becomes 1 token
-//! every 3 s each). The local state is separate from Redis's: when the store comes back,
-//! decisions continue from Redis's state, and local state is left to age out.
+//! **Local share**: `crate::store::local_share`.
 //!
 //! **Refunds** (the no-burn rule) go back where the admission came from: to the store in
 //! the background (never waited for), or to the local fallback. A store refund that cannot
@@ -38,6 +33,7 @@ use crate::limits::verdict::{Grant, Verdict};
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
 use crate::store::leased::{bucket_quota, InRedis};
+use crate::store::local_share::local_bucket_share;
 use crate::store::redis::{Fallback, LeaseGrant, Micros, RateCounts, RedisStore};
 use crate::store::remote::{share, Remote, Source, Sourced};
 use crate::store::StoreError;
@@ -274,22 +270,6 @@ impl<K: CounterKind> SharedCounter<K> {
     }
 }
 
-/// A bucket's local share (module doc): capacity and refill divided by `n`, rounded up,
-/// the refill interval stretched so that the refill rate is exactly `1/n` of the fleet's.
-pub fn local_bucket_share(p: TokenBucketParams, n: u32) -> TokenBucketParams {
-    let n = n.max(1);
-    let amount = p.amount.max(1);
-    let local_amount = share(amount, n);
-    let every =
-        u128::from(p.every.max(1)) * u128::from(n) * u128::from(local_amount) / u128::from(amount);
-    TokenBucketParams {
-        capacity: share(p.capacity, n),
-        amount: local_amount,
-        every: u64::try_from(every).unwrap_or(u64::MAX).max(1),
-        strict: p.strict,
-    }
-}
-
 /// A counter kind's script calls ([`CounterKind::call`], `refund_call`, `take_call`): the
 /// `RedisStore` methods of each, named, all taking the same arguments.
 macro_rules! script_calls {
@@ -403,33 +383,5 @@ impl SharedRate {
     pub async fn peek(&self, key: u64) -> Result<RateCounts, StoreError> {
         let s = &self.at;
         s.store.rate_get(&s.names, key, &s.params).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SEC: Nanos = 1_000_000_000;
-
-    #[test]
-    fn local_share_keeps_the_fleet_rate() {
-        let p = |capacity, amount, every| TokenBucketParams {
-            capacity,
-            amount,
-            every,
-            strict: false,
-        };
-        assert_eq!(local_bucket_share(p(60, 1, SEC), 1), p(60, 1, SEC));
-        assert_eq!(local_bucket_share(p(60, 1, SEC), 3), p(20, 1, 3 * SEC));
-        assert_eq!(local_bucket_share(p(60, 60, SEC), 3), p(20, 20, SEC));
-        // 10 every second over 3: 4 every 1.2 s, 3.33 a second each.
-        assert_eq!(
-            local_bucket_share(p(10, 10, SEC), 3),
-            p(4, 4, 1_200_000_000)
-        );
-        assert_eq!(local_bucket_share(p(1, 1, SEC), 5), p(1, 1, 5 * SEC));
-        assert_eq!(local_bucket_share(p(0, 0, 0), 0), p(0, 1, 1));
-        assert_eq!((share(100, 3), share(0, 3), share(7, 0)), (34, 0, 7));
     }
 }
