@@ -1,40 +1,26 @@
-//! Charon's copy-limited resources counted across a fleet: exact copies per key, an
-//! optional global limit, and groups (bulkheads), in leased per-holder counters in Redis
+//! The holding kinds counted across a fleet: Charon's copy-limited resources (exact
+//! copies per key, an optional global limit, groups) and, as a limit of `max` with
+//! neither, inflight (`crate::store::shared_inflight`), in per-holder counters in Redis
 //! (`crate::store::redis::CounterKeys`), with the store's fallback.
 //!
-//! **Leases, as for inflight.** Each counter holds copies per *holder* (this instance's
-//! name and the limiter's incarnation, so two limiters of one process never overwrite
-//! each other's share), each holder's share living one lease. This limiter keeps, per key
-//! and per global and group counter, the exact copies it holds (whoever admitted them: the
-//! store or the fallback): the local truth, from which a background task repairs Redis
-//! every `lease / 3` with the lease renewal, as for inflight (`crate::store::shared`):
-//! written over Redis's count where Redis may have missed something (releases lost while
-//! it was away, copies the fallback admitted, a decision that timed out but ran), restored
-//! where Redis lost it, and left alone otherwise (it may include operations in flight). A
-//! crashed instance's copies are gone after one lease. A guard's drop gives its copies
-//! back locally at once and to Redis in the background, never waiting.
-//!
-//! **Global and group counters span keys**: one script on one Redis, two on a Cluster
-//! (`crate::store::variant_counts`; `docs/architecture.md`, "Cross-slot state").
-//!
-//! **A release is seen by the next reserve** (Charon's rule: never deny wrongly): a
-//! reserve Redis refuses while releases sent before it were still on their way waits for
-//! them (within its budget) and asks once more (`crate::store::releases`).
-//!
-//! **Reloads.** A guard keeps its limiter's state alive and gives its copies back to the
-//! counters it took them from, with the group mask it was admitted with: a reload that
-//! moves a customer between groups releases to the group the copies came from.
-//!
-//! **Leases** (`lease:`, only for a limit without a global or group counter): a hot key
-//! leases a block of slots of its counter (`crate::store::leased_slots`); a reserve of
-//! exactly `copies` takes them from the block with no call, and a release of copies the
-//! store counts here puts them back with no call.
-//!
-//! **Local share.** The fallback is an in-process concurrency limiter whose `max`,
-//! `global` and group maxes are each `⌈x / instances⌉`.
-//!
-//! **Metrics.** `tollgate_concurrency_in_use` reports the copies this instance holds
-//! (exact, local): summed over the fleet, the copies in use.
+//! - **Per-holder counts under a lease.** Each counter holds copies per *holder* (the
+//!   instance, and for concurrency the limiter's incarnation, so that two limiters of one
+//!   process never overwrite each other's share). This limiter keeps the exact copies it
+//!   holds, per key (`crate::store::held`) and per global and group counter
+//!   (`crate::store::variant_counts`), whoever admitted them: the local truth each lease
+//!   renewal (every `lease / 3`) writes where Redis may disagree. A crashed instance's
+//!   copies are gone after one lease. A guard's drop gives its copies back locally at
+//!   once and to Redis in the background, never waiting.
+//! - **A release is seen by the next reserve** (Charon's rule: never deny wrongly): a
+//!   reserve Redis refuses while releases sent before it were still on their way waits
+//!   for them (within its budget) and asks once more (`crate::store::releases`).
+//! - **Reloads.** A guard keeps its limiter's state alive and gives its copies back to
+//!   the counters it took them from, with the group mask it was admitted with.
+//! - **Leases** (`lease:`, only without a global or group counter): a hot key leases a
+//!   block of slots of its counter (`crate::store::leased_slots`); a reserve of exactly
+//!   `copies` and a release of copies the store counts here cost no call.
+//! - `tollgate_concurrency_in_use` reports the copies this instance holds: summed over
+//!   the fleet, the copies in use. How it fits: `docs/architecture.md`, "Leases".
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
