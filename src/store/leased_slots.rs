@@ -86,7 +86,7 @@ impl LeaseKind for Slots {
             }
             let counter = (self.counter)(&self.names, key);
             let sent = (self.store)
-                .lease_slots_return(&self.holder, &[&counter], n)
+                .counters_release(&self.holder, &[&counter], n)
                 .await;
             if sent.is_err() {
                 self.held.mark_dirty(key);
