@@ -406,7 +406,11 @@ async fn three_instances_admit_from_slices_within_the_bucket() {
             if !ok && t >= denied_until[i] {
                 // The exact path: one call.
                 calls += 1;
-                let v = store.token_bucket(&n, 1, &p, 1, at(t)).await.unwrap();
+                let v = store
+                    .token_bucket_many(&n, 1, &p, 1, 1, at(t))
+                    .await
+                    .unwrap()
+                    .verdict;
                 ok = v.allowed;
                 if !ok {
                     denied_until[i] = t + v.retry_after;
