@@ -485,9 +485,9 @@ impl<K: LeaseKind> Inner<K> {
     /// [`Inner::give_back`], sending `()` on `done` once the call has ended.
     fn give_back_then(&self, key: u64, n: u64, epoch: u64, done: Option<mpsc::Sender<()>>) {
         let call = self.kind.clone().give_back(key, n, epoch);
-        let returned = self.kind.host().calls().returned.clone();
-        let failed = self.kind.host().calls().failed.clone();
-        self.kind.host().spawn(async move {
+        let host = self.kind.host();
+        let (returned, failed) = (host.calls().returned.clone(), host.calls().failed.clone());
+        host.spawn(async move {
             if call.await {
                 returned.inc();
             } else {
