@@ -31,6 +31,7 @@ use crate::limits::{BucketEntry, MatchValue, Nanos, RateWindowEntry, Restored, T
 use crate::limits::{RateLimiter, SlidingLog, TokenBucket};
 use crate::runtime::limit::StateId;
 use crate::runtime::limiter::{Limiter, RateRt, SlidingLogRt, TieredRt, TokenBucketRt};
+use crate::runtime::place::Place;
 use crate::runtime::Runtime;
 use crate::snapshot::format::{corrupt, FormatError, Sink, Source, MAX_BLOB};
 
@@ -158,6 +159,14 @@ struct Local<'a, R, S> {
     state: &'a S,
 }
 
+impl<'a, R, S> Local<'a, R, S> {
+    /// `rt` with the state its `place` keeps in this process; `None` for a shared limit.
+    fn of<T>(rt: &'a R, place: &'a Place<S, T>) -> Option<Self> {
+        let state = place.local()?;
+        Some(Self { rt, state })
+    }
+}
+
 impl<R, S> Clone for Local<'_, R, S> {
     fn clone(&self) -> Self {
         *self
@@ -187,22 +196,10 @@ enum Saved<'a> {
 impl<'a> Saved<'a> {
     fn of(limiter: &'a Limiter) -> Option<Self> {
         Some(match limiter {
-            Limiter::TokenBucket(rt) => Saved::TokenBucket(Local {
-                rt,
-                state: rt.state.local()?,
-            }),
-            Limiter::Rate(rt) => Saved::Rate(Local {
-                rt,
-                state: rt.state.local()?,
-            }),
-            Limiter::SlidingLog(rt) => Saved::SlidingLog(Local {
-                rt,
-                state: rt.state.local()?,
-            }),
-            Limiter::Tiered(rt) => Saved::Tiered(Local {
-                rt,
-                state: rt.state.local()?,
-            }),
+            Limiter::TokenBucket(rt) => Saved::TokenBucket(Local::of(rt, &rt.state)?),
+            Limiter::Rate(rt) => Saved::Rate(Local::of(rt, &rt.state)?),
+            Limiter::SlidingLog(rt) => Saved::SlidingLog(Local::of(rt, &rt.state)?),
+            Limiter::Tiered(rt) => Saved::Tiered(Local::of(rt, &rt.state)?),
             Limiter::Inflight(_) | Limiter::Concurrency(_) => return None,
         })
     }

@@ -68,30 +68,38 @@ fn slot_key(key: u64) -> u64 {
 /// The shared remainder is not known yet.
 const UNKNOWN: u64 = u64::MAX;
 
-/// A lease-capable limit's store side: the take and give-back calls of its kind, and where
-/// background work runs.
-pub(crate) trait LeaseKind: Send + Sync + 'static {
-    /// Whether lease calls are sent now (the store is up).
-    fn up(&self) -> bool;
+/// A lease-capable limit's store side: the take and give-back calls of its kind, sent to
+/// its [`LeaseHost`]. A kind is a cheap handle (a store and a few `Arc`s): each call owns
+/// a clone of it, so that its answer lands in the background.
+pub(crate) trait LeaseKind: Clone + Send + Sync + 'static {
+    /// Where the calls go.
+    type Host: LeaseHost;
+
+    /// The store the calls go to.
+    fn host(&self) -> &Self::Host;
 
     /// Takes up to `want` units of the key's quota (one script call).
     fn take(
-        &self,
+        self,
         key: u64,
         want: u64,
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static;
 
     /// Gives `n` unspent units of `epoch` back to the key's quota (one script call).
-    fn give_back(
-        &self,
-        key: u64,
-        n: u64,
-        epoch: u64,
-    ) -> impl Future<Output = bool> + Send + 'static;
+    fn give_back(self, key: u64, n: u64, epoch: u64)
+        -> impl Future<Output = bool> + Send + 'static;
 
     /// How long a key stays quiet after a take granted nothing: the time until the quota
     /// grows again (a bucket's refill interval; a rate's answer carries its period's end).
     fn quiet(&self) -> Nanos;
+}
+
+/// What the lease calls of every kind in a store share: whether they are sent now, the
+/// runtime their answers land on, and their counters (a `RedisStore` is one,
+/// `crate::store::leased`).
+pub(crate) trait LeaseHost: Send + Sync + 'static {
+    /// Whether lease calls are sent now (the store is up).
+    fn up(&self) -> bool;
 
     /// Runs `work` in the background, on the store's runtime.
     fn spawn(&self, work: impl Future<Output = ()> + Send + 'static);
@@ -195,7 +203,7 @@ impl<K: LeaseKind> LeaseTable<K> {
         let every = Duration::from_nanos(self.inner.params.idle / 4)
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let weak = Arc::downgrade(&self.inner);
-        self.inner.kind.spawn(sweep_loop(weak, every));
+        self.inner.kind.host().spawn(sweep_loop(weak, every));
     }
 
     /// Now, on the clock of the idle sweep (for callers that are not given a time).
@@ -284,7 +292,7 @@ impl<K: LeaseKind> LeaseTable<K> {
                 }
             }
         }
-        if inner.hot.observe(key, now) && inner.kind.up() {
+        if inner.hot.observe(key, now) && inner.kind.host().up() {
             if let Some(i) = inner.claim_entry(key) {
                 let e = &inner.entries[i];
                 if e.slice.claim() {
@@ -401,7 +409,7 @@ impl<K: LeaseKind> Inner<K> {
     /// from its rate since the last take; the answer lands in the background.
     fn renew(self: &Arc<Self>, i: usize, key: u64, now: Nanos) {
         let e = &self.entries[i];
-        if !self.kind.up() || self.closed.load(Ordering::Acquire) {
+        if !self.kind.host().up() || self.closed.load(Ordering::Acquire) {
             e.slice.renew_failed();
             return;
         }
@@ -417,9 +425,9 @@ impl<K: LeaseKind> Inner<K> {
             .sizer
             .size(count, over, (remaining != UNKNOWN).then_some(remaining));
         e.block.store(want.max(1), Ordering::Relaxed);
-        let take = self.kind.take(key, want);
+        let take = self.kind.clone().take(key, want);
         let me = Arc::clone(self);
-        self.kind.spawn(async move {
+        self.kind.host().spawn(async move {
             let reply = take.await;
             me.landed(i, key, want, now, reply);
         });
@@ -435,7 +443,7 @@ impl<K: LeaseKind> Inner<K> {
         reply: Result<LeaseGrant, StoreError>,
     ) {
         let e = &self.entries[i];
-        let calls = self.kind.calls();
+        let calls = self.kind.host().calls();
         let g = match reply {
             Ok(g) => g,
             Err(_) => {
@@ -476,10 +484,10 @@ impl<K: LeaseKind> Inner<K> {
 
     /// [`Inner::give_back`], sending `()` on `done` once the call has ended.
     fn give_back_then(&self, key: u64, n: u64, epoch: u64, done: Option<mpsc::Sender<()>>) {
-        let call = self.kind.give_back(key, n, epoch);
-        let returned = self.kind.calls().returned.clone();
-        let failed = self.kind.calls().failed.clone();
-        self.kind.spawn(async move {
+        let call = self.kind.clone().give_back(key, n, epoch);
+        let host = self.kind.host();
+        let (returned, failed) = (host.calls().returned.clone(), host.calls().failed.clone());
+        host.spawn(async move {
             if call.await {
                 returned.inc();
             } else {

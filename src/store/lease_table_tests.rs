@@ -58,16 +58,18 @@ impl Fake {
 }
 
 impl LeaseKind for Fake {
-    fn up(&self) -> bool {
-        self.0.up.load(Ordering::SeqCst)
+    type Host = State;
+
+    fn host(&self) -> &State {
+        &self.0
     }
 
     fn take(
-        &self,
+        self,
         _key: u64,
         want: u64,
     ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static {
-        let s = Arc::clone(&self.0);
+        let s = self.0;
         async move {
             s.takes.fetch_add(1, Ordering::SeqCst);
             if !s.up.load(Ordering::SeqCst) {
@@ -86,12 +88,12 @@ impl LeaseKind for Fake {
     }
 
     fn give_back(
-        &self,
+        self,
         _key: u64,
         n: u64,
         _epoch: u64,
     ) -> impl Future<Output = bool> + Send + 'static {
-        let s = Arc::clone(&self.0);
+        let s = self.0;
         async move {
             s.quota.fetch_add(n, Ordering::SeqCst);
             true
@@ -101,13 +103,19 @@ impl LeaseKind for Fake {
     fn quiet(&self) -> Nanos {
         NANOS_PER_SEC
     }
+}
+
+impl LeaseHost for State {
+    fn up(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
 
     fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
-        self.0.work.lock().unwrap().push(Box::pin(work));
+        self.work.lock().unwrap().push(Box::pin(work));
     }
 
     fn calls(&self) -> &LeaseCalls {
-        &self.0.calls
+        &self.calls
     }
 }
 

@@ -1,7 +1,8 @@
 //! The lease calls of the token bucket and the rate ([`InRedis`], a [`LeaseKind`]): what
 //! `crate::store::lease_table` needs of each kind's store side, written once over the
 //! kind's script calls (`crate::store::shared::CounterKind`), and the context a limit's
-//! leases are built with ([`LeaseCtx::new`]).
+//! leases are built with ([`LeaseCtx::new`]); and a store as the [`LeaseHost`] of every
+//! kind's lease calls.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crate::limits::lease::LeaseParams;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::metrics::LeaseCalls;
 use crate::store::key::KeyNames;
-use crate::store::lease_table::{LeaseCtx, LeaseKind};
+use crate::store::lease_table::{LeaseCtx, LeaseHost, LeaseKind};
 use crate::store::redis::{LeaseGrant, RedisStore};
 use crate::store::shared::{CounterKind, CounterShape};
 use crate::store::StoreError;
@@ -60,38 +61,35 @@ impl<K: CounterKind> Clone for InRedis<K> {
 }
 
 impl<K: CounterKind> LeaseKind for InRedis<K> {
-    fn up(&self) -> bool {
-        self.store.is_up()
+    type Host = RedisStore;
+
+    fn host(&self) -> &RedisStore {
+        &self.store
     }
 
-    fn take(
-        &self,
-        key: u64,
-        want: u64,
-    ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static {
-        let at = self.clone();
-        async move { K::take_call(&at, key, want).await }
+    async fn take(self, key: u64, want: u64) -> Result<LeaseGrant, StoreError> {
+        K::take_call(&self, key, want).await
     }
 
-    fn give_back(
-        &self,
-        key: u64,
-        n: u64,
-        epoch: u64,
-    ) -> impl Future<Output = bool> + Send + 'static {
-        let at = self.clone();
-        async move { K::give_back_call(&at, key, n, epoch).await.is_ok() }
+    async fn give_back(self, key: u64, n: u64, epoch: u64) -> bool {
+        K::give_back_call(&self, key, n, epoch).await.is_ok()
     }
 
     fn quiet(&self) -> Nanos {
         self.shape.quiet
     }
+}
+
+impl LeaseHost for RedisStore {
+    fn up(&self) -> bool {
+        self.is_up()
+    }
 
     fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
-        self.store.handle().spawn(work);
+        self.handle().spawn(work);
     }
 
     fn calls(&self) -> &LeaseCalls {
-        &self.store.metrics().lease_calls
+        &self.metrics().lease_calls
     }
 }

@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 use crate::limits::clock::Nanos;
 use crate::limits::lease::LeaseParams;
-use crate::metrics::LeaseCalls;
 use crate::store::held::Held;
 use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseKind, LeaseTable};
@@ -48,55 +47,49 @@ pub(crate) struct Slots {
 }
 
 impl LeaseKind for Slots {
-    fn up(&self) -> bool {
-        self.store.is_up()
+    type Host = RedisStore;
+
+    fn host(&self) -> &RedisStore {
+        &self.store
     }
 
-    fn take(
-        &self,
-        key: u64,
-        want: u64,
-    ) -> impl Future<Output = Result<LeaseGrant, StoreError>> + Send + 'static {
-        let at = self.clone();
-        async move {
-            let counter = (at.counter)(&at.names, key);
-            let taken = (at.store)
-                .lease_slots_take(&at.holder, &[&counter], &[at.max], want)
-                .await;
-            let g = taken.inspect_err(|_| {
-                // It may still have run in Redis: the next renewal writes the truth.
-                at.held.mark_dirty(key);
-            })?;
-            // Counted in Redis under this holder: the local truth follows.
-            at.held.add(key, g.granted, false);
-            Ok(LeaseGrant {
-                valid_for: None,
-                ..g
-            })
-        }
+    async fn take(self, key: u64, want: u64) -> Result<LeaseGrant, StoreError> {
+        let counter = (self.counter)(&self.names, key);
+        let taken = (self.store)
+            .lease_slots_take(&self.holder, &[&counter], &[self.max], want)
+            .await;
+        let g = taken.inspect_err(|_| {
+            // It may still have run in Redis: the next renewal writes the truth.
+            self.held.mark_dirty(key);
+        })?;
+        // Counted in Redis under this holder: the local truth follows.
+        self.held.add(key, g.granted, false);
+        Ok(LeaseGrant {
+            valid_for: None,
+            ..g
+        })
     }
 
     fn give_back(
-        &self,
+        self,
         key: u64,
         n: u64,
         _epoch: u64,
     ) -> impl Future<Output = bool> + Send + 'static {
-        let at = self.clone();
         // Off the local truth at once; if the release is not sent or fails, the key is
         // dirty and the next renewal writes the count.
-        let send = at.store.is_up();
-        at.held.sub(key, n, !send);
+        let send = self.store.is_up();
+        self.held.sub(key, n, !send);
         async move {
             if !send {
                 return false;
             }
-            let counter = (at.counter)(&at.names, key);
-            let sent = (at.store)
-                .lease_slots_return(&at.holder, &[&counter], n)
+            let counter = (self.counter)(&self.names, key);
+            let sent = (self.store)
+                .counters_release(&self.holder, &[&counter], n)
                 .await;
             if sent.is_err() {
-                at.held.mark_dirty(key);
+                self.held.mark_dirty(key);
             }
             sent.is_ok()
         }
@@ -104,14 +97,6 @@ impl LeaseKind for Slots {
 
     fn quiet(&self) -> Nanos {
         QUIET
-    }
-
-    fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
-        self.store.handle().spawn(work);
-    }
-
-    fn calls(&self) -> &LeaseCalls {
-        &self.store.metrics().lease_calls
     }
 }
 

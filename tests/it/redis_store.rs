@@ -277,9 +277,10 @@ async fn token_bucket_table_matches_the_local_limiter() {
                 Step::Take(now, cost) => {
                     let want = local.acquire(key, cost, now);
                     let got = store
-                        .token_bucket(&n, key, &p, cost, at(now))
+                        .token_bucket_many(&n, key, &p, cost, cost, at(now))
                         .await
-                        .unwrap();
+                        .unwrap()
+                        .verdict;
                     assert_eq!(got, want, "case {case} step {i} {step:?} {p:?}");
                     let (tokens, _) = store.token_bucket_get(&n, key, &p, at(now)).await.unwrap();
                     assert_eq!(
@@ -416,7 +417,11 @@ async fn fixed_window_script_matches_the_local_limiter() {
         let tick = if per > 134 * SEC { MS } else { 1_000 };
         for (i, &(now, cost)) in steps.iter().enumerate() {
             let want = local.acquire(key, max, cost, strict, now);
-            let got = store.rate(&n, key, &p, cost, at(now)).await.unwrap();
+            let got = store
+                .rate_many(&n, key, &p, cost, cost, at(now))
+                .await
+                .unwrap()
+                .verdict;
             let what = format!("case {case} step {i} t={now} cost={cost} {p:?}");
             assert_eq!(
                 (got.allowed, got.remaining, got.reset_after),
@@ -451,7 +456,11 @@ async fn rate_table_matches_the_local_limiter() {
         let tick = if per > 134 * SEC { MS } else { 1_000 };
         for (i, &(now, cost)) in steps.iter().enumerate() {
             let want = local.acquire(key, max, cost, strict, now);
-            let got = store.rate(&n, key, &p, cost, at(now)).await.unwrap();
+            let got = store
+                .rate_many(&n, key, &p, cost, cost, at(now))
+                .await
+                .unwrap()
+                .verdict;
             let what = format!("case {case} step {i} t={now} cost={cost} {p:?}");
             assert_eq!(
                 (got.allowed, got.remaining, got.reset_after),
@@ -488,7 +497,11 @@ async fn rate_table_matches_the_local_limiter() {
         local.refund(key, 1, last);
         store.rate_refund(&n, key, &p, 1, at(last)).await.unwrap();
         let want = local.acquire(key, max, 1, strict, last);
-        let got = store.rate(&n, key, &p, 1, at(last)).await.unwrap();
+        let got = store
+            .rate_many(&n, key, &p, 1, 1, at(last))
+            .await
+            .unwrap()
+            .verdict;
         assert_eq!(
             (got.allowed, got.remaining),
             (want.allowed, want.remaining),
@@ -531,7 +544,11 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
     // 10 tokens, one back per second: 4 taken, full again 4 s later.
     let p = bucket(10, 1, SEC, false);
     let started = Instant::now();
-    let v = store.token_bucket(&n, 1, &p, 4, None).await.unwrap();
+    let v = store
+        .token_bucket_many(&n, 1, &p, 4, 4, None)
+        .await
+        .unwrap()
+        .verdict;
     assert!(v.allowed);
     assert_eq!(v.remaining, 6);
     assert_eq!(v.reset_after, 4 * SEC, "refilled from the drain's instant");
@@ -539,7 +556,11 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
     // One more taken a moment later: 5 missing, due 5 s after the first drain (the refill
     // clock is not reset by a take), so the PTTL is that less the time between them.
     let second = Instant::now();
-    let v = store.token_bucket(&n, 1, &p, 1, None).await.unwrap();
+    let v = store
+        .token_bucket_many(&n, 1, &p, 1, 1, None)
+        .await
+        .unwrap()
+        .verdict;
     assert_eq!(v.remaining, 5);
     let since = second.duration_since(started);
     let reset_ms = (v.reset_after as i64 + 999_999) / 1_000_000;
@@ -559,7 +580,11 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
     // Fractional refills: 100 per 250 ms, 150 taken: full after 2 refills, 500 ms.
     let p = bucket(1_000, 100, 250 * MS, false);
     let started = Instant::now();
-    let v = store.token_bucket(&n, 2, &p, 150, None).await.unwrap();
+    let v = store
+        .token_bucket_many(&n, 2, &p, 150, 150, None)
+        .await
+        .unwrap()
+        .verdict;
     assert_eq!(v.reset_after, 500 * MS);
     assert_pttl(&redis, &n.key(2, kind), 500, started, "150 of 1000 taken");
 
@@ -572,7 +597,11 @@ async fn keys_expire_when_full_again_or_when_their_estimate_reaches_zero() {
         window: Default::default(),
     };
     let started = Instant::now();
-    let v = store.rate(&n, 3, &r, 1, None).await.unwrap();
+    let v = store
+        .rate_many(&n, 3, &r, 1, 1, None)
+        .await
+        .unwrap()
+        .verdict;
     assert!(v.allowed);
     assert!(
         v.reset_after > SEC && v.reset_after <= 2 * SEC,
@@ -720,8 +749,9 @@ fn calls_work_from_runtimes_other_than_the_creators() {
         .build()
         .unwrap();
     let v = bare
-        .block_on(store.token_bucket(&n, 1, &p, 1, None))
-        .unwrap();
+        .block_on(store.token_bucket_many(&n, 1, &p, 1, 1, None))
+        .unwrap()
+        .verdict;
     assert_eq!((v.allowed, v.remaining), (true, 2));
     // And a multi-thread runtime, with concurrent callers on one connection.
     let other = tokio::runtime::Builder::new_multi_thread()
@@ -733,12 +763,12 @@ fn calls_work_from_runtimes_other_than_the_creators() {
         let tasks: Vec<_> = (0..8)
             .map(|_| {
                 let (store, n) = (store.clone(), n.clone());
-                tokio::spawn(async move { store.token_bucket(&n, 1, &p, 1, None).await })
+                tokio::spawn(async move { store.token_bucket_many(&n, 1, &p, 1, 1, None).await })
             })
             .collect();
         let mut admitted = 0;
         for t in tasks {
-            admitted += u64::from(t.await.unwrap().unwrap().allowed);
+            admitted += u64::from(t.await.unwrap().unwrap().verdict.allowed);
         }
         admitted
     });
@@ -747,7 +777,7 @@ fn calls_work_from_runtimes_other_than_the_creators() {
     let mut redis = redis;
     redis.freeze();
     let started = Instant::now();
-    let e = bare.block_on(store.token_bucket(&n, 2, &p, 1, None));
+    let e = bare.block_on(store.token_bucket_many(&n, 2, &p, 1, 1, None));
     assert!(matches!(e, Err(StoreError::Timeout)), "{e:?}");
     assert!(started.elapsed() < store.config().timeout + SLACK);
     redis.thaw();

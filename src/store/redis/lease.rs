@@ -8,7 +8,8 @@
 //! | concurrency, inflight | `lease_slots_take.lua`  | `counters_release.lua` (+ `_renew`) |
 //!
 //! Giving tokens back is exactly a refund (capped at capacity), and giving slots back
-//! exactly a release of copies, so those scripts are shared with the exact path. Every
+//! exactly a release of copies, so those calls are the exact path's
+//! ([`RedisStore::token_bucket_refund`], [`RedisStore::counters_release`]). Every
 //! take answers the same shape, [`LeaseGrant`]: what was granted, the shared remainder
 //! (which shrinks the next slice, `crate::limits::lease::size`), the epoch (a rate's
 //! period) and how long the slice may be spent.
@@ -68,19 +69,6 @@ impl RedisStore {
         let s = &self.inner.scripts.lease_bucket_take;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         LeaseGrant::from_reply(&v)
-    }
-
-    /// Gives `n` unspent tokens back to the bucket (never above capacity); returns the
-    /// tokens after. A background call.
-    pub async fn lease_bucket_return(
-        &self,
-        names: &KeyNames,
-        hash: u64,
-        params: &TokenBucketParams,
-        n: u64,
-        at: Option<Micros>,
-    ) -> Result<u64, StoreError> {
-        self.token_bucket_refund(names, hash, params, n, at).await
     }
 
     /// Counts up to `want` events in the current period of the key's window, as far as
@@ -156,16 +144,5 @@ impl RedisStore {
         let s = &self.inner.scripts.lease_slots_take;
         let v = self.eval(s, &keys, &args, None, self.budget()).await?;
         LeaseGrant::from_reply(&v)
-    }
-
-    /// Gives `n` slots of `holder`'s block back to every counter (never below zero);
-    /// returns what the holder still holds in the first. A background call.
-    pub async fn lease_slots_return(
-        &self,
-        holder: &str,
-        counters: &[&CounterKeys],
-        n: u64,
-    ) -> Result<u64, StoreError> {
-        self.counters_release(holder, counters, n).await
     }
 }

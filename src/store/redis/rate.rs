@@ -5,7 +5,7 @@
 
 use crate::limits::clock::Nanos;
 use crate::limits::rate::{RateParams, RateWindow};
-use crate::limits::verdict::{Grant, Verdict};
+use crate::limits::verdict::Grant;
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
     grant, round_micros, scripts, Arg, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
@@ -16,25 +16,12 @@ use crate::store::StoreError;
 const RATE_TICKS: u64 = 1 << 27;
 
 impl RedisStore {
-    /// One sliding-window rate decision (see rate.lua). `max` is clamped to [`RATE_MAX`];
-    /// `per` is counted in ticks of 1, 10, 100 or 1000 µs (the finest that keeps a window
-    /// within 2^27 ticks: 1 µs up to 134 s, 1 ms up to 37 h), so `retry_after` is exact to
-    /// that tick.
-    pub async fn rate(
-        &self,
-        names: &KeyNames,
-        hash: u64,
-        params: &RateParams,
-        cost: u64,
-        at: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        let grant = self.rate_many(names, hash, params, cost, cost, at).await?;
-        Ok(grant.verdict)
-    }
-
     /// One sliding-window rate decision on a request for between `min` and `want` events
     /// (see rate.lua): the largest count in `[min, want]` that fits is counted, in the same
-    /// script call, or nothing. `min` above `want` is lowered to it.
+    /// script call, or nothing (`min == want`: one request of that cost). `min` above
+    /// `want` is lowered to it. `max` is clamped to [`RATE_MAX`]; `per` is counted in ticks
+    /// of 1, 10, 100 or 1000 µs (the finest that keeps a window within 2^27 ticks: 1 µs up
+    /// to 134 s, 1 ms up to 37 h), so `retry_after` is exact to that tick.
     pub async fn rate_many(
         &self,
         names: &KeyNames,

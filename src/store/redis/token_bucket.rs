@@ -4,7 +4,6 @@
 use crate::limits::clock::Nanos;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::limits::verdict::Grant;
-use crate::limits::verdict::Verdict;
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::{
     grant, nanos, round_micros, scripts, Arg, Micros, RedisStore, SCRIPT_MAX,
@@ -12,25 +11,11 @@ use crate::store::redis::{
 use crate::store::StoreError;
 
 impl RedisStore {
-    /// One token-bucket decision for the key hashed to `hash` (see token_bucket.lua), at
-    /// Redis's time or `at`.
-    pub async fn token_bucket(
-        &self,
-        names: &KeyNames,
-        hash: u64,
-        params: &TokenBucketParams,
-        cost: u64,
-        at: Option<Micros>,
-    ) -> Result<Verdict, StoreError> {
-        let grant = self
-            .token_bucket_many(names, hash, params, cost, cost, at)
-            .await?;
-        Ok(grant.verdict)
-    }
-
-    /// One token-bucket decision on a request for between `min` and `want` tokens (see
-    /// token_bucket.lua): the largest count in `[min, want]` the bucket holds is taken, in
-    /// the same script call, or nothing. `min` above `want` is lowered to it.
+    /// One token-bucket decision for the key hashed to `hash`, at Redis's time or `at`, on
+    /// a request for between `min` and `want` tokens (see token_bucket.lua): the largest
+    /// count in `[min, want]` the bucket holds is taken, in the same script call, or
+    /// nothing (`min == want`: one request of that cost). `min` above `want` is lowered to
+    /// it.
     pub async fn token_bucket_many(
         &self,
         names: &KeyNames,

@@ -160,7 +160,7 @@ async fn concurrent_slot_takers_never_hold_more_than_max() {
                     let deadline = Instant::now() + Duration::from_secs(30);
                     loop {
                         match store
-                            .lease_slots_return(&holder, &[&counter], g.granted)
+                            .counters_release(&holder, &[&counter], g.granted)
                             .await
                         {
                             Ok(_) => break,
@@ -201,7 +201,7 @@ async fn returned_quota_is_taken_again() {
         (6, 4)
     );
     assert_eq!(take(1).await.unwrap().remaining, 0);
-    assert_eq!(s.lease_bucket_return(&n, 1, &b, 3, at(0)).await.unwrap(), 3);
+    assert_eq!(s.token_bucket_refund(&n, 1, &b, 3, at(0)).await.unwrap(), 3);
     let g = take(5).await.unwrap();
     assert_eq!((g.granted, g.remaining), (3, 0));
     // Rate: counts back to their period.
@@ -251,7 +251,7 @@ async fn returned_quota_is_taken_again() {
         .unwrap();
     assert_eq!(none.granted, 0);
     assert_eq!(
-        s.lease_slots_return("a:lease", &[&key, &global], 3)
+        s.counters_release("a:lease", &[&key, &global], 3)
             .await
             .unwrap(),
         1
@@ -406,7 +406,11 @@ async fn three_instances_admit_from_slices_within_the_bucket() {
             if !ok && t >= denied_until[i] {
                 // The exact path: one call.
                 calls += 1;
-                let v = store.token_bucket(&n, 1, &p, 1, at(t)).await.unwrap();
+                let v = store
+                    .token_bucket_many(&n, 1, &p, 1, 1, at(t))
+                    .await
+                    .unwrap()
+                    .verdict;
                 ok = v.allowed;
                 if !ok {
                     denied_until[i] = t + v.retry_after;
