@@ -62,3 +62,43 @@ impl LocalHolds {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::concurrency::ConcurrencyParams;
+    use crate::limits::sketch::SketchSize;
+
+    #[test]
+    fn the_sketch_takes_up_to_its_share_and_reports_the_estimate_that_was_over() {
+        let local = LocalHolds::Sketch(InflightLimiter::new(SketchSize::DEFAULT), 2);
+        assert_eq!(local.reserve(7, 0, 1, 1), Ok(1));
+        assert_eq!(local.reserve(7, 0, 1, 1), Ok(1));
+        let over = local.reserve(7, 0, 1, 1).unwrap_err();
+        // The in-process inflight limiter reports 3 (the estimate with this request): an
+        // inflight caller reads `in_use + 1`.
+        assert_eq!((over.limit, over.in_use, over.max), (Limit::Key, 2, 2));
+        local.release(7, 0, 1);
+        assert_eq!(local.reserve(7, 0, 1, 1), Ok(1));
+        // Another key has its own count; nothing is untracked in a sketch.
+        assert_eq!(local.reserve(8, 0, 1, 1), Ok(1));
+        assert_eq!(local.untracked_total(), 0);
+    }
+
+    #[test]
+    fn the_table_is_the_concurrency_limiter() {
+        let params = ConcurrencyParams {
+            max: 3,
+            global: None,
+            groups: Vec::new(),
+        };
+        let local = LocalHolds::Table(ConcurrencyLimiter::new(params, 64).unwrap());
+        assert_eq!(local.reserve(1, 0, 5, 1), Ok(3));
+        assert_eq!(local.reserve(1, 0, 1, 1).unwrap_err().in_use, 3);
+        local.release(1, 0, 2);
+        assert_eq!(local.reserve(1, 0, 2, 2), Ok(2));
+        // More than it holds: nothing changes, nothing panics.
+        local.release(1, 0, 100);
+        assert_eq!(local.reserve(1, 0, 1, 1).unwrap_err().in_use, 3);
+    }
+}
