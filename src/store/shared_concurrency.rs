@@ -379,7 +379,9 @@ impl ConcShared {
             .take(store, &self.holder, (&own, max), groups, [min, copies])
             .await;
         let [k, v] = taken.over;
-        self.give_back_later(vec![own], k, Some(key), 0);
+        if k > 0 {
+            self.give_back_later(vec![own], k, Some(key), 0);
+        }
         if v > 0 {
             let variant = self
                 .variant

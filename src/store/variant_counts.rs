@@ -15,10 +15,16 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use smallvec::SmallVec;
+
 use crate::limits::concurrency::{ConcurrencyParams, Limit, Rejection};
 use crate::store::key::KeyNames;
 use crate::store::redis::{CounterKeys, CountersOutcome, RedisStore};
 use crate::store::StoreError;
+
+/// The counters of one request (its key's, the global, a few groups): on the stack, as a
+/// store decision of an inflight or plain concurrency limit takes from one counter.
+pub(crate) type Counters<T> = SmallVec<[T; 4]>;
 
 /// What a take from a key's counter and its variant's gave ([`VariantCounts::take`]).
 pub(crate) struct Taken {
@@ -76,8 +82,8 @@ impl VariantCounts {
     }
 
     /// The counters a request in `groups` touches, with their maxes and the limits they
-    /// are: global, then groups by index.
-    pub(crate) fn of(&self, groups: u64) -> Vec<(&CounterKeys, u64, Limit)> {
+    /// are: global, then groups by index (on the stack for up to four).
+    pub(crate) fn of(&self, groups: u64) -> Counters<(&CounterKeys, u64, Limit)> {
         self.indexes(groups)
             .filter_map(|i| match i.checked_sub(1) {
                 None => self
@@ -104,9 +110,9 @@ impl VariantCounts {
     ) -> Taken {
         let variant = self.of(groups);
         // Every counter the request takes from, the key's first.
-        let mut counters = vec![own];
+        let mut counters: Counters<&CounterKeys> = SmallVec::from_elem(own, 1);
         counters.extend(variant.iter().map(|c| c.0));
-        let mut maxes = vec![max];
+        let mut maxes: Counters<u64> = SmallVec::from_elem(max, 1);
         maxes.extend(variant.iter().map(|c| c.1));
         let full = |index: usize, in_use| {
             let of_variant = index.checked_sub(1).and_then(|i| variant.get(i));
@@ -165,7 +171,7 @@ impl VariantCounts {
         groups: u64,
         copies: u64,
     ) -> bool {
-        let mut all = vec![own];
+        let mut all: Counters<&CounterKeys> = SmallVec::from_elem(own, 1);
         all.extend(self.of(groups).iter().map(|c| c.0));
         if all.len() == 1 || !store.is_cluster() {
             return store.counters_release(holder, &all, copies).await.is_ok();
