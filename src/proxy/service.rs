@@ -271,8 +271,7 @@ fn peer_for(ctx: &Ctx, addr: SocketAddr) -> Result<Box<HttpPeer>> {
 /// response to send instead (400 or 431).
 fn prepare_forward(session: &mut Session) -> Option<Problem> {
     let req = session.req_header_mut();
-    let fields = forward::forwarded_fields(&req.headers);
-    if fields > forward::MAX_FORWARDED_FIELDS {
+    if let Some(fields) = forward::too_many_fields(&req.headers) {
         return Some(problem::too_many_fields(
             fields,
             forward::MAX_FORWARDED_FIELDS,
