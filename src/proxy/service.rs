@@ -423,25 +423,30 @@ async fn send(session: &mut Session, problem: &Problem, close: bool, id: &Reques
 
 #[async_trait]
 impl ProxyHttp for Tollgate {
-    type CTX = Ctx;
+    /// Boxed: Pingora keeps the context inside its per-request future (12 KB in Pingora
+    /// 0.9), which is built on the stack and copied into a box for every request. The
+    /// 1.1 KB context has more than one place in that future's layout; a pointer instead
+    /// costs one allocation and shrinks the copy to 8.8 KB (`docs/performance.md`,
+    /// "Against Pingap").
+    type CTX = Box<Ctx>;
 
-    fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+    fn new_ctx(&self) -> Box<Ctx> {
+        Box::default()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Box<Ctx>) -> Result<()> {
         // The header is complete: the connection's header deadline no longer applies.
         mark_request_started(session);
         ctx.arrived = self.clock.now();
         Ok(())
     }
 
-    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+    fn request_summary(&self, session: &Session, _ctx: &Box<Ctx>) -> String {
         // Pingora's own lines use this; never the path or the header (see `summary`).
         summary(session)
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Box<Ctx>) -> Result<bool> {
         // One refcount increment per request: the snapshot moves into the context after
         // the decisions, which borrow it.
         let rt = self.runtime.load_full();
@@ -478,7 +483,11 @@ impl ProxyHttp for Tollgate {
         }
     }
 
-    async fn proxy_upstream_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn proxy_upstream_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<Ctx>,
+    ) -> Result<bool> {
         // The first attempt's server and inflight limits are decided here rather than in
         // `upstream_peer`: Pingora never reuses the downstream connection after an
         // `upstream_peer` error (whatever `fail_to_proxy` says), while a response written
@@ -502,7 +511,11 @@ impl ProxyHttp for Tollgate {
         }
     }
 
-    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<Ctx>,
+    ) -> Result<Box<HttpPeer>> {
         if let Some(addr) = ctx.picked.take() {
             return peer_for(ctx, addr);
         }
@@ -532,7 +545,7 @@ impl ProxyHttp for Tollgate {
         &self,
         session: &mut Session,
         upstream_request: &mut pingora::http::RequestHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         // The request's ID replaces whatever the client sent (kept only from a trusted
         // proxy, and only well formed: see `request_id`).
@@ -551,7 +564,7 @@ impl ProxyHttp for Tollgate {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         if self.drain.is_draining() {
             // Handed over while this request ran: its client moves on after this response.
@@ -614,7 +627,7 @@ impl ProxyHttp for Tollgate {
         _session: &mut Session,
         _body: &mut Option<Bytes>,
         end_of_stream: bool,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<Option<std::time::Duration>> {
         if end_of_stream {
             ctx.release_upstream();
@@ -622,7 +635,7 @@ impl ProxyHttp for Tollgate {
         Ok(None)
     }
 
-    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Box<Ctx>, _error: &Error) -> bool {
         // Rejections are logged where they are decided, every other failure by `logging`,
         // at its own level and within a budget: Pingora's line is an `error` for each.
         true
@@ -631,7 +644,7 @@ impl ProxyHttp for Tollgate {
     fn suppress_proxy_warn_log(
         &self,
         _session: &Session,
-        ctx: &Ctx,
+        ctx: &Box<Ctx>,
         error: &Error,
         context: ProxyWarnLogContext,
     ) -> bool {
@@ -651,7 +664,12 @@ impl ProxyHttp for Tollgate {
         true
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Box<Ctx>,
+    ) -> FailToProxy {
         if let (Some(attempt), Some(rt), Some(i)) = (ctx.attempt.take(), &ctx.rt, ctx.origin) {
             // The server failed (connect error, timeout, reset): congestion. A client that
             // left is no news about the server: no sample.
@@ -705,7 +723,7 @@ impl ProxyHttp for Tollgate {
         }
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<Ctx>) {
         let code = session.response_written().map_or(0, |r| r.status.as_u16());
         if let Some(e) = e.filter(|_| ctx.rejection.is_none()) {
             self.log_failure(session, ctx, e, code);
