@@ -46,6 +46,7 @@ use tonic::{Request, Response, Status as GrpcStatus};
 use crate::limits::{Clock, MonotonicClock, Nanos};
 use crate::runtime::rls::Status;
 use crate::runtime::Runtime;
+use crate::store::redis::gather::together;
 
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -117,9 +118,12 @@ impl Rls {
             .collect();
         let kill = rt.kill.on();
         let now = self.clock.now();
-        let mut out = ok(0);
-        let mut over = false;
-        for (d, m) in req.descriptors.iter().zip(&matched) {
+        // Every descriptor is decided (as envoyproxy/ratelimit does: an over-limit one does
+        // not spare the others), concurrently, so that the shared ones' script calls leave
+        // in one pipeline: one round trip to each store, however many descriptors. Under
+        // `together` the calls are queued in descriptor order, and Redis runs them in that
+        // order, so two descriptors on one key see each other as they did one by one.
+        let decisions = req.descriptors.iter().zip(&matched).map(|(d, m)| {
             let live = m.as_ref().filter(|m| {
                 m.rule
                     .name
@@ -131,15 +135,19 @@ impl Rls {
                 .map(|h| h.value)
                 .unwrap_or(u64::from(req.hits_addend))
                 .max(1);
-            let status = match live {
-                Some(m) => m.rule.decide(&m.key, hits, now, kill).await,
-                None => Status::NoRule,
-            };
-            if matches!(status, Status::Limited { over: true, .. }) {
-                over = true;
+            async move {
+                match live {
+                    Some(m) => m.rule.decide(&m.key, hits, now, kill).await,
+                    None => Status::NoRule,
+                }
             }
-            out.statuses.push(descriptor_status(status));
-        }
+        });
+        let statuses = together(futures_util::future::join_all(decisions)).await;
+        let over = statuses
+            .iter()
+            .any(|s| matches!(s, Status::Limited { over: true, .. }));
+        let mut out = ok(0);
+        out.statuses = statuses.into_iter().map(descriptor_status).collect();
         if over {
             out.overall_code = Code::OverLimit as i32;
             domain.over.inc();

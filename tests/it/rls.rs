@@ -863,3 +863,52 @@ async fn reflection_lets_a_client_without_protos_call_the_service() {
     // The call built from reflected descriptors counted like any other.
     assert_eq!(out[1]["statuses"][0]["remaining"], 98, "{out:?}");
 }
+
+/// Three rules, each on its own descriptor key.
+const TRIO: &str = "domain: trio
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+  - key: path
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+  - key: region
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_shared_descriptors_of_one_call_cost_one_round_trip() {
+    let redis = RedisServer::start();
+    let relay = common::relay::Relay::start(([127, 0, 0, 1], redis.port()).into());
+    // A budget roomy for a debug build on a busy machine (no fallback), no breaker trips,
+    // no deny cache; every key is new (cold: no lease): every descriptor is a script call.
+    let store = format!(
+        "  store: fleet\nstores:\n  fleet:\n    kind: redis\n    url: {}\n    timeout: 1s\n    breaker: {{ failures: 1000, probe_every: 50ms }}\n    deny_cache: 0\n",
+        relay.url()
+    );
+    let (_t, port) = start(&[("trio.yaml", TRIO)], &store).await;
+    const CALLS: u64 = 10;
+    let steps: Vec<Value> = (0..CALLS)
+        .map(|i| {
+            let d = json!([
+                [["user", format!("u{i}")]],
+                [["path", format!("/p{i}")]],
+                [["region", format!("r{i}")]]
+            ]);
+            json!({"call": {"domain": "trio", "descriptors": d}, "repeat": 1})
+        })
+        .collect();
+    let (turns, scripts) = (relay.turns(), redis.script_calls());
+    let answers = run(port, Value::Array(steps));
+    let (turns, scripts) = (relay.turns() - turns, redis.script_calls() - scripts);
+    for answer in &answers {
+        assert_eq!(codes(answer), ["OK", "OK", "OK"], "{answer}");
+        for s in answer["statuses"].as_array().unwrap() {
+            assert_eq!(s["remaining"], 99, "decided in Redis, once: {answer}");
+        }
+    }
+    assert_eq!(scripts, 3 * CALLS, "every descriptor decided in Redis");
+    assert_eq!(
+        turns, CALLS,
+        "one round trip per call, not one per descriptor ({scripts} script calls)"
+    );
+}

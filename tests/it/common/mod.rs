@@ -14,6 +14,7 @@ pub mod h2load;
 pub mod pebble;
 pub mod raw;
 pub mod redis;
+pub mod relay;
 pub mod smyte;
 pub mod upstream;
 
