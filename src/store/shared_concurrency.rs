@@ -4,8 +4,8 @@
 //! (`crate::store::redis::CounterKeys`), with the store's fallback.
 //!
 //! - **Per-holder counts under a lease.** Each counter holds copies per *holder* (the
-//!   instance, and for concurrency the limiter's incarnation, so that two limiters of one
-//!   process never overwrite each other's share). This limiter keeps the exact copies it
+//!   instance and the limiter's incarnation, so that two limiters of one process never
+//!   overwrite each other's share). This limiter keeps the exact copies it
 //!   holds, per key (`crate::store::held`) and per global and group counter
 //!   (`crate::store::variant_counts`), whoever admitted them: the local truth each lease
 //!   renewal (every `lease / 3`) writes where Redis may disagree. A crashed instance's
@@ -50,8 +50,17 @@ pub(crate) struct Counting {
     pub(crate) counter: fn(&KeyNames, u64) -> CounterKeys,
 }
 
-/// Incarnations of shared concurrency limiters in this process.
+/// Incarnations of shared holding limiters in this process.
 static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A new holding limiter's field in every counter: `instance#incarnation`, so that two
+/// limiters of one process on the same names (a reload's old one, whose guards are still
+/// out, and its new one) never write over each other's share (`docs/architecture.md`,
+/// "Leases").
+pub(crate) fn new_holder(store: &RedisStore) -> String {
+    let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
+    format!("{}#{incarnation}", store.config().instance)
+}
 
 /// A concurrency limit counted across the fleet (module doc).
 pub struct SharedConcurrency {
@@ -61,7 +70,7 @@ pub struct SharedConcurrency {
 struct ConcShared {
     remote: Remote,
     names: Arc<KeyNames>,
-    /// This limiter's field in every counter: `instance#incarnation`.
+    /// This limiter's field in every counter ([`new_holder`]).
     holder: String,
     /// The key's counter.
     counter: fn(&KeyNames, u64) -> CounterKeys,
@@ -156,10 +165,9 @@ impl SharedConcurrency {
         };
         let local_keys = remote.local_keys(max_keys);
         let local = LocalHolds::Table(ConcurrencyLimiter::new(local_params, local_keys)?);
-        let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
         let counting = Counting {
             local,
-            holder: format!("{}#{incarnation}", store.config().instance),
+            holder: new_holder(store),
             counter: CounterKeys::of_key,
         };
         Ok(Self::counted(

@@ -2,9 +2,9 @@
 //! no global or group counter, counted by the concurrency limiter's machinery
 //! (`crate::store::shared_concurrency`: per-holder counters under a lease, the local truth
 //! the renewals write, blocks of slots for hot keys, releases seen by the next
-//! acquisition), one unit a request. What is its own: its keys in Redis (`ic`/`il`), its
-//! field there (the instance's name), and its fallback, the count-min sketch a local
-//! inflight limit uses, at this instance's share of `max` (`crate::store::local_holds`).
+//! acquisition, a field per limiter incarnation), one unit a request. What is its own: its
+//! keys in Redis (`ic`/`il`) and its fallback, the count-min sketch a local inflight limit
+//! uses, at this instance's share of `max` (`crate::store::local_holds`).
 
 use crate::limits::concurrency::ConcurrencyParams;
 use crate::limits::inflight::InflightLimiter;
@@ -15,7 +15,9 @@ use crate::store::leased_slots::Holdings;
 use crate::store::local_holds::LocalHolds;
 use crate::store::redis::{Fallback, RedisStore};
 use crate::store::remote::{share, Source, Sourced};
-use crate::store::shared_concurrency::{Counting, SharedConcurrency, SharedConcurrencyGuard};
+use crate::store::shared_concurrency::{
+    new_holder, Counting, SharedConcurrency, SharedConcurrencyGuard,
+};
 use crate::store::StoreError;
 
 /// An inflight limit counted across the fleet, per instance with a lease (module doc).
@@ -53,7 +55,7 @@ impl SharedInflight {
         let local_max = share(max, store.config().instances);
         let counting = Counting {
             local: LocalHolds::Sketch(InflightLimiter::new(sketch), local_max),
-            holder: store.config().instance.clone(),
+            holder: new_holder(store),
             counter: RedisStore::inflight_counter,
         };
         let params = ConcurrencyParams {

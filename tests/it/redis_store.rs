@@ -1455,3 +1455,68 @@ async fn cluster_shares_limits_and_keeps_a_limit_key_in_one_slot() {
         i64::from(tollgate::store::key::cluster_slot(counts.as_bytes()))
     );
 }
+
+/// The fields of the one inflight counter (`...:ic`) in `redis`, sorted by count.
+fn inflight_fields(redis: &RedisServer) -> Vec<u64> {
+    let key = match redis.cmd(&["KEYS", "*:ic"]) {
+        redis::Value::Array(keys) if keys.len() == 1 => match &keys[0] {
+            redis::Value::BulkString(k) => String::from_utf8_lossy(k).into_owned(),
+            other => panic!("key {other:?}"),
+        },
+        other => panic!("one inflight counter: {other:?}"),
+    };
+    let mut counts: Vec<u64> = match redis.cmd(&["HVALS", &key]) {
+        redis::Value::Array(v) => v
+            .iter()
+            .map(|v| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse().unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .collect(),
+        other => panic!("HVALS {key}: {other:?}"),
+    };
+    counts.sort_unstable();
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloads_old_and_new_inflight_limiters_keep_their_own_fields() {
+    let redis = RedisServer::start();
+    let (store, _) = start_up(leased(&redis.url(), "a")).await;
+    let n = names(&store, "conc");
+    // A reload rebuilt the limit (its max changed) while the old one's guards are out.
+    let old = SharedInflight::new(&store, n.clone(), 10, SketchSize::DEFAULT);
+    let new = SharedInflight::new(&store, n.clone(), 8, SketchSize::DEFAULT);
+    let mut old_guards = Vec::new();
+    for _ in 0..2 {
+        old_guards.push(old.acquire(7).await.value.unwrap());
+    }
+    let mut new_guards = Vec::new();
+    for _ in 0..3 {
+        new_guards.push(new.acquire(7).await.value.unwrap());
+    }
+    // One field each: a renewal of one (which writes its own count where Redis may
+    // disagree) can never overwrite the other's.
+    assert_eq!(inflight_fields(&redis), [2, 3]);
+    drop(old_guards);
+    eventually_total(&store, &n, 3).await;
+    assert_eq!(inflight_fields(&redis), [3]);
+    drop(new_guards);
+}
+
+/// Waits until the fleet's units in flight for key 7 are `want` (the guards' releases are
+/// sent in the background).
+async fn eventually_total(store: &RedisStore, n: &KeyNames, want: u64) {
+    let started = Instant::now();
+    loop {
+        let total = store.inflight_total(n, 7).await.unwrap();
+        if total == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{total} units, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
