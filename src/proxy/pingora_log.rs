@@ -8,7 +8,10 @@
 //! written to a client that left. Its plain HTTP services (the demo upstream, `/metrics`)
 //! write one for each request they cannot read (a header of too many fields, say) or
 //! answer. None of these is tollgate's error, and each is one line per client action, so a
-//! flood of aborts became a flood of `ERROR` lines. Pingora has no hook for them
+//! flood of aborts became a flood of `ERROR` lines. One more is no error at all: under
+//! load, Pingora's upstream pool sometimes finds a kept-alive connection still referenced
+//! by its idle watcher ("failed to acquire reusable stream"); it opens a new connection
+//! instead and no request fails. Pingora has no hook for them
 //! ([`super::service`] already suppresses, through `suppress_error_log`, the ones that do
 //! have one, and logs them itself); so this logger wraps `env_logger` and rewrites exactly
 //! these lines: `info`, at most [`LogBudget::PER_SECOND`] a second per kind, the next one
@@ -97,7 +100,7 @@ pub fn redact(text: &str) -> Cow<'_, str> {
 /// The process logger: `env_logger`, with the client-caused Pingora lines rewritten.
 pub struct Logger {
     inner: env_logger::Logger,
-    rules: [Rule; 6],
+    rules: [Rule; 7],
     clock: MonotonicClock,
 }
 
@@ -140,6 +143,12 @@ impl Logger {
                     "pingora_core::apps::http_app",
                     Level::Error,
                     "HTTP server fails to finish the request",
+                ),
+                // The upstream pool lost a race for an idle connection: a new one is made.
+                Rule::new(
+                    "pingora_core::connectors",
+                    Level::Error,
+                    "failed to acquire reusable stream",
                 ),
             ],
             clock: MonotonicClock::new(),
@@ -245,6 +254,13 @@ mod tests {
         let read = "HTTP server fails to read from downstream:  InvalidHTTPHeader";
         let target = "pingora_core::apps::http_app";
         assert!(caught(&logger, target, Level::Error, read));
+        let pool = "failed to acquire reusable stream";
+        assert!(caught(
+            &logger,
+            "pingora_core::connectors",
+            Level::Error,
+            pool
+        ));
         let other = "Crit: socket is being double closed";
         let target = "pingora_core::protocols::l4::stream";
         assert!(!caught(&logger, target, Level::Error, other));
