@@ -279,12 +279,15 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
                 "max": rt.max,
             }),
             Place::Store(s) => {
-                let held = s.limiter.peek(key).await.map_err(store_failed)?;
+                let counted = s.limiter.peek(key).await.map_err(store_failed)?;
+                let free = s.limiter.holdings().free(key);
                 json!({
-                    // The fleet's copies in the key's counter (live leases only).
-                    "held": held,
+                    // The fleet's copies in the key's counter (live leases only), less the
+                    // free slots of this instance's block.
+                    "held": counted.saturating_sub(free),
                     // This instance's copies, whoever admitted them (store or fallback).
                     "held_here": s.limiter.holdings().in_use(key),
+                    "leased_here": free,
                     "max": rt.max,
                     "store": s.store,
                 })
@@ -324,8 +327,15 @@ async fn kind_state(limiter: &Limiter, key: u64, now: Nanos) -> Result<Value, An
                 "max": rt.max,
             }),
             Place::Store(s) => {
-                let total = s.limiter.peek(key).await.map_err(store_failed)?;
-                json!({ "in_flight": total, "max": rt.max, "store": s.store })
+                let counted = s.limiter.peek(key).await.map_err(store_failed)?;
+                let free = s.limiter.holdings().free(key);
+                json!({
+                    // Redis counts this instance's free block slots as held: left out.
+                    "in_flight": counted.saturating_sub(free),
+                    "leased_here": free,
+                    "max": rt.max,
+                    "store": s.store,
+                })
             }
         },
     })

@@ -158,8 +158,13 @@ impl Holdings {
 
     /// Units of `key` in use here, whoever admitted them (not the free slots of its block).
     pub fn in_use(&self, key: u64) -> u64 {
-        let free = self.lease.as_ref().map_or(0, |t| t.available(key));
-        self.held.get(key).saturating_sub(free)
+        self.held.get(key).saturating_sub(self.free(key))
+    }
+
+    /// Free slots of `key`'s block held here: counted in Redis (they are leased to this
+    /// instance), in use by no request.
+    pub fn free(&self, key: u64) -> u64 {
+        self.lease.as_ref().map_or(0, |t| t.available(key))
     }
 
     /// Units in use here across every key.

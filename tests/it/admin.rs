@@ -827,3 +827,25 @@ async fn state_of_an_inflight_in_redis_counts_live_holders_only() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_leased_inflight_key_leaves_out_its_free_block_slots() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("127.0.0.1", "up").await;
+    // Hot from 5 acquisitions a second; a block of up to half the limit; never idle.
+    let limits = "      conc:\n        kind: inflight\n        store: shared\n        key: [customer]\n        max: 20\n        lease: { hot_above: 5/s, max_share: 50%, idle: 1h }\n";
+    let a = start_shared(&redis, &up, limits, ", lease: 1h").await;
+    let leased = "tollgate_store_leased{limit=\"conc\",origin=\"app\",store=\"shared\"}";
+    let mut sent = 0;
+    while a.t.metric(leased).await == 0.0 {
+        assert_eq!(a.send("acme").await, 200);
+        sent += 1;
+        assert!(sent < 2_000, "no block after {sent} requests");
+    }
+    // No request in flight: Redis counts the block's free slots, /state does not.
+    let (status, s) = a.json("/limits/app/conc/state?customer=acme").await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["state"]["in_flight"], 0, "{s}");
+    let free = s["state"]["leased_here"].as_u64().unwrap();
+    assert!(free > 0, "{s}");
+}
