@@ -145,7 +145,7 @@ fn main() {
     let redis = harness::RedisServer::start();
     let mut config = RedisStoreConfig::new("bench", Endpoint::Standalone(redis.url()));
     // A roomy budget: the benchmark measures the store, not its fallback.
-    config.timeout = Duration::from_millis(100);
+    config.tuning.timeout = Duration::from_millis(100);
     let metrics = StoreMetrics::unregistered("bench").unwrap();
     let store = RedisStore::new(config, metrics.clone()).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -388,14 +388,9 @@ fn main() {
     // limiter's renewals must not count as the flood's store calls).
     drop((rate, inflight));
     let flood_metrics = StoreMetrics::unregistered("flood").unwrap();
-    let flood_store = RedisStore::new(
-        RedisStoreConfig {
-            timeout: Duration::from_millis(100),
-            ..RedisStoreConfig::new("flood", Endpoint::Standalone(redis.url()))
-        },
-        flood_metrics.clone(),
-    )
-    .unwrap();
+    let mut flood_config = RedisStoreConfig::new("flood", Endpoint::Standalone(redis.url()));
+    flood_config.tuning.timeout = Duration::from_millis(100);
+    let flood_store = RedisStore::new(flood_config, flood_metrics.clone()).unwrap();
     assert!(rt.block_on(flood_store.wait_up(Duration::from_secs(5))));
     let (store, metrics) = (flood_store, flood_metrics);
     println!("\ndeny cache, a flood from one key (capacity 10, refill 1 per second):");

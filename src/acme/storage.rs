@@ -149,7 +149,7 @@ impl Storage {
                     store: name.clone(),
                     client,
                     conn: tokio::sync::Mutex::new(None),
-                    prefix: format!("{}acme:{ca}:", spec.redis.prefix),
+                    prefix: format!("{}acme:{ca}:", spec.redis.tuning.prefix),
                 })))
             }
         }

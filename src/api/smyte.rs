@@ -418,8 +418,8 @@ impl StoreCall {
         } else {
             format!("_rl:{}:{}:{}ms", p.capacity, p.amount, p.every / 1_000_000)
         };
-        let names = KeyNames::scoped(&store.config().prefix, &scope);
-        let share = local_bucket_share(params, store.config().instances);
+        let names = KeyNames::scoped(&store.config().tuning.prefix, &scope);
+        let share = local_bucket_share(params, store.config().tuning.instances);
         let local = AdhocParams {
             capacity: share.capacity,
             amount: share.amount,
@@ -470,7 +470,7 @@ impl StoreCall {
         s.metrics().fallback.inc();
         let take = self.take.unwrap_or(0);
         let capacity = self.params.capacity;
-        match s.config().fallback {
+        match s.config().tuning.fallback {
             Fallback::Local => {
                 let (buckets, key, params, now) = &self.local;
                 match self.take {

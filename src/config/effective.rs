@@ -204,19 +204,19 @@ impl EffStore {
                 url,
                 urls,
                 cluster,
-                timeout: span(r.timeout),
+                timeout: span(r.tuning.timeout),
                 breaker: EffBreaker {
-                    failures: r.failures,
-                    probe_every: span(r.probe_every),
+                    failures: r.tuning.failures,
+                    probe_every: span(r.tuning.probe_every),
                 },
-                fallback: match r.fallback {
+                fallback: match r.tuning.fallback {
                     Fallback::Local => "local",
                     Fallback::Allow => "allow",
                     Fallback::Deny => "deny",
                 },
-                instances: r.instances,
-                prefix: r.prefix.clone(),
-                lease: span(r.lease),
+                instances: r.tuning.instances,
+                prefix: r.tuning.prefix.clone(),
+                lease: span(r.tuning.lease),
                 deny_cache: r.deny_cache,
                 password_file: r.password.as_ref().map(secret_file),
             };

@@ -92,27 +92,54 @@ pub enum Fallback {
     Deny,
 }
 
-/// A Redis store's settings, with their defaults.
+/// How a Redis store is used, wherever it is and whoever uses it: the budget, the
+/// breaker, the fallback and the fleet's shape. The config's `stores:` entry
+/// ([`RedisStoreSpec`]) and the store library's settings
+/// (`crate::store::redis::RedisStoreConfig`) both carry it, so that each field, its
+/// meaning and its default are written once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RedisStoreSpec {
-    /// Standalone or Cluster.
-    pub endpoint: RedisEndpoint,
+pub struct StoreTuning {
     /// Budget of one request phase for all its calls to the store (`timeout`, default
-    /// 5 ms): past it the phase's remaining shared limits fall back.
+    /// 5 ms; see `crate::store::budget`): past it the phase's remaining shared limits fall
+    /// back. It is also each call's budget outside a phase.
     pub timeout: Duration,
     /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
     pub failures: u32,
     /// Probe interval while the breaker is open (`breaker.probe_every`, default 500 ms).
     pub probe_every: Duration,
-    /// What decides while the store cannot (`fallback`).
+    /// What decides while the store cannot (`fallback`, default `local`).
     pub fallback: Fallback,
     /// Fleet size, to share limits while falling back (`instances`, default 1).
     pub instances: u32,
     /// Key prefix in Redis (`prefix`, default `tollgate:`).
     pub prefix: String,
     /// How long an instance's inflight and concurrency units outlive its last renewal
-    /// (`lease`, default 10 s).
+    /// (`lease`, default 10 s; renewed every third of it): a crashed instance's share is
+    /// gone after one.
     pub lease: Duration,
+}
+
+impl Default for StoreTuning {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(5),
+            failures: 5,
+            probe_every: Duration::from_millis(500),
+            fallback: Fallback::Local,
+            instances: 1,
+            prefix: "tollgate:".to_string(),
+            lease: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A Redis store's settings, with their defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RedisStoreSpec {
+    /// Standalone or Cluster.
+    pub endpoint: RedisEndpoint,
+    /// How it is used ([`StoreTuning`]).
+    pub tuning: StoreTuning,
     /// Keys a limit remembers as rejected until their `Retry-After` (`deny_cache`, default
     /// 4096; 0 turns it off).
     pub deny_cache: usize,
@@ -126,13 +153,7 @@ impl Default for RedisStoreSpec {
     fn default() -> Self {
         Self {
             endpoint: RedisEndpoint::Standalone(String::new()),
-            timeout: Duration::from_millis(5),
-            failures: 5,
-            probe_every: Duration::from_millis(500),
-            fallback: Fallback::Local,
-            instances: 1,
-            prefix: "tollgate:".to_string(),
-            lease: Duration::from_secs(10),
+            tuning: StoreTuning::default(),
             deny_cache: 4096,
             password: None,
         }

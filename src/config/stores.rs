@@ -179,19 +179,19 @@ fn redis_store(
             "timeout" => {
                 let range = (Duration::from_micros(100), Duration::from_secs(1));
                 if let Some(d) = scalar::duration(r, v, &sub, range, ("100us", "1s")) {
-                    spec.timeout = d;
+                    spec.tuning.timeout = d;
                 }
             }
             "breaker" => breaker(r, v, &sub, &mut spec),
             "fallback" => {
                 let options = ["local", "allow", "deny"];
                 if let Some(i) = scalar::choice(r, v, &sub, "fallback", &options) {
-                    spec.fallback = [Fallback::Local, Fallback::Allow, Fallback::Deny][i];
+                    spec.tuning.fallback = [Fallback::Local, Fallback::Allow, Fallback::Deny][i];
                 }
             }
             "instances" => {
                 if let Some(n) = scalar::int(r, v, &sub, 1, 10_000) {
-                    spec.instances = u32::try_from(n).unwrap_or(1);
+                    spec.tuning.instances = u32::try_from(n).unwrap_or(1);
                 }
             }
             "prefix" => {
@@ -203,14 +203,14 @@ fn redis_store(
                             "`prefix` must be at most 64 printable characters without spaces",
                         );
                     } else {
-                        spec.prefix = p.to_string();
+                        spec.tuning.prefix = p.to_string();
                     }
                 }
             }
             "lease" => {
                 let range = (Duration::from_millis(300), Duration::from_secs(3600));
                 if let Some(d) = scalar::duration(r, v, &sub, range, ("300ms", "1h")) {
-                    spec.lease = d;
+                    spec.tuning.lease = d;
                 }
             }
             "deny_cache" => {
@@ -310,13 +310,13 @@ fn breaker(r: &mut Report, node: &Node, path: &str, spec: &mut RedisStoreSpec) {
         match e.key.as_str() {
             "failures" => {
                 if let Some(n) = scalar::int(r, &e.value, &sub, 1, 1000) {
-                    spec.failures = u32::try_from(n).unwrap_or(5);
+                    spec.tuning.failures = u32::try_from(n).unwrap_or(5);
                 }
             }
             "probe_every" => {
                 let range = (Duration::from_millis(10), Duration::from_secs(60));
                 if let Some(d) = scalar::duration(r, &e.value, &sub, range, ("10ms", "60s")) {
-                    spec.probe_every = d;
+                    spec.tuning.probe_every = d;
                 }
             }
             other => r.error(

@@ -77,5 +77,10 @@ fn store_config(spec: &StoreSpec, instance: &str) -> RedisStoreConfig {
         RedisEndpoint::Standalone(u) => Endpoint::Standalone(url(u)),
         RedisEndpoint::Cluster(urls) => Endpoint::Cluster(urls.iter().map(url).collect()),
     };
-    RedisStoreConfig::of(spec.name.clone(), endpoint, r, instance.to_string())
+    RedisStoreConfig {
+        name: spec.name.clone(),
+        endpoint,
+        instance: instance.to_string(),
+        tuning: r.tuning.clone(),
+    }
 }

@@ -130,7 +130,7 @@ impl Holdings {
                 max,
                 held: Arc::clone(&held),
             };
-            let instances = u64::from(store.config().instances);
+            let instances = u64::from(store.config().tuning.instances);
             LeaseTable::started(slots, ctx, max, instances)
         });
         Self { held, lease }

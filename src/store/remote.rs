@@ -141,7 +141,7 @@ impl Remote {
     /// The size of the local fallback's table: `max_keys` when the fallback is `local`,
     /// else 1 (the table is never written; a table holds at least one set anyway).
     pub(crate) fn local_keys(&self, max_keys: usize) -> usize {
-        match self.store.config().fallback {
+        match self.store.config().tuning.fallback {
             Fallback::Local => max_keys,
             Fallback::Allow | Fallback::Deny => 1,
         }
@@ -149,12 +149,12 @@ impl Remote {
 
     /// This instance's share of `v` (module doc).
     pub(crate) fn share(&self, v: u64) -> u64 {
-        share(v, self.store.config().instances)
+        share(v, self.store.config().tuning.instances)
     }
 
     /// The fallback `deny` verdict: retry after one probe interval.
     pub(crate) fn denied(&self) -> Verdict {
-        Verdict::reject(0, 0, nanos(self.store.config().probe_every).max(1))
+        Verdict::reject(0, 0, nanos(self.store.config().tuning.probe_every).max(1))
     }
 
     /// Store calls the deny cache saved.
@@ -184,7 +184,10 @@ impl Remote {
             Ok(reply) => Sourced::new(stored(reply), Source::Store),
             Err(_) => {
                 self.store.metrics().fallback.inc();
-                Sourced::new(fallback(self.store.config().fallback), Source::Fallback)
+                Sourced::new(
+                    fallback(self.store.config().tuning.fallback),
+                    Source::Fallback,
+                )
             }
         }
     }
@@ -257,7 +260,7 @@ pub(crate) trait Leased: Send + Sync + 'static {
 /// Starts the renewals of `leased` on `store`'s runtime, every third of its lease (at
 /// least 1 ms); they end when the last `Arc` of `leased` is gone.
 pub(crate) fn renew_every_third<L: Leased>(store: &RedisStore, leased: &Arc<L>) {
-    let every = (store.config().lease / 3).max(Duration::from_millis(1));
+    let every = (store.config().tuning.lease / 3).max(Duration::from_millis(1));
     store
         .handle()
         .spawn(renew_loop(Arc::downgrade(leased), every));
@@ -303,8 +306,8 @@ mod tests {
     fn store(fallback: Fallback) -> RedisStore {
         let mut config =
             RedisStoreConfig::new("seam", Endpoint::Standalone("redis://127.0.0.1:1/0".into()));
-        config.fallback = fallback;
-        config.probe_every = Duration::from_millis(700);
+        config.tuning.fallback = fallback;
+        config.tuning.probe_every = Duration::from_millis(700);
         RedisStore::new(config, StoreMetrics::unregistered("seam").unwrap()).unwrap()
     }
 

@@ -129,7 +129,7 @@ impl<K: CounterKind> SharedCounter<K> {
         Self {
             local: K::local(
                 &params,
-                store.config().instances,
+                store.config().tuning.instances,
                 remote.local_keys(max_keys),
             ),
             remote,
@@ -150,7 +150,7 @@ impl<K: CounterKind> SharedCounter<K> {
     /// at a boundary.
     pub fn with_lease(mut self, lease: Option<LeaseCtx>) -> Self {
         self.lease = lease.zip(self.at.shape.quota).map(|(ctx, quota)| {
-            let instances = u64::from(self.store().config().instances);
+            let instances = u64::from(self.store().config().tuning.instances);
             LeaseTable::started(self.at.clone(), ctx, quota, instances)
         });
         self

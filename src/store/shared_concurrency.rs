@@ -471,7 +471,9 @@ impl ConcShared {
         if source == Source::Store && self.held.put_slots(key, copies, g.from_block) {
             return;
         }
-        if source == Source::Fallback && self.remote.store().config().fallback == Fallback::Local {
+        if source == Source::Fallback
+            && self.remote.store().config().tuning.fallback == Fallback::Local
+        {
             self.local.release(key, groups, copies);
         }
         let send = self.give_back(key, copies, source);

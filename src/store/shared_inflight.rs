@@ -45,14 +45,14 @@ impl SharedInflight {
         lease: Option<LeaseCtx>,
     ) -> Self {
         // Only a local fallback counts: the others keep a sketch of one counter.
-        let sketch = match store.config().fallback {
+        let sketch = match store.config().tuning.fallback {
             Fallback::Local => sketch,
             Fallback::Allow | Fallback::Deny => SketchSize {
                 hashes: 1,
                 slots: 1,
             },
         };
-        let local_max = share(max, store.config().instances);
+        let local_max = share(max, store.config().tuning.instances);
         let counting = Counting {
             local: LocalHolds::Sketch(InflightLimiter::new(sketch), local_max),
             holder: new_holder(store),

@@ -58,8 +58,8 @@ const SLACK: Duration = Duration::from_millis(250);
 /// missed 250 ms once, a write 1 s). Fault tests use the default budget ([`fast`]).
 fn config(endpoint: Endpoint) -> RedisStoreConfig {
     let mut c = RedisStoreConfig::new("shared", endpoint);
-    c.probe_every = Duration::from_millis(50);
-    c.timeout = Duration::from_secs(5);
+    c.tuning.probe_every = Duration::from_millis(50);
+    c.tuning.timeout = Duration::from_secs(5);
     c
 }
 
@@ -73,17 +73,19 @@ fn standalone(url: &str) -> RedisStoreConfig {
 /// a refund cannot be asked again (it may have been applied).
 fn semantics(url: &str) -> RedisStoreConfig {
     let mut c = standalone(url);
-    c.probe_every = Duration::from_secs(1);
+    c.tuning.probe_every = Duration::from_secs(1);
     c
 }
 
 /// The default 5 ms budget, for the fault tests.
 fn fast(url: &str) -> RedisStoreConfig {
     let mut c = standalone(url);
-    c.timeout = Duration::from_millis(5);
+    c.tuning.timeout = Duration::from_millis(5);
     assert_eq!(
-        c.timeout,
-        RedisStoreConfig::new("x", Endpoint::Standalone(String::new())).timeout
+        c.tuning.timeout,
+        RedisStoreConfig::new("x", Endpoint::Standalone(String::new()))
+            .tuning
+            .timeout
     );
     c
 }
@@ -674,7 +676,7 @@ async fn inflight_table_matches_the_local_limiter() {
     // loaded machine does not miss it (a missed one may or may not have run, and the
     // comparison would be off by one).
     let mut config = standalone(&redis.url());
-    config.probe_every = Duration::from_secs(1);
+    config.tuning.probe_every = Duration::from_secs(1);
     let (store, _) = start_up(config).await;
     let n = names(&store, "conc");
     let mut rng = Rng(0xfeed_beef_0bad_cafe);
@@ -779,7 +781,7 @@ fn calls_work_from_runtimes_other_than_the_creators() {
     let started = Instant::now();
     let e = bare.block_on(store.token_bucket_many(&n, 2, &p, 1, 1, None));
     assert!(matches!(e, Err(StoreError::Timeout)), "{e:?}");
-    assert!(started.elapsed() < store.config().timeout + SLACK);
+    assert!(started.elapsed() < store.config().tuning.timeout + SLACK);
     redis.thaw();
 }
 
@@ -870,7 +872,7 @@ async fn decide_within_budget(
         let v = l.acquire(key0 + i, 1, 0).await;
         let took = started.elapsed();
         assert!(
-            took < store.config().timeout + SLACK,
+            took < store.config().tuning.timeout + SLACK,
             "decision {i} took {took:?} (source {:?})",
             v.source
         );
@@ -1142,8 +1144,8 @@ async fn fallback_modes_and_local_shares() {
     let port = harness::free_port();
     let down = |fallback: Fallback| {
         let mut c = standalone(&format!("redis://127.0.0.1:{port}/0"));
-        c.fallback = fallback;
-        c.instances = 3;
+        c.tuning.fallback = fallback;
+        c.tuning.instances = 3;
         start(c).0
     };
     // Local: a third of the fleet's bucket and rate.
@@ -1203,7 +1205,7 @@ async fn fallback_modes_and_local_shares() {
 fn leased(url: &str, instance: &str) -> RedisStoreConfig {
     let mut c = standalone(url);
     c.instance = instance.to_string();
-    c.lease = Duration::from_millis(600);
+    c.tuning.lease = Duration::from_millis(600);
     c
 }
 
@@ -1342,7 +1344,7 @@ async fn renewals_repair_redis_from_the_local_count() {
 async fn renewals_skip_keys_whose_releases_landed() {
     let redis = RedisServer::start();
     let mut c = leased(&redis.url(), "a");
-    c.lease = Duration::from_millis(300);
+    c.tuning.lease = Duration::from_millis(300);
     let (store, metrics) = start_up(c).await;
     let n = names(&store, "conc");
     let l = SharedInflight::new(&store, n.clone(), 10, SketchSize::DEFAULT);

@@ -66,7 +66,7 @@ impl RedisStore {
     /// The budget of a decision call: the store's `timeout`, or within a request phase
     /// what is left of it ([`crate::store::budget`]).
     pub(super) fn budget(&self) -> Duration {
-        budget::left(self.inner.config.timeout)
+        budget::left(self.inner.config.tuning.timeout)
     }
 
     /// The timeout of calls nobody waits for (refunds, releases, renewals): as long as a
@@ -76,7 +76,7 @@ impl RedisStore {
     }
 
     pub(super) fn lease_micros(&self) -> u64 {
-        micros(self.inner.config.lease).clamp(1_000, SCRIPT_MAX)
+        micros(self.inner.config.tuning.lease).clamp(1_000, SCRIPT_MAX)
     }
 
     /// Runs `script` within `timeout`, through the breaker, with `at` appended to `args`
@@ -153,7 +153,7 @@ impl RedisStore {
                 } else if inner.breaker.failure() == Transition::Opened {
                     inner.opened(&format!(
                         "{} consecutive failures, last: {e}",
-                        inner.config.failures
+                        inner.config.tuning.failures
                     ));
                 }
                 Err(StoreError::Redis(e))
@@ -163,7 +163,7 @@ impl RedisStore {
                 if inner.breaker.failure() == Transition::Opened {
                     inner.opened(&format!(
                         "{} consecutive failures, last: no answer within {:?}",
-                        inner.config.failures, timeout
+                        inner.config.tuning.failures, timeout
                     ));
                 } else if matches!(inner.target, Target::Cluster(_)) {
                     self.inner.refresh_cluster();
@@ -237,7 +237,7 @@ impl Inner {
     fn refresh_cluster(self: &Arc<Self>) {
         let now = (self.started.elapsed().as_millis() as u64).max(1);
         let last = self.refreshed.load(Ordering::Relaxed);
-        let every = self.config.probe_every.as_millis() as u64;
+        let every = self.config.tuning.probe_every.as_millis() as u64;
         if last != 0 && now < last.saturating_add(every) {
             return;
         }
@@ -272,7 +272,7 @@ impl Inner {
         log::warn!(
             "store {}: down ({why}); deciding by fallback ({:?}) until a probe succeeds",
             self.config.name,
-            self.config.fallback
+            self.config.tuning.fallback
         );
         self.wake.notify_one();
     }
@@ -380,7 +380,7 @@ pub(super) async fn probe_loop(inner: Arc<Inner>) {
                     log::warn!("store {}: probe failed: {e}", inner.config.name);
                     last_error = e;
                 }
-                tokio::time::sleep(inner.config.probe_every).await;
+                tokio::time::sleep(inner.config.tuning.probe_every).await;
             }
         }
     }

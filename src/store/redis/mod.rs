@@ -73,7 +73,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 pub use crate::config::Fallback;
-use crate::config::RedisStoreSpec;
+use crate::config::StoreTuning;
 use crate::limits::clock::Nanos;
 use crate::limits::verdict::{Grant, Verdict};
 use crate::log_budget::LogBudget;
@@ -109,58 +109,22 @@ pub struct RedisStoreConfig {
     pub name: String,
     /// Where Redis is.
     pub endpoint: Endpoint,
-    /// Budget of one request phase for its calls (`timeout`, default 5 ms; see
-    /// [`crate::store::budget`]), and of each call made outside a phase.
-    pub timeout: Duration,
-    /// Consecutive failures that open the breaker (`breaker.failures`, default 5).
-    pub failures: u32,
-    /// Probe interval while the breaker is open (`breaker.probe_every`, default 500 ms).
-    pub probe_every: Duration,
-    /// What decides while the store cannot (`fallback`, default local).
-    pub fallback: Fallback,
-    /// Fleet size, to share limits while falling back (`instances`, default 1).
-    pub instances: u32,
-    /// Key prefix (`prefix`, default `tollgate:`).
-    pub prefix: String,
     /// This process's name in shared state (`server.instance`, default
-    /// [`default_instance`]): inflight counts are kept per instance.
+    /// [`default_instance`]): holding limits keep their counts per instance.
     pub instance: String,
-    /// How long an instance's inflight units outlive its last renewal (`lease`, default
-    /// 10 s; renewed every third of it). A crashed instance's share is gone after one.
-    pub lease: Duration,
+    /// How the store is used: budget, breaker, fallback, fleet size, prefix, lease.
+    pub tuning: StoreTuning,
 }
 
 impl RedisStoreConfig {
-    /// The defaults (the config's, [`RedisStoreSpec::default`]) for a store called `name` at
+    /// The defaults (the config's, [`StoreTuning::default`]) for a store called `name` at
     /// `endpoint`, this process named [`default_instance`].
     pub fn new(name: impl Into<String>, endpoint: Endpoint) -> Self {
-        Self::of(
-            name,
-            endpoint,
-            &RedisStoreSpec::default(),
-            default_instance(),
-        )
-    }
-
-    /// The settings `spec` gives a store called `name` at `endpoint` (`spec`'s URLs, as
-    /// the caller resolved them), this process named `instance`.
-    pub fn of(
-        name: impl Into<String>,
-        endpoint: Endpoint,
-        spec: &RedisStoreSpec,
-        instance: String,
-    ) -> Self {
         Self {
             name: name.into(),
             endpoint,
-            timeout: spec.timeout,
-            failures: spec.failures,
-            probe_every: spec.probe_every,
-            fallback: spec.fallback,
-            instances: spec.instances,
-            prefix: spec.prefix.clone(),
-            instance,
-            lease: spec.lease,
+            instance: default_instance(),
+            tuning: StoreTuning::default(),
         }
     }
 }
@@ -262,6 +226,7 @@ impl RedisStore {
             reason: e.to_string(),
         };
         let probe_timeout = config
+            .tuning
             .probe_every
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
         let tcp = TcpSettings::default().set_nodelay(true).set_keepalive(
@@ -292,7 +257,7 @@ impl RedisStore {
                     .connection_timeout(probe_timeout)
                     // Per node, inside the cluster's own task: a backstop that clears
                     // requests a frozen node never answers. Callers have the budget.
-                    .response_timeout(probe_timeout.max(config.timeout))
+                    .response_timeout(probe_timeout.max(config.tuning.timeout))
                     // Applied in the caller's runtime: replaced by the store's budget.
                     .overall_response_timeout(None)
                     .retries(1)
@@ -304,12 +269,12 @@ impl RedisStore {
             }
         };
         let (handle, stop) = start_runtime(&config.name)?;
-        let probe_key = KeyNames::scoped(&config.prefix, "probe").key(0, StateKind::Rate);
+        let probe_key = KeyNames::scoped(&config.tuning.prefix, "probe").key(0, StateKind::Rate);
         let id_tag = id_tag(&config.instance);
         metrics.up.set(0);
         let inner = Arc::new(Inner {
             probe_timeout,
-            breaker: Breaker::new(config.failures),
+            breaker: Breaker::new(config.tuning.failures),
             conn: ArcSwapOption::empty(),
             target,
             scripts: Scripts::new(),
@@ -390,7 +355,7 @@ impl RedisStore {
 
     /// The key names of `origin`'s `limit`, `variant`, under this store's prefix.
     pub fn names(&self, origin: &str, limit: &str, variant: Variant) -> KeyNames {
-        KeyNames::new(&self.inner.config.prefix, origin, limit, variant)
+        KeyNames::new(&self.inner.config.tuning.prefix, origin, limit, variant)
     }
 
     /// Runs `work` for at most `d`, on the store's timer (usable from any runtime, or none

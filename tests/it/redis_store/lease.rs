@@ -23,10 +23,10 @@ async fn fleet(redis: &RedisServer, lease: Duration) -> Vec<RedisStore> {
     for name in ["a", "b", "c"] {
         let mut c = standalone(&redis.url());
         c.instance = name.to_string();
-        c.lease = lease;
+        c.tuning.lease = lease;
         // Returns are background calls, whose budget is the probe's: a second, so that
         // a loaded machine does not time them out.
-        c.probe_every = Duration::from_secs(1);
+        c.tuning.probe_every = Duration::from_secs(1);
         stores.push(start_up(c).await.0);
     }
     stores

@@ -50,8 +50,8 @@ async fn fallbacks_decide_at_this_instances_share() {
     let port = harness::free_port();
     let down = |fallback: Fallback| {
         let mut c = standalone(&format!("redis://127.0.0.1:{port}/0"));
-        c.fallback = fallback;
-        c.instances = 3;
+        c.tuning.fallback = fallback;
+        c.tuning.instances = 3;
         start(c).0
     };
     let store = down(Fallback::Local);
@@ -162,7 +162,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_its_budget() {
         guards.push(o.value.unwrap());
         let took = started.elapsed();
         assert!(
-            took < 3 * (store.config().timeout + SLACK),
+            took < 3 * (store.config().tuning.timeout + SLACK),
             "three decisions took {took:?}"
         );
     }
@@ -181,7 +181,7 @@ async fn a_frozen_redis_costs_each_decision_at_most_its_budget() {
 async fn concurrency_renewals_repair_redis_from_the_local_counts() {
     let mut redis = RedisServer::start();
     let mut config = standalone(&redis.url());
-    config.lease = Duration::from_millis(600);
+    config.tuning.lease = Duration::from_millis(600);
     let (store, _) = start_up(config).await;
     let n = names(&store, "conc");
     let c =
@@ -215,7 +215,7 @@ async fn concurrency_renewals_repair_redis_from_the_local_counts() {
 async fn a_dead_holder_loses_its_copies_after_one_lease() {
     let redis = RedisServer::start();
     let mut config = standalone(&redis.url());
-    config.lease = Duration::from_millis(600);
+    config.tuning.lease = Duration::from_millis(600);
     let (store, _) = start_up(config).await;
     let n = names(&store, "conc");
     let l = SharedConcurrency::new(&store, n.clone(), conc(3, Some(3), &[]), &[], 100).unwrap();
