@@ -18,11 +18,9 @@ use crate::limits::clock::Nanos;
 use crate::limits::rate::RateParams;
 use crate::limits::token_bucket::TokenBucketParams;
 use crate::store::key::{KeyNames, StateKind};
-use crate::store::redis::rate::rate_window;
+use crate::store::redis::rate::RateArgs;
 use crate::store::redis::token_bucket::BucketArgs;
-use crate::store::redis::{
-    nanos, scripts, Arg, CounterKeys, Micros, RedisStore, RATE_MAX, SCRIPT_MAX,
-};
+use crate::store::redis::{nanos, scripts, Arg, CounterKeys, Micros, RedisStore, SCRIPT_MAX};
 use crate::store::StoreError;
 
 /// What a lease take granted.
@@ -81,14 +79,8 @@ impl RedisStore {
         want: u64,
         at: Option<Micros>,
     ) -> Result<LeaseGrant, StoreError> {
-        let (per, tick) = rate_window(params.per);
         let key = names.key(hash, StateKind::Rate);
-        let args = [
-            Arg::U(params.max.min(RATE_MAX)),
-            Arg::U(per),
-            Arg::U(tick),
-            Arg::U(want.min(RATE_MAX + 1)),
-        ];
+        let args = RateArgs::new(params).and(want);
         let s = &self.inner.scripts.lease_rate_take;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         LeaseGrant::from_reply(&v)
@@ -106,14 +98,9 @@ impl RedisStore {
         epoch: u64,
         at: Option<Micros>,
     ) -> Result<u64, StoreError> {
-        let (per, tick) = rate_window(params.per);
         let key = names.key(hash, StateKind::Rate);
-        let args = [
-            Arg::U(per),
-            Arg::U(tick),
-            Arg::U(n.min(RATE_MAX + 1)),
-            Arg::U(epoch.min(SCRIPT_MAX)),
-        ];
+        let [per, tick, n] = RateArgs::new(params).window_and(n);
+        let args = [per, tick, n, Arg::U(epoch.min(SCRIPT_MAX))];
         let s = &self.inner.scripts.lease_rate_return;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))

@@ -31,14 +31,14 @@ impl RedisStore {
         want: u64,
         at: Option<Micros>,
     ) -> Result<Grant, StoreError> {
-        let (per, tick) = rate_window(params.per);
         let key = names.key(hash, StateKind::Rate);
-        let (want, min) = (want.min(RATE_MAX + 1), min.min(want).min(RATE_MAX + 1));
+        let min = clamp_count(min.min(want));
+        let [max, per, tick, want] = RateArgs::new(params).and(want);
         let args = [
-            Arg::U(params.max.min(RATE_MAX)),
-            Arg::U(per),
-            Arg::U(tick),
-            Arg::U(want),
+            max,
+            per,
+            tick,
+            want,
             Arg::U(u64::from(params.strict)),
             Arg::U(min),
         ];
@@ -85,9 +85,8 @@ impl RedisStore {
         cost: u64,
         at: Option<Micros>,
     ) -> Result<u64, StoreError> {
-        let (per, tick) = rate_window(params.per);
         let key = names.key(hash, StateKind::Rate);
-        let args = [Arg::U(per), Arg::U(tick), Arg::U(cost.min(RATE_MAX + 1))];
+        let args = RateArgs::new(params).window_and(cost);
         let s = &self.inner.scripts.rate_refund;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))
@@ -115,6 +114,44 @@ impl RateCounts {
         let per = self.per.max(1) as f64;
         self.previous as f64 * (per - self.elapsed as f64) / per + self.current as f64
     }
+}
+
+/// A rate's parameters in the scripts' units: its `max` (clamped to [`RATE_MAX`]) and its
+/// window as `per` ticks of `tick` µs ([`rate_window`]).
+pub(super) struct RateArgs {
+    max: u64,
+    per: u64,
+    tick: u64,
+}
+
+impl RateArgs {
+    pub(super) fn new(p: &RateParams) -> Self {
+        let (per, tick) = rate_window(p.per);
+        Self {
+            max: p.max.min(RATE_MAX),
+            per,
+            tick,
+        }
+    }
+
+    /// The arguments of a script that counts `n` against the limit (a decision's `want`,
+    /// a lease's): max, per, tick, `n` ([`clamp_count`]).
+    pub(super) fn and<'a>(&self, n: u64) -> [Arg<'a>; 4] {
+        let [per, tick, n] = self.window_and(n);
+        [Arg::U(self.max), per, tick, n]
+    }
+
+    /// The arguments of a script that gives `n` back to the window (a refund, a lease's
+    /// return): per, tick, `n` ([`clamp_count`]).
+    pub(super) fn window_and<'a>(&self, n: u64) -> [Arg<'a>; 3] {
+        [Arg::U(self.per), Arg::U(self.tick), Arg::U(clamp_count(n))]
+    }
+}
+
+/// A count sent to the rate scripts: at most one past [`RATE_MAX`] (enough to say "over
+/// any limit"), so that the scripts' arithmetic stays exact.
+fn clamp_count(n: u64) -> u64 {
+    n.min(RATE_MAX + 1)
 }
 
 /// A window of `per` nanoseconds as (ticks, tick in µs): the finest tick of 1, 10, 100,
