@@ -39,13 +39,11 @@ use crate::store::remote::{renew_every_third, Leased, Remote, Source, Sourced};
 use crate::store::variant_counts::VariantCounts;
 use crate::store::StoreError;
 
-/// How a holding limit is counted ([`SharedConcurrency::counted`]): its fallback, its
-/// field in the counters, and where a key's counter lives.
+/// How a holding limit is counted ([`SharedConcurrency::counted`]): its fallback and
+/// where a key's counter lives. Its field in the counters is its own ([`holder_for`]).
 pub(crate) struct Counting {
     /// The fallback, at this instance's share.
     pub(crate) local: LocalHolds,
-    /// This limiter's field in every counter.
-    pub(crate) holder: String,
     /// The key's counter.
     pub(crate) counter: fn(&KeyNames, u64) -> CounterKeys,
 }
@@ -57,7 +55,7 @@ static INCARNATIONS: AtomicU64 = AtomicU64::new(0);
 /// limiters of one process on the same names (a reload's old one, whose guards are still
 /// out, and its new one) never write over each other's share (`docs/architecture.md`,
 /// "Leases").
-pub(crate) fn new_holder(store: &RedisStore) -> String {
+fn holder_for(store: &RedisStore) -> String {
     let incarnation = INCARNATIONS.fetch_add(1, Ordering::Relaxed);
     format!("{}#{incarnation}", store.config().instance)
 }
@@ -70,7 +68,7 @@ pub struct SharedConcurrency {
 struct ConcShared {
     remote: Remote,
     names: Arc<KeyNames>,
-    /// This limiter's field in every counter ([`new_holder`]).
+    /// This limiter's field in every counter ([`holder_for`]).
     holder: String,
     /// The key's counter.
     counter: fn(&KeyNames, u64) -> CounterKeys,
@@ -167,7 +165,6 @@ impl SharedConcurrency {
         let local = LocalHolds::Table(ConcurrencyLimiter::new(local_params, local_keys)?);
         let counting = Counting {
             local,
-            holder: new_holder(store),
             counter: CounterKeys::of_key,
         };
         Ok(Self::counted(
@@ -191,11 +188,8 @@ impl SharedConcurrency {
         counting: Counting,
         lease: Option<LeaseCtx>,
     ) -> Self {
-        let Counting {
-            local,
-            holder,
-            counter,
-        } = counting;
+        let Counting { local, counter } = counting;
+        let holder = holder_for(store);
         let variant = VariantCounts::new(&names, &params, group_names);
         let names = Arc::new(names);
         let lease = lease.filter(|_| variant.is_empty());

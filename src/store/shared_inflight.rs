@@ -15,9 +15,7 @@ use crate::store::leased_slots::Holdings;
 use crate::store::local_holds::LocalHolds;
 use crate::store::redis::{Fallback, RedisStore};
 use crate::store::remote::{share, Source, Sourced};
-use crate::store::shared_concurrency::{
-    new_holder, Counting, SharedConcurrency, SharedConcurrencyGuard,
-};
+use crate::store::shared_concurrency::{Counting, SharedConcurrency, SharedConcurrencyGuard};
 use crate::store::StoreError;
 
 /// An inflight limit counted across the fleet, per instance with a lease (module doc).
@@ -55,7 +53,6 @@ impl SharedInflight {
         let local_max = share(max, store.config().tuning.instances);
         let counting = Counting {
             local: LocalHolds::Sketch(InflightLimiter::new(sketch), local_max),
-            holder: new_holder(store),
             counter: RedisStore::inflight_counter,
         };
         let params = ConcurrencyParams {
