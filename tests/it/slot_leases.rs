@@ -185,25 +185,7 @@ async fn an_instance_killed_holding_a_block_loses_it_after_one_lease() {
 /// The slots Redis counts for the inflight limit `held` of customer `acme`: the sum of
 /// every holder's field in the key's counter (its one `...:ic` hash).
 fn counted_slots(redis: &RedisServer) -> u64 {
-    let keys = match redis.cmd(&["KEYS", "tollgate:app:held:*:ic"]) {
-        redis::Value::Array(v) => v,
-        other => panic!("KEYS: {other:?}"),
-    };
-    let mut total = 0;
-    for key in keys {
-        let key = match key {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).to_string(),
-            other => panic!("{other:?}"),
-        };
-        if let redis::Value::Array(vals) = redis.cmd(&["HVALS", &key]) {
-            for v in vals {
-                if let redis::Value::BulkString(b) = v {
-                    total += String::from_utf8_lossy(&b).parse::<u64>().unwrap();
-                }
-            }
-        }
-    }
-    total
+    redis.hash_counts("tollgate:app:held:*:ic").iter().sum()
 }
 
 /// A store whose lease outlives the test (a minute): only a give-back empties a block.

@@ -159,6 +159,32 @@ impl RedisServer {
         cmd.query(&mut con)
     }
 
+    /// Every value of every hash whose key matches `pattern` (`KEYS`), as numbers, sorted:
+    /// the per-holder counts of a holding limit's counters (`...:ic`, `...:cc`).
+    pub fn hash_counts(&self, pattern: &str) -> Vec<u64> {
+        let redis::Value::Array(keys) = self.cmd(&["KEYS", pattern]) else {
+            panic!("KEYS {pattern}");
+        };
+        let mut counts = Vec::new();
+        for key in keys {
+            let redis::Value::BulkString(key) = key else {
+                panic!("a key: {key:?}");
+            };
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let redis::Value::Array(values) = self.cmd(&["HVALS", &key]) else {
+                panic!("HVALS {key}");
+            };
+            for v in values {
+                let redis::Value::BulkString(b) = v else {
+                    panic!("a count in {key}: {v:?}");
+                };
+                counts.push(String::from_utf8_lossy(&b).parse::<u64>().unwrap());
+            }
+        }
+        counts.sort_unstable();
+        counts
+    }
+
     /// A field of `INFO` (`used_cpu_sys`), as text.
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
         let info = match self.cmd(&["INFO", section]) {
