@@ -34,7 +34,7 @@ use crate::store::key::KeyNames;
 use crate::store::lease_table::{FromSlice, LeaseCtx, LeaseTable};
 use crate::store::leased::{bucket_quota, InRedis};
 use crate::store::local_share::local_bucket_share;
-use crate::store::redis::{Fallback, LeaseGrant, Micros, RateCounts, RedisStore};
+use crate::store::redis::{Fallback, LeaseGrant, LeaseQuota, Micros, RateCounts, RedisStore};
 use crate::store::remote::{share, Remote, Source, Sourced};
 use crate::store::StoreError;
 
@@ -61,7 +61,7 @@ impl<T, F: Future<Output = Result<T, StoreError>> + Send> Reply<T> for F {}
 /// this instance's share (module doc), and it names the kind's script calls.
 pub trait CounterKind: Send + Sync + Sized + 'static {
     /// The kind's parameters (the fleet's).
-    type Params: Copy + Send + Sync + 'static;
+    type Params: LeaseQuota + Copy + Send + Sync + 'static;
     /// Whether a store refund goes back into the key's slice when it has one (a bucket's
     /// tokens do; a rate's count goes to the store, whose period may have turned).
     const REFUND_TO_SLICE: bool;
@@ -83,7 +83,9 @@ pub trait CounterKind: Send + Sync + Sized + 'static {
     /// Gives `cost` back to the store.
     fn refund_call(s: &InRedis<Self>, key: u64, cost: u64) -> impl Reply<u64>;
     /// Takes up to `want` of the key's quota for a slice.
-    fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant>;
+    fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant> {
+        (s.store).lease_take(&s.names, key, &s.params, want, None)
+    }
     /// Gives `n` unspent units of a slice of `epoch` back: a refund by default.
     fn give_back_call(s: &InRedis<Self>, key: u64, n: u64, epoch: u64) -> impl Reply<u64> {
         let _ = epoch;
@@ -270,20 +272,16 @@ impl<K: CounterKind> SharedCounter<K> {
     }
 }
 
-/// A counter kind's script calls ([`CounterKind::call`], `refund_call`, `take_call`): the
+/// A counter kind's script calls ([`CounterKind::call`], `refund_call`): the
 /// `RedisStore` methods of each, named, all taking the same arguments.
 macro_rules! script_calls {
-    ($many:ident, $refund:ident, $take:ident) => {
+    ($many:ident, $refund:ident) => {
         fn call(s: &InRedis<Self>, k: u64, n: [u64; 2], at: Option<Micros>) -> impl Reply<Grant> {
             (s.store).$many(&s.names, k, &s.params, n[0], n[1], at)
         }
 
         fn refund_call(s: &InRedis<Self>, key: u64, cost: u64) -> impl Reply<u64> {
             (s.store).$refund(&s.names, key, &s.params, cost, None)
-        }
-
-        fn take_call(s: &InRedis<Self>, key: u64, want: u64) -> impl Reply<LeaseGrant> {
-            (s.store).$take(&s.names, key, &s.params, want, None)
         }
     };
 }
@@ -316,7 +314,7 @@ impl CounterKind for TokenBucket {
         self.refund(key, cost, now);
     }
 
-    script_calls!(token_bucket_many, token_bucket_refund, lease_bucket_take);
+    script_calls!(token_bucket_many, token_bucket_refund);
 }
 
 impl SharedTokenBucket {
@@ -370,7 +368,7 @@ impl CounterKind for LocalRate {
         self.rate.refund(key, cost, now);
     }
 
-    script_calls!(rate_many, rate_refund, lease_rate_take);
+    script_calls!(rate_many, rate_refund);
 
     fn give_back_call(s: &InRedis<Self>, key: u64, n: u64, epoch: u64) -> impl Reply<u64> {
         (s.store).lease_rate_return(&s.names, key, &s.params, n, epoch, None)

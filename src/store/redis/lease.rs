@@ -20,7 +20,9 @@ use crate::limits::token_bucket::TokenBucketParams;
 use crate::store::key::{KeyNames, StateKind};
 use crate::store::redis::rate::RateArgs;
 use crate::store::redis::token_bucket::BucketArgs;
-use crate::store::redis::{nanos, scripts, Arg, CounterKeys, Micros, RedisStore, SCRIPT_MAX};
+use crate::store::redis::{
+    nanos, scripts, Arg, CounterKeys, LuaScript, Micros, RedisStore, Scripts, SCRIPT_MAX,
+};
 use crate::store::StoreError;
 
 /// What a lease take granted.
@@ -51,37 +53,60 @@ impl LeaseGrant {
     }
 }
 
-impl RedisStore {
-    /// Takes up to `want` tokens out of the bucket of the key hashed to `hash` (see
-    /// lease_bucket_take.lua), within the decision budget.
-    pub async fn lease_bucket_take(
-        &self,
-        names: &KeyNames,
-        hash: u64,
-        params: &TokenBucketParams,
-        want: u64,
-        at: Option<Micros>,
-    ) -> Result<LeaseGrant, StoreError> {
-        let key = names.key(hash, StateKind::TokenBucket);
-        let args = BucketArgs::new(params).and(want);
-        let s = &self.inner.scripts.lease_bucket_take;
-        let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
-        LeaseGrant::from_reply(&v)
+/// A kind whose quota is leased as units of one key's state (a bucket's tokens, a rate's
+/// counts): what [`RedisStore::lease_take`] needs of its parameters. Slots are leased from
+/// several counters at once ([`RedisStore::lease_slots_take`]).
+pub trait LeaseQuota {
+    /// Where the key's state lives.
+    const STATE: StateKind;
+
+    /// The take script's arguments for `want` units: the parameters in the script's units,
+    /// then `want`, each clamped as the script's arithmetic needs.
+    fn take_args(&self, want: u64) -> [u64; 4];
+
+    /// The take script.
+    fn take_script(scripts: &Scripts) -> &LuaScript;
+}
+
+impl LeaseQuota for TokenBucketParams {
+    const STATE: StateKind = StateKind::TokenBucket;
+
+    fn take_args(&self, want: u64) -> [u64; 4] {
+        BucketArgs::new(self).and(want)
     }
 
-    /// Counts up to `want` events in the current period of the key's window, as far as
-    /// they fit (see lease_rate_take.lua), within the decision budget.
-    pub async fn lease_rate_take(
+    fn take_script(scripts: &Scripts) -> &LuaScript {
+        &scripts.lease_bucket_take
+    }
+}
+
+impl LeaseQuota for RateParams {
+    const STATE: StateKind = StateKind::Rate;
+
+    fn take_args(&self, want: u64) -> [u64; 4] {
+        RateArgs::new(self).and(want)
+    }
+
+    fn take_script(scripts: &Scripts) -> &LuaScript {
+        &scripts.lease_rate_take
+    }
+}
+
+impl RedisStore {
+    /// Takes up to `want` units of the key hashed to `hash`'s quota (a bucket's tokens,
+    /// see lease_bucket_take.lua; a rate's counts in its current period, as far as they
+    /// fit, see lease_rate_take.lua), within the decision budget.
+    pub async fn lease_take<P: LeaseQuota>(
         &self,
         names: &KeyNames,
         hash: u64,
-        params: &RateParams,
+        params: &P,
         want: u64,
         at: Option<Micros>,
     ) -> Result<LeaseGrant, StoreError> {
-        let key = names.key(hash, StateKind::Rate);
-        let args = RateArgs::new(params).and(want);
-        let s = &self.inner.scripts.lease_rate_take;
+        let key = names.key(hash, P::STATE);
+        let args = params.take_args(want).map(Arg::U);
+        let s = P::take_script(&self.inner.scripts);
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         LeaseGrant::from_reply(&v)
     }
@@ -100,7 +125,7 @@ impl RedisStore {
     ) -> Result<u64, StoreError> {
         let key = names.key(hash, StateKind::Rate);
         let [per, tick, n] = RateArgs::new(params).window_and(n);
-        let args = [per, tick, n, Arg::U(epoch.min(SCRIPT_MAX))];
+        let args = [per, tick, n, epoch.min(SCRIPT_MAX)].map(Arg::U);
         let s = &self.inner.scripts.lease_rate_return;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))

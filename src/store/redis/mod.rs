@@ -84,7 +84,7 @@ use crate::store::StoreError;
 
 use conn::{probe_loop, start_runtime, Arg, Conn, Target};
 pub use counters::{CounterKeys, CountersOutcome};
-pub use lease::LeaseGrant;
+pub use lease::{LeaseGrant, LeaseQuota};
 pub use rate::RateCounts;
 pub use scripts::{LuaScript, Scripts};
 pub use sliding_log::LogGrant;

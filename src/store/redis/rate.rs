@@ -34,14 +34,8 @@ impl RedisStore {
         let key = names.key(hash, StateKind::Rate);
         let min = clamp_count(min.min(want));
         let [max, per, tick, want] = RateArgs::new(params).and(want);
-        let args = [
-            max,
-            per,
-            tick,
-            want,
-            Arg::U(u64::from(params.strict)),
-            Arg::U(min),
-        ];
+        let strict = u64::from(params.strict);
+        let args = [max, per, tick, want, strict, min].map(Arg::U);
         let s = match params.window {
             RateWindow::Sliding => &self.inner.scripts.rate,
             RateWindow::Fixed => &self.inner.scripts.fixed_window,
@@ -86,7 +80,7 @@ impl RedisStore {
         at: Option<Micros>,
     ) -> Result<u64, StoreError> {
         let key = names.key(hash, StateKind::Rate);
-        let args = RateArgs::new(params).window_and(cost);
+        let args = RateArgs::new(params).window_and(cost).map(Arg::U);
         let s = &self.inner.scripts.rate_refund;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))
@@ -136,15 +130,14 @@ impl RateArgs {
 
     /// The arguments of a script that counts `n` against the limit (a decision's `want`,
     /// a lease's): max, per, tick, `n` ([`clamp_count`]).
-    pub(super) fn and<'a>(&self, n: u64) -> [Arg<'a>; 4] {
-        let [per, tick, n] = self.window_and(n);
-        [Arg::U(self.max), per, tick, n]
+    pub(super) fn and(&self, n: u64) -> [u64; 4] {
+        [self.max, self.per, self.tick, clamp_count(n)]
     }
 
     /// The arguments of a script that gives `n` back to the window (a refund, a lease's
     /// return): per, tick, `n` ([`clamp_count`]).
-    pub(super) fn window_and<'a>(&self, n: u64) -> [Arg<'a>; 3] {
-        [Arg::U(self.per), Arg::U(self.tick), Arg::U(clamp_count(n))]
+    pub(super) fn window_and(&self, n: u64) -> [u64; 3] {
+        [self.per, self.tick, clamp_count(n)]
     }
 }
 

@@ -68,7 +68,7 @@ impl RedisStore {
         at: Option<Micros>,
     ) -> Result<u64, StoreError> {
         let key = names.key(hash, StateKind::TokenBucket);
-        let args = BucketArgs::new(params).and(cost);
+        let args = BucketArgs::new(params).and(cost).map(Arg::U);
         let s = &self.inner.scripts.token_bucket_refund;
         let v = self.eval(s, &[&key], &args, at, self.background()).await?;
         Ok(scripts::count(scripts::int(&v)?))
@@ -93,12 +93,7 @@ impl BucketArgs {
 
     /// The arguments of a script that takes one count after the parameters (a refund's
     /// cost, a lease's want): capacity, amount, every, `n` (clamped to 2^52).
-    pub(super) fn and<'a>(&self, n: u64) -> [Arg<'a>; 4] {
-        [
-            Arg::U(self.capacity),
-            Arg::U(self.amount),
-            Arg::U(self.every),
-            Arg::U(n.min(SCRIPT_MAX)),
-        ]
+    pub(super) fn and(&self, n: u64) -> [u64; 4] {
+        [self.capacity, self.amount, self.every, n.min(SCRIPT_MAX)]
     }
 }

@@ -48,10 +48,7 @@ async fn concurrent_bucket_takers_never_take_more_than_capacity_plus_refills() {
                 let mut taken = 0;
                 for _ in 0..100 {
                     let want = 1 + rng.below(40);
-                    let g = store
-                        .lease_bucket_take(&n, 1, &p, want, None)
-                        .await
-                        .unwrap();
+                    let g = store.lease_take(&n, 1, &p, want, None).await.unwrap();
                     assert!(g.granted <= want && g.valid_for.is_none() && g.epoch == 0);
                     taken += g.granted;
                 }
@@ -94,7 +91,7 @@ async fn concurrent_rate_takers_never_count_more_than_max_in_a_period() {
                     // one (at 1.5 s, half of the previous period still weighing).
                     let t = if k < 75 { 100 * MS } else { 1_500 * MS } + k * 1_000;
                     let want = 1 + rng.below(20);
-                    let g = store.lease_rate_take(&n, 1, &r, want, at(t)).await.unwrap();
+                    let g = store.lease_take(&n, 1, &r, want, at(t)).await.unwrap();
                     assert!(g.granted <= want);
                     grants.push(g);
                 }
@@ -192,7 +189,7 @@ async fn returned_quota_is_taken_again() {
     let n = names(&s, "ret");
     // Token bucket: tokens back to the bucket.
     let b = bucket(10, 1, SEC, false);
-    let take = |want| s.lease_bucket_take(&n, 1, &b, want, at(0));
+    let take = |want| s.lease_take(&n, 1, &b, want, at(0));
     assert_eq!(
         (
             take(6).await.unwrap().granted,
@@ -207,7 +204,7 @@ async fn returned_quota_is_taken_again() {
     // Rate: counts back to their period.
     let r = rate(10, SEC);
     let epoch = BASE_US / 1_000_000;
-    let g = s.lease_rate_take(&n, 1, &r, 7, at(100 * MS)).await.unwrap();
+    let g = s.lease_take(&n, 1, &r, 7, at(100 * MS)).await.unwrap();
     assert_eq!(
         g,
         LeaseGrant {
@@ -218,7 +215,7 @@ async fn returned_quota_is_taken_again() {
         }
     );
     assert_eq!(
-        s.lease_rate_take(&n, 1, &r, 7, at(100 * MS))
+        s.lease_take(&n, 1, &r, 7, at(100 * MS))
             .await
             .unwrap()
             .granted,
@@ -230,7 +227,7 @@ async fn returned_quota_is_taken_again() {
         .unwrap();
     assert_eq!(curr, 6);
     assert_eq!(
-        s.lease_rate_take(&n, 1, &r, 10, at(200 * MS))
+        s.lease_take(&n, 1, &r, 10, at(200 * MS))
             .await
             .unwrap()
             .granted,
@@ -274,13 +271,10 @@ async fn a_period_change_resets_the_rate_lease() {
     let n = names(&s, "period");
     let r = rate(10, SEC);
     let p = BASE_US / 1_000_000;
-    let g = s
-        .lease_rate_take(&n, 1, &r, 10, at(100 * MS))
-        .await
-        .unwrap();
+    let g = s.lease_take(&n, 1, &r, 10, at(100 * MS)).await.unwrap();
     assert_eq!((g.granted, g.epoch), (10, p));
     assert_eq!(
-        s.lease_rate_take(&n, 1, &r, 1, at(900 * MS))
+        s.lease_take(&n, 1, &r, 1, at(900 * MS))
             .await
             .unwrap()
             .granted,
@@ -288,10 +282,7 @@ async fn a_period_change_resets_the_rate_lease() {
     );
     // Half into the next period: a new epoch, valid until its end, and room for what the
     // previous period's weight leaves (10 - 10 · 0.5).
-    let g = s
-        .lease_rate_take(&n, 1, &r, 10, at(1_500 * MS))
-        .await
-        .unwrap();
+    let g = s.lease_take(&n, 1, &r, 10, at(1_500 * MS)).await.unwrap();
     assert_eq!(
         g,
         LeaseGrant {
@@ -308,7 +299,7 @@ async fn a_period_change_resets_the_rate_lease() {
         .unwrap();
     assert_eq!(curr, 5, "the new period's count is untouched");
     assert_eq!(
-        s.lease_rate_take(&n, 1, &r, 10, at(1_500 * MS))
+        s.lease_take(&n, 1, &r, 10, at(1_500 * MS))
             .await
             .unwrap()
             .granted,
@@ -320,10 +311,7 @@ async fn a_period_change_resets_the_rate_lease() {
         .await
         .unwrap();
     assert_eq!(curr, 0, "a third period starts empty");
-    let g = s
-        .lease_rate_take(&n, 1, &r, 10, at(2_100 * MS))
-        .await
-        .unwrap();
+    let g = s.lease_take(&n, 1, &r, 10, at(2_100 * MS)).await.unwrap();
     // prev = 7 (5 + 2) at e = 0.1: room = ⌊10 - 7 · 0.9⌋ = 3.
     assert_eq!((g.granted, g.epoch), (3, p + 2));
 }
@@ -421,10 +409,7 @@ async fn three_instances_admit_from_slices_within_the_bucket() {
                 calls += 1;
                 let (count, over) = slice.rate(t);
                 let want = sizer.size(count, over, remaining[i]);
-                let g = store
-                    .lease_bucket_take(&n, 1, &p, want, at(t))
-                    .await
-                    .unwrap();
+                let g = store.lease_take(&n, 1, &p, want, at(t)).await.unwrap();
                 remaining[i] = Some(g.remaining);
                 slice.grant(g.granted, g.epoch, u64::MAX, SliceSizer::low_water(want), t);
                 if g.granted == 0 {
