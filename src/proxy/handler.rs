@@ -65,6 +65,7 @@ use crate::proxy::conn_caps::Connections;
 use crate::proxy::conn_state::{Conn, ConnState};
 use crate::proxy::edge::{Edge, Protocol, PREFACE};
 use crate::proxy::h2::{self, Ended};
+use crate::proxy::idle::IdleTimer;
 use crate::proxy::service::Tollgate;
 use crate::proxy::Peer;
 use crate::runtime::Runtime;
@@ -139,6 +140,7 @@ impl Handler {
         let mut settings = None;
         let header_start = Instant::now();
         let mut first = true;
+        let mut idle = IdleTimer::default();
         loop {
             let limits = self.runtime.load().config.server.connections;
             if first {
@@ -171,9 +173,9 @@ impl Handler {
             let mut header_start = header_start;
             let mut ended = None;
             if !first {
-                let idle = limits.keepalive_timeout;
+                idle.start(limits.keepalive_timeout);
                 match self
-                    .wait_for_next(request.as_mut(), &state, idle, shutdown)
+                    .wait_for_next(request.as_mut(), &state, &mut idle, shutdown)
                     .await
                 {
                     Next::Done(reused) => ended = Some(reused),
@@ -245,21 +247,20 @@ impl Handler {
 
     /// Runs a kept-alive connection's next `request` until it arrives (a byte of it, or a
     /// header Pingora had already read with the previous request) or ends. While it is
-    /// idle ([`ConnState::idle`]) it is closed when it has waited `idle`
-    /// (`keepalive_timeout`), when the connection cap is reached, or when the process
+    /// idle ([`ConnState::idle`]) it is closed when `idle` expires (`keepalive_timeout`,
+    /// started by the caller), when the connection cap is reached, or when the process
     /// stops listening; dropping it then loses nothing, since nothing of it arrived.
     async fn wait_for_next<F: Future>(
         &self,
         mut request: Pin<&mut F>,
         state: &ConnState,
-        idle: Duration,
+        idle: &mut IdleTimer,
         shutdown: &ShutdownWatch,
     ) -> Next<F::Output> {
         // Pingora's shared 10 ms timer wheel, not a Tokio timer: registering a Tokio sleep
         // on every keep-alive request woke this worker's own driver through its eventfd
-        // (one `write` and one extra `epoll_wait` a request; strace, docs/performance.md).
-        let timeout = pingora_timeout::fast_timeout::fast_sleep(idle);
-        tokio::pin!(timeout);
+        // (one `write` and one extra `epoll_wait` a request; strace, docs/performance.md);
+        // and armed once per timeout, not per request (`super::idle`).
         let reclaim = self.connections.reclaim();
         tokio::pin!(reclaim);
         let mut stopping = shutdown.clone();
@@ -277,9 +278,10 @@ impl Handler {
                 // bytes it read earlier): the request wakes this task itself.
                 return Poll::Pending;
             }
-            if timeout.as_mut().poll(cx).is_ready() {
+            if idle.poll_expired(cx).is_ready() {
                 self.keepalive_timeouts.inc();
-                log::debug!("closed a keep-alive connection: idle for {idle:?}");
+                let timeout = idle.timeout();
+                log::debug!("closed a keep-alive connection: idle for {timeout:?}");
                 return Poll::Ready(Next::Close);
             }
             if reclaim.as_mut().poll(cx).is_ready() {

@@ -6,7 +6,7 @@
 //! small HTTP side
 //! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
 //! proxy, each downstream connection's life: its caps ([`conn_caps`]), its deadlines and
-//! draining ([`handler`], [`conn_state`]), what precedes its first request ([`edge`]: the listener
+//! draining ([`handler`], [`conn_state`], the keep-alive timer [`idle`]), what precedes its first request ([`edge`]: the listener
 //! it came in on ([`listeners`]), a PROXY protocol header ([`proxy_protocol`]), the TLS
 //! handshake ([`tls_accept`])), HTTP/2's own accept loop and bounds ([`h2`]), the stream
 //! wrapper both protocols watch their traffic through ([`watched`]); and
@@ -28,6 +28,7 @@ pub mod grpc;
 pub mod h2;
 pub mod handler;
 pub mod identity;
+pub mod idle;
 pub mod listeners;
 pub mod metrics_app;
 pub mod pingora_log;

@@ -89,24 +89,35 @@ impl RequestId {
         bytes[..6].copy_from_slice(&unix_millis.to_be_bytes()[2..]);
         bytes[6] = 0x70 | (bytes[6] & 0x0f);
         bytes[8] = 0x80 | (bytes[8] & 0x3f);
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut id = RequestId {
             len: 36,
             ..RequestId::default()
         };
+        // 8-4-4-4-12 hex digits: a dash before bytes 4, 6, 8 and 10.
         let mut at = 0;
-        for (i, b) in bytes.iter().enumerate() {
+        for (i, &b) in bytes.iter().enumerate() {
             if matches!(i, 4 | 6 | 8 | 10) {
                 id.buf[at] = b'-';
                 at += 1;
             }
-            id.buf[at] = HEX[usize::from(b >> 4)];
-            id.buf[at + 1] = HEX[usize::from(b & 0x0f)];
+            id.buf[at..at + 2].copy_from_slice(&HEX_PAIRS[usize::from(b)]);
             at += 2;
         }
         id
     }
 }
+
+/// Each byte's two lower-case hex digits, so that an ID is written a byte at a time.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut table = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = [HEX[b >> 4], HEX[b & 0x0f]];
+        b += 1;
+    }
+    table
+};
 
 /// RFC 9110's `tchar`.
 fn is_tchar(b: u8) -> bool {
@@ -156,6 +167,12 @@ mod tests {
         assert_eq!(s.len(), 36);
         assert_eq!(&s[14..15], "7", "{s}");
         assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"), "{s}");
+        for (i, c) in s.char_indices() {
+            match i {
+                8 | 13 | 18 | 23 => assert_eq!(c, '-', "{s}"),
+                _ => assert!(matches!(c, '0'..='9' | 'a'..='f'), "{s}"),
+            }
+        }
         let millis = format!("{:012x}", 1_795_784_701_123u64);
         assert_eq!(format!("{}{}", &s[..8], &s[9..13]), millis);
         assert!(a.as_str() < b.as_str());

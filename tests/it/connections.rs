@@ -119,6 +119,33 @@ async fn an_idle_keepalive_connection_is_closed() {
     assert_eq!(up.requests(), 3);
 }
 
+/// The idle timeout counts from the start of each wait, not from the connection's first:
+/// one timer serves many requests (`proxy::idle`), and a connection busy for longer than
+/// its timeout, never idle for that long, stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_keepalive_connection_outlives_its_timeout() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let t = Tollgate::start(&config(up.addr, "  keepalive_timeout: 2s\n")).await;
+    let mut s = BufReader::new(TcpStream::connect(t.listen).await.unwrap());
+    let began = std::time::Instant::now();
+    let mut sent = 0;
+    // Requests 250 ms apart until well past the timeout (a wait of 2 s would close it).
+    while began.elapsed() < Duration::from_millis(4_500) {
+        s.get_mut().write_all(&get("app.test", "/")).await.unwrap();
+        let resp = read_response(&mut s).await.unwrap();
+        assert_eq!(resp.status, 200, "request {sent}");
+        assert!(!resp.closes(), "{resp:?}");
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(up.requests(), sent);
+    let series = "tollgate_connection_timeouts_total{timeout=\"keepalive\"}";
+    assert_eq!(t.metric(series).await, 0.0);
+    // Then idle: closed.
+    assert!(closed_within(&mut s, Duration::from_secs(20)).await);
+    t.wait_metric(series, 1.0).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_timeout_zero_closes_after_each_response() {
     let up = Upstream::start("127.0.0.1", "up").await;
