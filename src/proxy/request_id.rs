@@ -25,6 +25,8 @@ const POOL: usize = 4096;
 #[derive(Clone, Copy)]
 pub struct RequestId {
     len: u8,
+    /// Whether it is the request's own `X-Request-Id`, kept from a trusted proxy.
+    kept: bool,
     buf: [u8; MAX_LEN],
 }
 
@@ -32,6 +34,7 @@ impl Default for RequestId {
     fn default() -> Self {
         Self {
             len: 0,
+            kept: false,
             buf: [0; MAX_LEN],
         }
     }
@@ -48,6 +51,12 @@ impl RequestId {
     pub fn as_str(&self) -> &str {
         // Only token characters (ASCII) are ever stored.
         std::str::from_utf8(&self.buf[..usize::from(self.len)]).unwrap_or_default()
+    }
+
+    /// Whether the ID is the request's one `X-Request-Id` line, kept from a trusted proxy:
+    /// the request already carries it upstream as it is.
+    pub fn kept(&self) -> bool {
+        self.kept
     }
 
     /// Whether no ID was set yet.
@@ -75,7 +84,7 @@ impl RequestId {
             let mut values = headers.get_all(HEADER).iter();
             if let (Some(v), None) = (values.next(), values.next()) {
                 if let Some(id) = RequestId::parse(v.as_bytes()) {
-                    return id;
+                    return RequestId { kept: true, ..id };
                 }
             }
         }
@@ -187,7 +196,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(HEADER, "abc-123".parse().unwrap());
         assert_eq!(RequestId::of(&h, true, 5).as_str(), "abc-123");
+        assert!(RequestId::of(&h, true, 5).kept());
         assert_ne!(RequestId::of(&h, false, 5).as_str(), "abc-123");
+        assert!(!RequestId::of(&h, false, 5).kept());
+        h.append(HEADER, "def-456".parse().unwrap());
+        assert!(!RequestId::of(&h, true, 5).kept(), "two lines: replaced");
         h.insert(HEADER, "has space".parse().unwrap());
         assert_eq!(RequestId::of(&h, true, 5).as_str().len(), 36);
         h.insert(HEADER, "x".repeat(MAX_LEN + 1).parse().unwrap());

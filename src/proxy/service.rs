@@ -548,8 +548,11 @@ impl ProxyHttp for Tollgate {
         ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         // The request's ID replaces whatever the client sent (kept only from a trusted
-        // proxy, and only well formed: see `request_id`).
-        upstream_request.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        // proxy, and only well formed: see `request_id`). A kept one is already the
+        // request's only X-Request-Id line: no insert (about 2 000 instructions).
+        if !ctx.request_id.kept() {
+            upstream_request.insert_header(request_id::HEADER, ctx.request_id.as_str())?;
+        }
         ctx.upstream_sent = Some(std::time::Instant::now());
         // Tell the upstream who connected: every X-Forwarded-For line as one list, with the
         // direct peer appended.

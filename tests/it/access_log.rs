@@ -229,6 +229,14 @@ async fn a_request_id_is_kept_from_a_trusted_proxy_and_replaced_from_anyone_else
             Some(*from)
         );
     }
+    // Two lines, even from a trusted proxy: neither is kept, and the upstream sees only
+    // the new ID.
+    let two = ["-H", "x-request-id: a", "-H", "x-request-id: b"];
+    let (status, headers, _) = curl(&[&["-H", "host: app.test", &url][..], &two[..]].concat());
+    assert_eq!(status, 200);
+    let id = &headers["x-request-id"];
+    assert_eq!(id.len(), 36, "replaced by a UUID, got {id}");
+    assert_eq!(headers["x-seen-request-id"], *id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

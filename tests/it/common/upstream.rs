@@ -10,8 +10,8 @@
 //! - anything else answers 200 with the upstream's name, echoing the `X-Forwarded-For` it
 //!   received as `x-seen-forwarded-for` (its first line) and `x-seen-forwarded-for-lines`
 //!   (how many lines), the path and query as `x-seen-path`, every `Content-Length` line
-//!   joined by ` | ` as `x-seen-content-length`, the `X-Request-Id` as
-//!   `x-seen-request-id`, and the body's length as `x-seen-body-bytes`.
+//!   joined by ` | ` as `x-seen-content-length`, every `X-Request-Id` line
+//!   joined by ` | ` as `x-seen-request-id`, and the body's length as `x-seen-body-bytes`.
 
 use std::convert::Infallible;
 use std::io;
@@ -231,11 +231,12 @@ async fn handle(
         .iter()
         .map(text)
         .collect();
-    let seen_id = req
+    let seen_id: Vec<String> = req
         .headers()
-        .get("x-request-id")
+        .get_all("x-request-id")
+        .iter()
         .map(text)
-        .unwrap_or_default();
+        .collect();
     let seen_path = req
         .uri()
         .path_and_query()
@@ -250,7 +251,7 @@ async fn handle(
         .header("x-seen-forwarded-for", xff)
         .header("x-seen-forwarded-for-lines", xff_lines)
         .header("x-seen-path", seen_path)
-        .header("x-seen-request-id", seen_id)
+        .header("x-seen-request-id", seen_id.join(" | "))
         .header("x-seen-content-length", lengths.join(" | "))
         .header("x-seen-body-bytes", body_bytes)
         .body(Full::new(Bytes::from(format!("hello from {}\n", s.name))))
