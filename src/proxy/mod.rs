@@ -1,16 +1,16 @@
 //! The HTTP front end: Pingora glue and nothing else. The `ProxyHttp` implementation
-//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what
-//! the request's header becomes upstream ([`forward`]), the request ID ([`request_id`]),
-//! the access log's record ([`access`]), the per-request context ([`ctx`]), the responses
+//! ([`service`]), reading the `Host` ([`route`]) and who is asking ([`identity`]), what the
+//! request's header becomes upstream ([`forward`]), the request ID ([`request_id`]), the
+//! access log's record ([`access`]), the per-request context ([`ctx`]), the responses
 //! tollgate writes itself ([`problem`], and ACME HTTP-01 answers: [`challenge`]), and two
-//! small HTTP side
-//! services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]). Around the
-//! proxy, each downstream connection's life: its caps ([`conn_caps`]), its deadlines and
-//! draining ([`handler`], [`conn_state`], the keep-alive timer [`idle`]), what precedes its first request ([`edge`]: the listener
-//! it came in on ([`listeners`]), a PROXY protocol header ([`proxy_protocol`]), the TLS
-//! handshake ([`tls_accept`])), HTTP/2's own accept loop and bounds ([`h2`]), the stream
-//! wrapper both protocols watch their traffic through ([`watched`]); and
-//! Pingora's own log lines that clients can cause, levelled and budgeted ([`pingora_log`]).
+//! small HTTP side services: `/metrics` ([`metrics_app`]) and the demo upstream ([`demo`]).
+//! Around the proxy, each downstream connection's life: its caps ([`conn_caps`]), its
+//! deadlines and draining ([`handler`], [`conn_state`], the keep-alive timer [`idle`]),
+//! what precedes its first request ([`edge`]: the listener it came in on ([`listeners`]), a
+//! PROXY protocol header ([`proxy_protocol`]), the TLS handshake ([`tls_accept`])),
+//! HTTP/2's own accept loop and bounds ([`h2`]), the stream wrapper both protocols watch
+//! their traffic through ([`watched`]); and Pingora's own log lines that clients can cause,
+//! levelled and budgeted ([`pingora_log`]).
 //!
 //! It reads a [`crate::runtime::Runtime`] snapshot per request and asks the runtime for
 //! decisions; it never builds runtime state and never imports the reloader or the process

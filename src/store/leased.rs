@@ -39,9 +39,9 @@ pub(crate) fn bucket_quota(p: &TokenBucketParams) -> u64 {
 
 /// A counter kind's state in Redis (the token bucket, the rate): the store, the key names
 /// and the fleet's parameters, what its decisions and refunds are called with; and, as a
-/// [`LeaseKind`], its lease calls: quota out (`RedisStore::lease_take`: `lease_bucket_take.lua`,
-/// `lease_rate_take.lua`), quota back (a bucket's refund, capped at capacity;
-/// `lease_rate_return.lua` within the same period).
+/// [`LeaseKind`], its lease calls: quota out (`RedisStore::lease_take`:
+/// `lease_bucket_take.lua`, `lease_rate_take.lua`), quota back (a bucket's refund, capped
+/// at capacity; `lease_rate_return.lua` within the same period).
 pub struct InRedis<K: CounterKind> {
     pub(crate) store: RedisStore,
     pub(crate) names: Arc<KeyNames>,

@@ -131,7 +131,8 @@ impl RateArgs {
     /// The arguments of a script that counts `n` against the limit (a decision's `want`,
     /// a lease's): max, per, tick, `n` ([`clamp_count`]).
     pub(super) fn and(&self, n: u64) -> [u64; 4] {
-        [self.max, self.per, self.tick, clamp_count(n)]
+        let [per, tick, n] = self.window_and(n);
+        [self.max, per, tick, n]
     }
 
     /// The arguments of a script that gives `n` back to the window (a refund, a lease's

@@ -25,17 +25,11 @@ impl RedisStore {
         want: u64,
         at: Option<Micros>,
     ) -> Result<Grant, StoreError> {
-        let p = BucketArgs::new(params);
         let key = names.key(hash, StateKind::TokenBucket);
-        let (want, min) = (want.min(SCRIPT_MAX), min.min(want).min(SCRIPT_MAX));
-        let args = [
-            Arg::U(p.capacity),
-            Arg::U(p.amount),
-            Arg::U(p.every),
-            Arg::U(want),
-            Arg::U(u64::from(params.strict)),
-            Arg::U(min),
-        ];
+        let min = min.min(want).min(SCRIPT_MAX);
+        let [capacity, amount, every, want] = BucketArgs::new(params).and(want);
+        let strict = u64::from(params.strict);
+        let args = [capacity, amount, every, want, strict, min].map(Arg::U);
         let s = &self.inner.scripts.token_bucket;
         let v = self.eval(s, &[&key], &args, at, self.budget()).await?;
         grant(&v, min > params.capacity)
