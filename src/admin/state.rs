@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde_json::{json, Value};
 
 use crate::limits::tiered::{TieredKeyState, TieredParams};
-use crate::limits::{AdaptiveState, Fact, Facts, KeyPart, Nanos};
+use crate::limits::{path, AdaptiveState, Fact, Facts, KeyPart, Nanos};
 use crate::runtime::learned::{self, Learned};
 use crate::runtime::limit::LimitRt;
 use crate::runtime::limiter::{Limiter, Place};
@@ -87,6 +87,8 @@ impl QueryFacts {
                 })?),
                 // The proxy lower-cases the host before any limit sees it.
                 KeyPart::Host => Given::Bytes(value.to_ascii_lowercase()),
+                // And reads the path in its normal form (`crate::limits::path`).
+                KeyPart::Path => Given::Bytes(path::normalize(&value).into_owned()),
                 _ => Given::Bytes(value),
             };
             facts.parts.push((part, typed));

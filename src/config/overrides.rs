@@ -16,6 +16,7 @@ use crate::config::scalar;
 use crate::config::spec::{OverrideSpec, ParamSpec, NOT_OVERRIDABLE, OVERRIDE_KEYS};
 use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
+use crate::limits::path::normalize as normal_path;
 use crate::limits::{KeyPart, MatchValue, Matcher};
 
 /// Reads the `overrides:` list at `path`.
@@ -148,6 +149,16 @@ fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
             }
         },
         KeyPart::Host => MatchValue::Exact(text.to_ascii_lowercase().into_bytes().into()),
+        // Requests' paths are compared in their normal form (`crate::limits::path`): the
+        // condition's too, so `/a//b` names the path `/a/b` requests are read as.
+        KeyPart::Path if text.starts_with('/') => {
+            MatchValue::Exact(normal_path(text.as_bytes()).into())
+        }
+        KeyPart::Path => {
+            let message = format!("`{text}` is not a path: a path starts with `/`, e.g. `/login`");
+            r.error(pos, &path, message);
+            return None;
+        }
         _ => MatchValue::Exact(text.as_bytes().into()),
     };
     Some(At::new(Matcher { part, value }, e.key_pos, &path))

@@ -32,6 +32,10 @@
 //! - [`victim`]: which key a full set of a per-key table forgets for a new one: the one
 //!   whose forgetting would wrongly admit least (each kind scores its keys).
 //!
+//! - [`path`]: not a limiter: the one spelling of a request path that `path` key parts and
+//!   conditions see (escapes of unreserved bytes decoded, dot segments removed, slashes
+//!   merged), so another spelling of a path cannot step around its limit.
+//!
 //! - [`heavy`]: not a limiter: a windowed count-min sketch with two top-k lists, the
 //!   heaviest keys of a limit for the admin API (`top_keys`).
 //!
@@ -52,6 +56,7 @@ pub mod heavy;
 pub mod inflight;
 pub mod key;
 pub mod lease;
+pub mod path;
 pub mod rate;
 pub mod restore;
 pub mod sketch;

@@ -1,6 +1,7 @@
 //! Who is asking: the client IP (honouring `X-Forwarded-For` only from trusted proxies),
 //! the customer and the host, exposed to the limiters as [`Facts`].
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderMap;
@@ -82,8 +83,8 @@ pub struct RequestFacts<'a> {
     pub origin: &'a str,
     /// The method.
     pub method: &'a [u8],
-    /// The path without query.
-    pub path: &'a [u8],
+    /// The path without query, normalized when a limit reads it (`crate::limits::path`).
+    pub path: Cow<'a, [u8]>,
     /// All request headers.
     pub headers: &'a HeaderMap,
 }
@@ -98,7 +99,7 @@ impl Facts for RequestFacts<'_> {
             KeyPart::ServerAddr => self.server.map(Fact::Addr),
             KeyPart::Origin => Some(Fact::Bytes(self.origin.as_bytes())),
             KeyPart::Method => Some(Fact::Bytes(self.method)),
-            KeyPart::Path => Some(Fact::Bytes(self.path)),
+            KeyPart::Path => Some(Fact::Bytes(&self.path)),
             KeyPart::Header(name) => self
                 .headers
                 .get(name.as_str())

@@ -8,6 +8,7 @@
 //! tollgate's own failures `error`), within a [`LogBudget`] per cause, since clients can
 //! cause any number of them.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::accesslog::AccessLog;
 use crate::config::{HeadersMode, UpstreamProtocol};
-use crate::limits::{Clock, MonotonicClock, Verdict};
+use crate::limits::{path, Clock, MonotonicClock, Verdict};
 use crate::log_budget::{suppressed_note, LogBudget};
 use crate::proxy::access;
 use crate::proxy::challenge;
@@ -335,7 +336,10 @@ fn facts<'a>(
         server,
         origin: &origin.name,
         method: req.method.as_str().as_bytes(),
-        path: req.uri.path().as_bytes(),
+        path: match req.uri.path().as_bytes() {
+            raw if origin.uses_path => path::normalize(raw),
+            raw => Cow::Borrowed(raw),
+        },
         headers: &req.headers,
     }
 }

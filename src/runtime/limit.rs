@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::config::{HeadersMode, Kind, Limit, Mode};
 use crate::limits::heavy::{self, HeavyHitters};
-use crate::limits::{Fact, Facts, KeySpec, MatchValue, Matcher};
+use crate::limits::{Fact, Facts, KeyPart, KeySpec, MatchValue, Matcher};
 use crate::log_budget::LogBudget;
 use crate::metrics::DecisionCounters;
 use crate::runtime::learned::LearnCtx;
@@ -236,6 +236,17 @@ impl LimitRt {
                 }
             }),
         })
+    }
+
+    /// Whether its key or an override's condition reads `part` (the origin then builds
+    /// that fact for its requests: the normal path, `crate::limits::path`).
+    pub fn reads(&self, part: &KeyPart) -> bool {
+        self.key.parts().contains(part)
+            || self
+                .conds
+                .iter()
+                .flatten()
+                .any(|c| c.matcher().part == *part)
     }
 
     /// The variant that applies: the first override whose conditions all hold, else base.

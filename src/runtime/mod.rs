@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, UpstreamProtocol};
-use crate::limits::{HeavyHitters, KeySpec};
+use crate::limits::{HeavyHitters, KeyPart, KeySpec};
 use crate::metrics::{CodeCounters, Metrics, UNMATCHED_ORIGIN};
 use crate::runtime::decide::Phase;
 use crate::runtime::limit::{Building, LimitRt, StateId};
@@ -93,6 +93,9 @@ pub struct OriginRt {
     pub requests: CodeCounters,
     /// The process's kill switch.
     pub kill: Arc<KillSwitch>,
+    /// Whether a limit reads the request's path (its key or an override's condition): only
+    /// then is the path normalized per request (`crate::limits::path`).
+    pub uses_path: bool,
 }
 
 impl OriginRt {
@@ -304,6 +307,9 @@ impl Runtime {
                     request_limits.push(rt);
                 }
             }
+            let uses_path = (request_limits.iter())
+                .chain(&upstream_limits)
+                .any(|l| l.reads(&KeyPart::Path));
             origins.push(OriginRt {
                 name: origin.name.clone(),
                 customer: origin
@@ -327,6 +333,7 @@ impl Runtime {
                     .with_label_values(&[origin.name.as_str()]),
                 requests: CodeCounters::new(metrics, &origin.name),
                 kill: kill.clone(),
+                uses_path,
             });
         }
         let resources =

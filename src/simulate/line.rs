@@ -2,6 +2,7 @@
 //! and the [`Facts`] the limits read from it ([`LineFacts`]): the same key parts the proxy
 //! builds from a live request (`src/proxy/identity.rs`), taken from the log instead.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use smallvec::SmallVec;
@@ -101,6 +102,9 @@ pub struct LineFacts<'a, 'l> {
     pub customer: &'a [u8],
     /// The upstream server (the line's, else the origin's next one), for holding kinds.
     pub server: Option<SocketAddr>,
+    /// The line's path, normalized as the proxy normalizes it for limits
+    /// (`crate::limits::path`).
+    pub path: Option<Cow<'l, [u8]>>,
 }
 
 impl Facts for LineFacts<'_, '_> {
@@ -113,7 +117,7 @@ impl Facts for LineFacts<'_, '_> {
             KeyPart::ServerAddr => self.server.map(Fact::Addr),
             KeyPart::Origin => Some(Fact::Bytes(self.origin.as_bytes())),
             KeyPart::Method => self.line.method.map(Fact::Bytes),
-            KeyPart::Path => self.line.path.map(Fact::Bytes),
+            KeyPart::Path => self.path.as_deref().map(Fact::Bytes),
             KeyPart::Header(name) => self.line.header(name.as_bytes()).map(Fact::Bytes),
             KeyPart::Const(text) => Some(Fact::Bytes(text.as_bytes())),
         }

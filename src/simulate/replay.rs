@@ -11,6 +11,7 @@
 //! until its `request_time` has passed in virtual time, or release it at once when the line
 //! has none.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::config::{Config, Upstream};
-use crate::limits::{Clock, Fact, Facts, ManualClock, Nanos, Verdict, NANOS_PER_SEC, NEVER};
+use crate::limits::{path, Clock, Fact, Facts, ManualClock, Nanos, Verdict, NANOS_PER_SEC, NEVER};
 use crate::metrics::Metrics;
 use crate::proxy::route::HostBuf;
 use crate::runtime::decide::{self, Decided, Holds, Notes, Phase};
@@ -291,6 +292,10 @@ impl Engine {
             origin: &origin.name,
             customer,
             server,
+            path: line.path.map(|p| match origin.uses_path {
+                true => path::normalize(p),
+                false => Cow::Borrowed(p),
+            }),
         };
         let mut holds = Holds::new();
         let mut notes = Notes::new();

@@ -246,6 +246,26 @@ async fn state_of_a_token_bucket_counts_the_requests_through_the_proxy() {
     assert!((3.99..=4.0).contains(&estimate), "{s}");
 }
 
+/// `/state` reads a `path` part in the normal form the proxy keys on: `//` and `/./` name
+/// the key of `/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_of_a_path_key_reads_the_path_as_the_proxy_does() {
+    let up = Upstream::start("127.0.0.1", "up").await;
+    let limits = "      per_path: { kind: rate, key: [path], max: 10, per: 1h }\n";
+    let a = start(&up, true, limits, "").await;
+    for _ in 0..3 {
+        assert_eq!(a.send("acme").await, 200);
+    }
+    for given in ["/", "//", "/./", "/a/.."] {
+        let (status, s) = a
+            .json(&format!("/limits/app/per_path/state?path={given}"))
+            .await;
+        assert_eq!(status, 200, "{s}");
+        let estimate = s["state"]["estimate"].as_f64().unwrap();
+        assert!((2.99..=3.0).contains(&estimate), "{given}: {s}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_problems() {
     let up = Upstream::start("127.0.0.1", "up").await;

@@ -47,6 +47,7 @@ mod lease_ends;
 mod leases;
 mod lifecycle;
 mod malformed;
+mod paths;
 mod promtool;
 mod redis_store;
 mod reload;

@@ -627,3 +627,38 @@ fn generated_fixtures_parse_completely_in_both_formats() {
         "{keys:?}"
     );
 }
+
+/// A replay reads the path in the normal form the proxy's limits read (escapes of
+/// unreserved bytes decoded, dot segments removed, slashes merged): four spellings of
+/// `/login` meet one count of 1, and `/login/` is another path.
+#[test]
+fn a_replay_reads_paths_as_the_proxy_does() {
+    let dir = Dir::new();
+    let cfg = dir.file(
+        "c.yaml",
+        "origins:\n  app:\n    hosts: [\"app.test\"]\n    upstreams: [\"127.0.0.1:9\"]\n    limits:\n      per_path: { kind: rate, key: [path], max: 1, per: 1h }\n",
+    );
+    let lines: String = [
+        "/login",
+        "//login",
+        "/a/../login?x=1",
+        "/%6Cogin",
+        "/login/",
+    ]
+    .iter()
+    .map(|p| format!("{A} - - [{}] \"GET {p} HTTP/1.1\" 200 5\n", clf(T0)))
+    .collect();
+    let log = dir.file("access.log", &lines);
+    let report = json(&[&"--config", &cfg, &"--log", &log]);
+    let l = limit(&report, "app", "per_path");
+    assert_eq!(
+        (&l["allowed"], &l["rejected"]),
+        (&2.into(), &3.into()),
+        "{l:#}"
+    );
+    let top = &l["top_rejected"][0];
+    assert_eq!(
+        (&top["key"], &top["count"]),
+        (&"path=/login".into(), &3.into())
+    );
+}
