@@ -518,6 +518,8 @@ struct EffLimit {
     #[serde(skip_serializing_if = "Option::is_none")]
     lease: Option<EffLease>,
     key: Vec<String>,
+    #[serde(rename = "match", skip_serializing_if = "Option::is_none")]
+    scope: Option<Ordered<String>>,
     mode: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     headers: Option<&'static str>,
@@ -579,6 +581,7 @@ impl EffLimit {
             store: l.store.clone(),
             lease: EffLease::of(l),
             key: l.key.parts().iter().map(ToString::to_string).collect(),
+            scope: (!l.scope.is_empty()).then(|| Ordered(l.scope.iter().map(matcher).collect())),
             mode: mode(l.mode),
             headers: Some(match l.headers {
                 HeadersMode::OnReject => "on_reject",
@@ -616,6 +619,7 @@ impl EffLimit {
 fn matcher(m: &Matcher) -> (String, String) {
     let value = match &m.value {
         MatchValue::Exact(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        MatchValue::Prefix(bytes) => format!("{}*", String::from_utf8_lossy(bytes)),
         MatchValue::Net(net) if net.prefix_len() == net.max_prefix_len() => net.addr().to_string(),
         MatchValue::Net(net) => net.to_string(),
         MatchValue::Addr(addr) => addr.to_string(),
@@ -905,6 +909,18 @@ fn eff_group(g: &Group) -> EffGroup {
     }
 }
 
+/// `check --print-effective`'s YAML of `config`, after checking that it parses back to the
+/// same model (what every test of a printed section asserts first).
+#[cfg(test)]
+pub(crate) fn printed_back(config: &Config) -> String {
+    let yaml = to_yaml(config).unwrap();
+    let again = crate::config::parse_str(&yaml, "effective.yaml")
+        .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+        .config;
+    assert_eq!(&again, config, "\n{yaml}");
+    yaml
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -914,11 +930,7 @@ mod tests {
     #[test]
     fn the_effective_config_parses_back_to_the_same_model() {
         let config = parse_str(EXAMPLE, "ex.yaml").unwrap().config;
-        let yaml = to_yaml(&config).unwrap();
-        let again = parse_str(&yaml, "effective.yaml")
-            .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
-            .config;
-        assert_eq!(again, config, "\n{yaml}");
+        let yaml = printed_back(&config);
         // Defaults are merged in: the origin shows the default limit with its own max.
         assert!(!yaml.contains("defaults"), "{yaml}");
         assert!(yaml.contains("origin_inflight:"), "{yaml}");

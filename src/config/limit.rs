@@ -103,6 +103,7 @@ fn field(r: &mut Report, spec: &mut LimitSpec, e: &Entry, path: &str) {
                 .map(located(v.pos, path));
         }
         "overrides" => spec.overrides = overrides::parse_list(r, v, path),
+        "match" => spec.scope = Some(At::new(overrides::conditions(r, v, path), v.pos, path)),
         "groups" => spec.groups = groups(r, v, path).map(located(v.pos, path)),
         "store" => {
             spec.store = scalar::text(r, v, path).map(|t| At::new(t.to_string(), v.pos, path));

@@ -880,6 +880,9 @@ pub struct Limit {
     pub lease: Option<LeaseParams>,
     /// Special cases, first match wins; each has its own state.
     pub overrides: Vec<Override>,
+    /// `match:`: the requests the limit applies to (all its conditions hold; empty: every
+    /// request). Any other request passes it untouched, counted as `skipped`.
+    pub scope: Vec<Matcher>,
     /// `top_keys: N`: keep a heavy-hitter sketch of this limit's keys for the admin API's
     /// `/top` (its `N` heaviest keys); `None` (the default) keeps none and costs nothing.
     pub top_keys: Option<usize>,

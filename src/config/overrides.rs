@@ -13,7 +13,7 @@ use crate::config::names::key_part;
 use crate::config::params;
 use crate::config::report::{child, item, At, Report};
 use crate::config::scalar;
-use crate::config::spec::{OverrideSpec, ParamSpec, NOT_OVERRIDABLE, OVERRIDE_KEYS};
+use crate::config::spec::{Conditions, OverrideSpec, ParamSpec, NOT_OVERRIDABLE, OVERRIDE_KEYS};
 use crate::config::suggest;
 use crate::config::yaml::{Entry, Node};
 use crate::limits::path::normalize as normal_path;
@@ -53,7 +53,8 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
         match e.key.as_str() {
             "match" => {
                 has_match = true;
-                (spec.matchers, spec.segments) = matchers(r, v, &sub);
+                let Conditions { matchers, segments } = conditions(r, v, &sub);
+                (spec.matchers, spec.segments) = (matchers, segments);
             }
             "mode" => {
                 if scalar::text(r, v, &sub) == Some("off") {
@@ -94,11 +95,11 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
     Some(spec)
 }
 
-/// `match: {PART: VALUE, ...}`: at least one condition; `segment: NAME` conditions are
-/// returned apart, to be resolved against `segments:`.
-fn matchers(r: &mut Report, node: &Node, path: &str) -> (Vec<At<Matcher>>, Vec<At<String>>) {
+/// `match: {PART: VALUE, ...}` (an override's, or a limit's own): at least one condition;
+/// `segment: NAME` conditions are kept apart, to be resolved against `segments:`.
+pub(crate) fn conditions(r: &mut Report, node: &Node, path: &str) -> Conditions {
     let Some(entries) = scalar::map(r, node, path) else {
-        return (Vec::new(), Vec::new());
+        return Conditions::default();
     };
     if entries.is_empty() {
         r.error(
@@ -110,7 +111,7 @@ fn matchers(r: &mut Report, node: &Node, path: &str) -> (Vec<At<Matcher>>, Vec<A
     if entries.len() > bounds::MAX_MATCH {
         let message = bounds::too_many("conditions", entries.len(), bounds::MAX_MATCH);
         r.error(node.pos, path, message);
-        return (Vec::new(), Vec::new());
+        return Conditions::default();
     }
     let (segments, parts): (Vec<&Entry>, Vec<&Entry>) =
         entries.iter().partition(|e| e.key == "segment");
@@ -126,7 +127,7 @@ fn matchers(r: &mut Report, node: &Node, path: &str) -> (Vec<At<Matcher>>, Vec<A
         .into_iter()
         .filter_map(|e| matcher(r, e, path))
         .collect();
-    (matchers, segments)
+    Conditions { matchers, segments }
 }
 
 fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
@@ -151,9 +152,11 @@ fn matcher(r: &mut Report, e: &Entry, parent: &str) -> Option<At<Matcher>> {
         KeyPart::Host => MatchValue::Exact(text.to_ascii_lowercase().into_bytes().into()),
         // Requests' paths are compared in their normal form (`crate::limits::path`): the
         // condition's too, so `/a//b` names the path `/a/b` requests are read as.
-        KeyPart::Path if text.starts_with('/') => {
-            MatchValue::Exact(normal_path(text.as_bytes()).into())
-        }
+        // A trailing `*`: the path and everything below it (`/api/*`).
+        KeyPart::Path if text.starts_with('/') => match text.strip_suffix('*') {
+            Some(prefix) => MatchValue::Prefix(normal_path(prefix.as_bytes()).into()),
+            None => MatchValue::Exact(normal_path(text.as_bytes()).into()),
+        },
         KeyPart::Path => {
             let message = format!("`{text}` is not a path: a path starts with `/`, e.g. `/login`");
             r.error(pos, &path, message);

@@ -132,6 +132,10 @@ pub(crate) fn resolve(
         Some(Setting::On(mode)) => mode,
         Some(Setting::Off) | None => Mode::Enforce,
     };
+    let scope = match &spec.scope {
+        Some(c) => matchers_of(r, kind, &c.v.matchers, &c.v.segments, known).unwrap_or_default(),
+        None => Vec::new(),
+    };
     let mut overrides = Vec::new();
     for o in spec.overrides.iter().flat_map(|list| list.v.iter()) {
         if let Some(o) = resolve_override(r, kind, spec, o, mode, known) {
@@ -185,6 +189,7 @@ pub(crate) fn resolve(
         store,
         lease,
         overrides,
+        scope,
         top_keys: spec.top_keys.as_ref().map(|t| t.v),
     }))
 }
@@ -492,6 +497,30 @@ fn segment<'s>(r: &mut Report, name: &At<String>, known: &Known<'s>) -> Option<&
     found
 }
 
+/// A `match:`'s conditions (an override's or the limit's own), each part checked against
+/// the kind and each segment against `segments:`.
+fn matchers_of(
+    r: &mut Report,
+    kind: Kind,
+    parts: &[At<Matcher>],
+    segments: &[At<String>],
+    known: &Known<'_>,
+) -> Option<Vec<Matcher>> {
+    for m in parts {
+        check_part(r, kind, &m.v.part, m.pos, &m.path);
+    }
+    let mut matchers: Vec<Matcher> = parts.iter().map(|m| m.v.clone()).collect();
+    for name in segments {
+        let seg = segment(r, name, known)?;
+        check_part(r, kind, &seg.of, name.pos, &name.path);
+        matchers.push(Matcher {
+            part: seg.of.clone(),
+            value: MatchValue::Segment(seg.name.clone()),
+        });
+    }
+    Some(matchers)
+}
+
 fn resolve_override(
     r: &mut Report,
     kind: Kind,
@@ -505,18 +534,7 @@ fn resolve_override(
             r.error(f.pos, &f.path, wrong_kind(f.v, kind));
         }
     }
-    for m in &o.matchers {
-        check_part(r, kind, &m.v.part, m.pos, &m.path);
-    }
-    let mut matchers: Vec<Matcher> = o.matchers.iter().map(|m| m.v.clone()).collect();
-    for name in &o.segments {
-        let seg = segment(r, name, known)?;
-        check_part(r, kind, &seg.of, name.pos, &name.path);
-        matchers.push(Matcher {
-            part: seg.of.clone(),
-            value: MatchValue::Segment(seg.name.clone()),
-        });
-    }
+    let matchers = matchers_of(r, kind, &o.matchers, &o.segments, known)?;
     if let Some(auto) = &o.params.auto {
         let message = "an override sets a number: `max: auto` is learned by the limit itself";
         r.error(auto.pos, &auto.path, message);

@@ -39,9 +39,9 @@ pub const API_ORIGIN: &str = "_api";
 pub(crate) const MAX_RESOURCES: usize = 1_000;
 
 /// Limit fields a resource does not take (see [`check`]): a command's cost is its
-/// `copies`, replies carry the limits, no admin `/top` list is kept for the API, and
-/// resources are not leased.
-pub(crate) const NOT_RESOURCE_FIELDS: [&str; 4] = ["cost", "headers", "top_keys", "lease"];
+/// `copies`, replies carry the limits, no admin `/top` list is kept for the API,
+/// resources are not leased, and a command names its resource (no `match` picks requests).
+pub(crate) const NOT_RESOURCE_FIELDS: [&str; 5] = ["cost", "headers", "top_keys", "lease", "match"];
 
 /// What a resource says instead of a key part an API caller cannot have.
 fn no_such_part(part: &KeyPart) -> String {
@@ -99,6 +99,7 @@ fn check(r: &mut Report, spec: &mut LimitSpec, known: &Known<'_>) -> bool {
             "headers" => "`headers` has no meaning for a resource: API replies carry the limits",
             "top_keys" => "`top_keys` keeps the heaviest keys of a proxy limit for the admin API; a resource keeps none",
             "lease" => "`lease` is for limits the proxy decides; a resource keeps one store call per command",
+            "match" => "a command names the resource it asks: `match` picks proxy requests; use `overrides` to treat domains differently",
             _ => continue,
         };
         r.error(f.pos, &f.path, why);

@@ -645,6 +645,7 @@ fn read_rule(
         },
         store: at.store.map(str::to_string),
         overrides: Vec::new(),
+        scope: Vec::new(),
         // detailed_metric: per-value visibility through the heavy hitters (admin `/top`),
         // never through metric labels.
         top_keys: detailed.then_some(DETAILED_TOP_KEYS),

@@ -684,6 +684,7 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
             "mode" => json!({"enum": ["enforce", "shadow", "off"]}),
             "headers" => json!({"enum": ["on_reject", "always"]}),
             "overrides" => list(over.clone(), 0, Some(bounds::MAX_OVERRIDES)),
+            "match" => conditions(&plain, &args),
             "store" => text(),
             "max_keys" => int(1, bounds::MAX_KEYS as u64),
             "top_keys" => int(1, bounds::MAX_TOP_KEYS as u64),
@@ -788,24 +789,32 @@ fn limit(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
     out
 }
 
+/// A `match:` (an override's or a limit's own): `PART: VALUE` or `segment: NAME`.
+fn conditions(plain: &[&str], args: &[&str]) -> Value {
+    json!({
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": bounds::MAX_MATCH,
+        "propertyNames": {"anyOf": [{"const": "segment"}, key_part(plain, args)]},
+        "additionalProperties": text(),
+    })
+}
+
 /// One `overrides:` item.
 fn override_item(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
     let (plain, args) = parts_for(place);
+    // A resource's override keeps its own `match` (it picks domains); only the limit-level
+    // one is not a resource's.
+    let not_resource = |k: &&str| NOT_RESOURCE_FIELDS.contains(k) && *k != "match";
     let table: Vec<&str> = OVERRIDE_KEYS
         .iter()
         .copied()
-        .filter(|k| !(place == Place::Resource && NOT_RESOURCE_FIELDS.contains(k)))
+        .filter(|k| !(place == Place::Resource && not_resource(k)))
         .collect();
     let mut params = Map::new();
     for &key in &table {
         let schema = match key {
-            "match" => json!({
-                "type": "object",
-                "minProperties": 1,
-                "maxProperties": bounds::MAX_MATCH,
-                "propertyNames": {"anyOf": [{"const": "segment"}, key_part(&plain, &args)]},
-                "additionalProperties": text(),
-            }),
+            "match" => conditions(&plain, &args),
             "mode" => json!({"enum": ["enforce", "shadow"]}),
             other => match param(other, 0, keys, at) {
                 Some(s) => s,

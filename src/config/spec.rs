@@ -16,11 +16,12 @@ use crate::config::report::{At, Pos};
 use crate::limits::{AdaptiveBounds, KeyPart, LogWindow, Matcher, Tier};
 
 /// Fields every kind takes.
-pub(crate) const COMMON: [&str; 7] = [
+pub(crate) const COMMON: [&str; 8] = [
     "kind",
     "key",
     "mode",
     "headers",
+    "match",
     "overrides",
     "store",
     "top_keys",
@@ -225,6 +226,16 @@ pub(crate) struct GroupSpec {
     pub max: At<u64>,
 }
 
+/// A `match:` as written (an override's or a limit's own): `PART: VALUE` conditions, each
+/// at its part's key, and `segment: NAME` ones, resolved against `segments:` later.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Conditions {
+    /// The parsed `PART: VALUE` conditions.
+    pub matchers: Vec<At<Matcher>>,
+    /// The `segment: NAME` conditions.
+    pub segments: Vec<At<String>>,
+}
+
 /// One `overrides:` item as written.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct OverrideSpec {
@@ -279,6 +290,9 @@ pub(crate) struct LimitSpec {
     pub top_keys: Option<At<usize>>,
     /// `overrides`, replaced as a whole when an origin sets it.
     pub overrides: Option<At<Vec<OverrideSpec>>>,
+    /// `match`: the limit's own conditions (which requests it applies to), replaced as a
+    /// whole when an origin sets it.
+    pub scope: Option<At<Conditions>>,
     /// Every known field written, at its key, for the kind check.
     pub fields: Vec<At<&'static str>>,
 }
@@ -303,6 +317,7 @@ impl LimitSpec {
             lease: None,
             top_keys: None,
             overrides: None,
+            scope: None,
             fields: Vec::new(),
         }
     }
@@ -330,6 +345,7 @@ impl LimitSpec {
         lay(&mut out.lease, &origin.lease);
         lay(&mut out.top_keys, &origin.top_keys);
         lay(&mut out.overrides, &origin.overrides);
+        lay(&mut out.scope, &origin.scope);
         out.fields.extend(origin.fields.iter().cloned());
         out
     }

@@ -280,6 +280,10 @@ fn write_ip<H: Hasher>(hasher: &mut H, ip: IpAddr) {
 pub enum MatchValue {
     /// Exact bytes (customer, host, header, method, path, ...).
     Exact(Box<[u8]>),
+    /// The part's value starts with these bytes: a path and everything below it
+    /// (`path: /api/*`). Only for `path`, whose value is in normal form
+    /// (`crate::limits::path`), so no other spelling of a path escapes it.
+    Prefix(Box<[u8]>),
     /// An IP network, for `client_ip` / `server_ip`: `10.0.0.0/8` or a single address.
     Net(IpNet),
     /// An address with port, for `server_addr`.
@@ -313,6 +317,7 @@ impl Matcher {
             (MatchValue::Addr(want), Fact::Addr(addr)) => {
                 want.port() == addr.port() && want.ip().to_canonical() == addr.ip().to_canonical()
             }
+            (MatchValue::Prefix(want), Fact::Bytes(got)) => got.starts_with(want),
             (MatchValue::Exact(want), Fact::Bytes(got)) => {
                 if self.part == KeyPart::Host {
                     want.eq_ignore_ascii_case(got)

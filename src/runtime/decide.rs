@@ -185,6 +185,11 @@ impl At<'_> {
     ) -> Option<Ended> {
         let mut keys = KeyCache::default();
         for (index, limit) in self.origin.limits(self.phase).iter().enumerate() {
+            // A request its `match:` does not pick passes the limit untouched.
+            if !limit.applies(facts) {
+                limit.counters.skipped.inc();
+                continue;
+            }
             // State shared through a store is named by the portable hash every instance
             // computes alike; in-process state by the fast one, shared between limits.
             let key = if limit.shared {

@@ -115,6 +115,8 @@ pub struct LimitRt {
     pub variants: Vec<Variant>,
     /// Conditions of overrides, aligned with `variants[1..]`.
     pub conds: Vec<Vec<Cond>>,
+    /// Its own `match:`: the requests it applies to (empty: all).
+    pub scope: Vec<Cond>,
     /// Decision counters.
     pub counters: DecisionCounters,
     /// Rejection log lines of this limit, rate-limited.
@@ -217,6 +219,9 @@ impl LimitRt {
                     .collect()
             })
             .collect::<Result<_, _>>()?;
+        let scope = (limit.scope.iter())
+            .map(|m| Cond::of(m, at.segments))
+            .collect::<Result<_, _>>()?;
         Ok(LimitRt {
             name: limit.name.clone(),
             kind: limit.params.kind(),
@@ -225,6 +230,7 @@ impl LimitRt {
             headers: limit.headers,
             variants,
             conds,
+            scope,
             counters,
             log: LogBudget::new(),
             shared: store.is_some(),
@@ -238,15 +244,20 @@ impl LimitRt {
         })
     }
 
-    /// Whether its key or an override's condition reads `part` (the origin then builds
-    /// that fact for its requests: the normal path, `crate::limits::path`).
+    /// Whether its key, its `match:` or an override's condition reads `part` (the origin
+    /// then builds that fact for its requests: the normal path, `crate::limits::path`).
     pub fn reads(&self, part: &KeyPart) -> bool {
         self.key.parts().contains(part)
-            || self
-                .conds
-                .iter()
-                .flatten()
+            || (self.conds.iter().flatten())
+                .chain(&self.scope)
                 .any(|c| c.matcher().part == *part)
+    }
+
+    /// Whether it applies to the request: every condition of its `match:` holds (a limit
+    /// without one applies to all, with no call on the request path).
+    #[inline]
+    pub fn applies<F: Facts + ?Sized>(&self, facts: &F) -> bool {
+        self.scope.is_empty() || self.scope.iter().all(|c| c.holds(facts))
     }
 
     /// The variant that applies: the first override whose conditions all hold, else base.

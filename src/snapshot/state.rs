@@ -324,6 +324,7 @@ pub fn identity(id: &StateId) -> Vec<u8> {
                     MatchValue::Net(n) => b.u64(1).bytes(n.to_string().as_bytes()),
                     MatchValue::Addr(a) => b.u64(2).bytes(a.to_string().as_bytes()),
                     MatchValue::Segment(s) => b.u64(3).bytes(s.as_bytes()),
+                    MatchValue::Prefix(v) => b.u64(4).bytes(v),
                 };
             }
         }

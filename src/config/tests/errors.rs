@@ -79,7 +79,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("missing kind", limit!("        max: 10\n"), "t.yaml:6:7: origins.a.limits.l: missing required field `kind` (one of inflight, rate, token_bucket, tiered, concurrency, sliding_log)"),
     ("unknown kind", limit!("        kind: tokenbucket\n"), "t.yaml:7:15: origins.a.limits.l.kind: unknown kind `tokenbucket`; did you mean `token_bucket`?"),
     ("unknown limit key", limit!("        kind: token_bucket\n        capcity: 10\n        refill: {amount: 1, every: 1s}\n"), "t.yaml:8:9: origins.a.limits.l.capcity: unknown key `capcity`; did you mean `capacity`?"),
-    ("wrong-kind field", limit!("        kind: rate\n        max: 1\n        per: 1s\n        capacity: 5\n"), "t.yaml:10:9: origins.a.limits.l.capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, overrides, store, top_keys, max, per, strict, max_keys, lease"),
+    ("wrong-kind field", limit!("        kind: rate\n        max: 1\n        per: 1s\n        capacity: 5\n"), "t.yaml:10:9: origins.a.limits.l.capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, match, overrides, store, top_keys, max, per, strict, max_keys, lease"),
     ("missing max", limit!("        kind: inflight\n"), "t.yaml:6:7: origins.a.limits.l: missing required field `max` for kind `inflight`"),
     ("missing per", limit!("        kind: rate\n        max: 5\n"), "t.yaml:6:7: origins.a.limits.l: missing required field `per` for kind `rate`"),
     ("missing refill.every", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1}\n"), "t.yaml:9:9: origins.a.limits.l.refill: missing required field `every`"),
@@ -120,7 +120,7 @@ const CASES: &[(&str, &str, &str)] = &[
     ("override list value", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - match: {customer: [a, b]}\n"), "t.yaml:10:31: origins.a.limits.l.overrides[0].match.customer: expected a string, found a list"),
     ("override key field", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - match: {customer: a}\n            key: [host]\n"), "t.yaml:11:13: origins.a.limits.l.overrides[0].key: `key` cannot be overridden per match"),
     ("override mode off", limit!("        kind: inflight\n        max: 1\n        overrides:\n          - match: {customer: a}\n            mode: off\n"), "t.yaml:11:19: origins.a.limits.l.overrides[0].mode: mode `off` cannot be used in an override; use `enforce` or `shadow`"),
-    ("override wrong-kind field", limit!("        kind: rate\n        max: 1\n        per: 1s\n        overrides:\n          - match: {customer: a}\n            capacity: 5\n"), "t.yaml:12:13: origins.a.limits.l.overrides[0].capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, overrides, store, top_keys, max, per, strict, max_keys, lease"),
+    ("override wrong-kind field", limit!("        kind: rate\n        max: 1\n        per: 1s\n        overrides:\n          - match: {customer: a}\n            capacity: 5\n"), "t.yaml:12:13: origins.a.limits.l.overrides[0].capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, match, overrides, store, top_keys, max, per, strict, max_keys, lease"),
     ("override server_ip match", limit!("        kind: rate\n        max: 1\n        per: 1s\n        overrides:\n          - match: {server_ip: 10.0.0.1}\n"), "t.yaml:11:21: origins.a.limits.l.overrides[0].match.server_ip: `server_ip` is only known to inflight limits (it is chosen after request-time limits run)"),
     ("override unknown field", limit!("        kind: rate\n        max: 1\n        per: 1s\n        overrides:\n          - match: {customer: a}\n            pre: 2s\n"), "t.yaml:12:13: origins.a.limits.l.overrides[0].pre: unknown key `pre`; did you mean `per`?"),
     ("override refill amount zero", limit!("        kind: token_bucket\n        capacity: 5\n        refill: {amount: 1, every: 1s}\n        overrides:\n          - match: {customer: a}\n            refill: {amount: 0}\n"), "t.yaml:12:30: origins.a.limits.l.overrides[0].refill.amount: must be at least 1, found 0"),
@@ -195,7 +195,7 @@ fn errors_in_a_default_are_reported_once() {
     );
     assert_eq!(
         errors(text),
-        ["t.yaml:3:38: defaults.limits.d.capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, overrides, store, top_keys, max, per, strict, max_keys, lease"]
+        ["t.yaml:3:38: defaults.limits.d.capacity: `capacity` is not a field of kind `rate`; fields of `rate` are: kind, key, mode, headers, match, overrides, store, top_keys, max, per, strict, max_keys, lease"]
     );
 }
 

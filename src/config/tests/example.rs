@@ -123,6 +123,7 @@ fn parses_the_design_example() {
             store: None,
             lease: None,
             overrides: vec![],
+            scope: vec![],
             top_keys: None,
         }
     );
