@@ -34,33 +34,31 @@ pub fn normalize(path: &[u8]) -> Cow<'_, [u8]> {
     }
 }
 
-/// Whether [`normalize`] would return `path` unchanged: one pass over its `/` and `%`
-/// bytes (`memchr`), no allocation.
+/// Whether [`normalize`] would return `path` unchanged: one pass over its bytes, no
+/// allocation.
 pub fn is_normal(path: &[u8]) -> bool {
     if path.first() != Some(&b'/') {
         return true;
     }
-    for i in memchr::memchr2_iter(b'/', b'%', path) {
-        let next = |k: usize| path.get(i + k).copied();
-        if path[i] == b'%' {
+    let at = |k: usize| path.get(k).copied();
+    for (i, &b) in path.iter().enumerate() {
+        match b {
             // An escape changes if it names an unreserved byte or is not upper-case.
-            match escaped(path, i) {
+            b'%' => match escaped(path, i) {
                 Some(byte) if unreserved(byte) || path[i + 1..i + 3] != hex_pair(byte) => {
                     return false;
                 }
-                _ => continue,
-            }
-        }
-        // After a `/`: `//` (an empty segment: a trailing one is `/a/`, which ends here),
-        // `/.` or `/..` as a whole segment.
-        let ends = |k: usize| matches!(next(k), None | Some(b'/'));
-        let dots = match (next(1), next(2)) {
-            (Some(b'.'), Some(b'.')) => ends(3),
-            (Some(b'.'), _) => ends(2),
-            _ => false,
-        };
-        if next(1) == Some(b'/') || dots {
-            return false;
+                _ => {}
+            },
+            // After a `/`: `//` (an empty segment; a trailing one is `/a/`, which ends
+            // here), or `/.` or `/..` as a whole segment.
+            b'/' => match (at(i + 1), at(i + 2), at(i + 3)) {
+                (Some(b'/'), _, _)
+                | (Some(b'.'), None | Some(b'/'), _)
+                | (Some(b'.'), Some(b'.'), None | Some(b'/')) => return false,
+                _ => {}
+            },
+            _ => {}
         }
     }
     true

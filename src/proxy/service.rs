@@ -336,9 +336,10 @@ fn facts<'a>(
         server,
         origin: &origin.name,
         method: req.method.as_str().as_bytes(),
-        path: match req.uri.path().as_bytes() {
-            raw if origin.uses_path => path::normalize(raw),
-            raw => Cow::Borrowed(raw),
+        path: if origin.uses_path {
+            path::normalize(req.uri.path().as_bytes())
+        } else {
+            Cow::Borrowed(req.uri.path().as_bytes())
         },
         headers: &req.headers,
     }

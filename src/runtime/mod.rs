@@ -93,8 +93,8 @@ pub struct OriginRt {
     pub requests: CodeCounters,
     /// The process's kill switch.
     pub kill: Arc<KillSwitch>,
-    /// Whether a limit reads the request's path (its key or an override's condition): only
-    /// then is the path normalized per request (`crate::limits::path`).
+    /// Whether a limit reads the request's path (its key, its `match:` or an override's
+    /// condition): only then is the path normalized per request (`crate::limits::path`).
     pub uses_path: bool,
 }
 

@@ -292,9 +292,12 @@ impl Engine {
             origin: &origin.name,
             customer,
             server,
-            path: line.path.map(|p| match origin.uses_path {
-                true => path::normalize(p),
-                false => Cow::Borrowed(p),
+            path: line.path.map(|p| {
+                if origin.uses_path {
+                    path::normalize(p)
+                } else {
+                    Cow::Borrowed(p)
+                }
             }),
         };
         let mut holds = Holds::new();
