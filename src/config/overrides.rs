@@ -40,8 +40,7 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
     let mut spec = OverrideSpec {
         pos: node.pos,
         path: path.to_string(),
-        matchers: Vec::new(),
-        segments: Vec::new(),
+        conditions: Conditions::default(),
         mode: None,
         params: ParamSpec::default(),
         fields: Vec::new(),
@@ -53,8 +52,7 @@ fn parse_one(r: &mut Report, node: &Node, path: &str) -> Option<OverrideSpec> {
         match e.key.as_str() {
             "match" => {
                 has_match = true;
-                let Conditions { matchers, segments } = conditions(r, v, &sub);
-                (spec.matchers, spec.segments) = (matchers, segments);
+                spec.conditions = conditions(r, v, &sub);
             }
             "mode" => {
                 if scalar::text(r, v, &sub) == Some("off") {

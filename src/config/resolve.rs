@@ -15,7 +15,7 @@ use crate::config::model::{
 };
 use crate::config::report::{At, Pos, Report};
 use crate::config::spec::{
-    field_list, required_fields, takes, LimitSpec, OverrideSpec, ParamSpec, Setting,
+    field_list, required_fields, takes, Conditions, LimitSpec, OverrideSpec, ParamSpec, Setting,
 };
 use crate::config::stores::unknown_store;
 use crate::config::suggest;
@@ -133,7 +133,7 @@ pub(crate) fn resolve(
         Some(Setting::Off) | None => Mode::Enforce,
     };
     let scope = match &spec.scope {
-        Some(c) => matchers_of(r, kind, &c.v.matchers, &c.v.segments, known).unwrap_or_default(),
+        Some(c) => matchers_of(r, kind, &c.v, known).unwrap_or_default(),
         None => Vec::new(),
     };
     let mut overrides = Vec::new();
@@ -502,15 +502,14 @@ fn segment<'s>(r: &mut Report, name: &At<String>, known: &Known<'s>) -> Option<&
 fn matchers_of(
     r: &mut Report,
     kind: Kind,
-    parts: &[At<Matcher>],
-    segments: &[At<String>],
+    conditions: &Conditions,
     known: &Known<'_>,
 ) -> Option<Vec<Matcher>> {
-    for m in parts {
+    for m in &conditions.matchers {
         check_part(r, kind, &m.v.part, m.pos, &m.path);
     }
-    let mut matchers: Vec<Matcher> = parts.iter().map(|m| m.v.clone()).collect();
-    for name in segments {
+    let mut matchers: Vec<Matcher> = conditions.matchers.iter().map(|m| m.v.clone()).collect();
+    for name in &conditions.segments {
         let seg = segment(r, name, known)?;
         check_part(r, kind, &seg.of, name.pos, &name.path);
         matchers.push(Matcher {
@@ -534,7 +533,7 @@ fn resolve_override(
             r.error(f.pos, &f.path, wrong_kind(f.v, kind));
         }
     }
-    let matchers = matchers_of(r, kind, &o.matchers, &o.segments, known)?;
+    let matchers = matchers_of(r, kind, &o.conditions, known)?;
     if let Some(auto) = &o.params.auto {
         let message = "an override sets a number: `max: auto` is learned by the limit itself";
         r.error(auto.pos, &auto.path, message);

@@ -43,6 +43,10 @@ pub(crate) const MAX_RESOURCES: usize = 1_000;
 /// resources are not leased, and a command names its resource (no `match` picks requests).
 pub(crate) const NOT_RESOURCE_FIELDS: [&str; 5] = ["cost", "headers", "top_keys", "lease", "match"];
 
+/// Override fields a resource's override does not take: its `match` picks domains, and a
+/// command's cost is its `copies`.
+pub(crate) const NOT_RESOURCE_OVERRIDE_FIELDS: [&str; 1] = ["cost"];
+
 /// What a resource says instead of a key part an API caller cannot have.
 fn no_such_part(part: &KeyPart) -> String {
     format!(
@@ -105,16 +109,16 @@ fn check(r: &mut Report, spec: &mut LimitSpec, known: &Known<'_>) -> bool {
         r.error(f.pos, &f.path, why);
     }
     for o in spec.overrides.iter().flat_map(|list| list.v.iter()) {
-        for f in o.fields.iter().filter(|f| f.v == "cost") {
+        for f in (o.fields.iter()).filter(|f| NOT_RESOURCE_OVERRIDE_FIELDS.contains(&f.v)) {
             let why = "a command's cost is its `copies`; `cost` is not a field of a resource";
             r.error(f.pos, &f.path, why);
         }
-        for m in &o.matchers {
+        for m in &o.conditions.matchers {
             if m.v.part != KeyPart::Customer {
                 r.error(m.pos, &m.path, no_such_part(&m.v.part));
             }
         }
-        for name in &o.segments {
+        for name in &o.conditions.segments {
             segment_of_customer(r, name, known);
         }
     }

@@ -31,7 +31,9 @@ use crate::config::model::{Kind, UpstreamProtocol};
 use crate::config::origin::{ORIGIN_KEYS, UNMATCHED};
 use crate::config::params::{MAX_WINDOWS, REFILL_KEYS, SKETCH_KEYS, TIER_KEYS, WINDOW_KEYS};
 use crate::config::parse::{DEFAULTS_KEYS, TOP_KEYS};
-use crate::config::resources::{API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, UNCONFIGURED};
+use crate::config::resources::{
+    API_ORIGIN, MAX_RESOURCES, NOT_RESOURCE_FIELDS, NOT_RESOURCE_OVERRIDE_FIELDS, UNCONFIGURED,
+};
 use crate::config::rls::{RLS_KEYS, RLS_ORIGIN, WINDOWS};
 use crate::config::segments::{MAX_SEGMENTS, SEGMENT_KEYS};
 use crate::config::server::{
@@ -803,13 +805,10 @@ fn conditions(plain: &[&str], args: &[&str]) -> Value {
 /// One `overrides:` item.
 fn override_item(keys: &mut Keys<'_>, at: &str, place: Place) -> Value {
     let (plain, args) = parts_for(place);
-    // A resource's override keeps its own `match` (it picks domains); only the limit-level
-    // one is not a resource's.
-    let not_resource = |k: &&str| NOT_RESOURCE_FIELDS.contains(k) && *k != "match";
     let table: Vec<&str> = OVERRIDE_KEYS
         .iter()
         .copied()
-        .filter(|k| !(place == Place::Resource && not_resource(k)))
+        .filter(|k| !(place == Place::Resource && NOT_RESOURCE_OVERRIDE_FIELDS.contains(k)))
         .collect();
     let mut params = Map::new();
     for &key in &table {

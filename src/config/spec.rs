@@ -243,10 +243,8 @@ pub(crate) struct OverrideSpec {
     pub pos: Pos,
     /// `...overrides[i]`.
     pub path: String,
-    /// The parsed `match:` conditions, each at its part's key.
-    pub matchers: Vec<At<Matcher>>,
-    /// `match: {segment: NAME}` conditions, resolved against `segments:` later.
-    pub segments: Vec<At<String>>,
+    /// Its `match:`.
+    pub conditions: Conditions,
     /// `mode:` (enforce or shadow).
     pub mode: Option<At<Mode>>,
     /// The parameter fields it changes.

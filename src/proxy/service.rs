@@ -329,6 +329,12 @@ fn facts<'a>(
         (Some(name), true) => req.headers.get(name.as_str()).map(|v| v.as_bytes()),
         _ => None,
     };
+    // `server` is known in the upstream phase only.
+    let phase = if server.is_some() {
+        Phase::Upstream
+    } else {
+        Phase::Request
+    };
     RequestFacts {
         client_ip: ctx.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         customer: from_header.unwrap_or(&origin.customer),
@@ -336,7 +342,7 @@ fn facts<'a>(
         server,
         origin: &origin.name,
         method: req.method.as_str().as_bytes(),
-        path: if origin.uses_path {
+        path: if origin.reads_path(phase) {
             path::normalize(req.uri.path().as_bytes())
         } else {
             Cow::Borrowed(req.uri.path().as_bytes())

@@ -254,10 +254,10 @@ impl LimitRt {
     }
 
     /// Whether it applies to the request: every condition of its `match:` holds (a limit
-    /// without one applies to all, with no call on the request path).
+    /// without one applies to all).
     #[inline]
     pub fn applies<F: Facts + ?Sized>(&self, facts: &F) -> bool {
-        self.scope.is_empty() || self.scope.iter().all(|c| c.holds(facts))
+        self.scope.iter().all(|c| c.holds(facts))
     }
 
     /// The variant that applies: the first override whose conditions all hold, else base.

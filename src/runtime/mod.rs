@@ -93,12 +93,22 @@ pub struct OriginRt {
     pub requests: CodeCounters,
     /// The process's kill switch.
     pub kill: Arc<KillSwitch>,
-    /// Whether a limit reads the request's path (its key, its `match:` or an override's
-    /// condition): only then is the path normalized per request (`crate::limits::path`).
-    pub uses_path: bool,
+    /// Whether a limit of each phase (`[request, upstream]`) reads the request's path (its
+    /// key, its `match:` or an override's condition): only for such a phase is the path
+    /// normalized (`crate::limits::path`); see [`OriginRt::reads_path`].
+    pub path_readers: [bool; 2],
 }
 
 impl OriginRt {
+    /// Whether a limit of `phase` reads the request's path (its normal form is then built
+    /// for that phase's decisions, and only then).
+    pub fn reads_path(&self, phase: Phase) -> bool {
+        match phase {
+            Phase::Request => self.path_readers[0],
+            Phase::Upstream => self.path_readers[1],
+        }
+    }
+
     /// The limits of `phase`, in config order.
     pub fn limits(&self, phase: Phase) -> &[LimitRt] {
         match phase {
@@ -307,9 +317,8 @@ impl Runtime {
                     request_limits.push(rt);
                 }
             }
-            let uses_path = (request_limits.iter())
-                .chain(&upstream_limits)
-                .any(|l| l.reads(&KeyPart::Path));
+            let reads = |limits: &[LimitRt]| limits.iter().any(|l| l.reads(&KeyPart::Path));
+            let path_readers = [reads(&request_limits), reads(&upstream_limits)];
             origins.push(OriginRt {
                 name: origin.name.clone(),
                 customer: origin
@@ -333,7 +342,7 @@ impl Runtime {
                     .with_label_values(&[origin.name.as_str()]),
                 requests: CodeCounters::new(metrics, &origin.name),
                 kill: kill.clone(),
-                uses_path,
+                path_readers,
             });
         }
         let resources =

@@ -293,7 +293,8 @@ impl Engine {
             customer,
             server,
             path: line.path.map(|p| {
-                if origin.uses_path {
+                // One set of facts serves both phases.
+                if origin.reads_path(Phase::Request) || origin.reads_path(Phase::Upstream) {
                     path::normalize(p)
                 } else {
                     Cow::Borrowed(p)
